@@ -1,0 +1,1 @@
+"""The ``rlpost-diffusion`` command-line app: argument parsing and wiring only."""

@@ -1,0 +1,1 @@
+"""The ``rlpost-llm`` command-line app: argument parsing and wiring only."""

@@ -1,0 +1,1 @@
+"""The ``rlpost-robot`` command-line app: argument parsing and wiring only."""

@@ -1,0 +1,216 @@
+"""Advantage estimators: rewards (scalar or vector), groups, masks, values -> advantages.
+
+Every entry has the signature ``fn(AdvantageInput, params) -> AdvantageOutput``.
+
+Shapes: ``B`` responses, ``T`` response tokens, ``K`` reward components.
+
+* ``rewards``: ``[B]`` or ``[B, K]``. Vector rewards are reduced by
+  :func:`scalarize_rewards` (weighted sum, ``reward_weights`` default all ones) unless an
+  estimator consumes the vector itself.
+* ``group_ids``: ``[B]`` integer prompt labels (responses sharing a prompt share a label).
+* ``mask``: ``[B, T]`` response-token mask. When given, outputs are per token ``[B, T]``
+  (a response-level advantage broadcast over its valid tokens, 0 on masked tokens);
+  without it they are per response ``[B]``.
+* ``token_rewards``: optional ``[B, T]`` dense rewards (e.g. ``-beta * KL`` in the reward,
+  see :func:`rlpost.core.kl.kl_reward_penalty`), added to the outcome reward that sits on
+  each response's last valid token.
+* ``values``: ``[B, T]`` critic values V(s_t) for GAE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rlpost.core.masked import group_stats, masked_whiten
+from rlpost.core.registry import NoParams, Registry
+
+
+@dataclass(frozen=True)
+class AdvantageInput:
+    rewards: Tensor
+    group_ids: Tensor | None = None
+    mask: Tensor | None = None
+    values: Tensor | None = None
+    token_rewards: Tensor | None = None
+    reward_weights: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        r = self.rewards
+        if r.dim() not in (1, 2):
+            raise ValueError(f"rewards must be [B] or [B, K], got shape {tuple(r.shape)}")
+        B = r.shape[0]
+        for name in ("mask", "values", "token_rewards"):
+            t = getattr(self, name)
+            if t is not None and (t.dim() != 2 or t.shape[0] != B):
+                raise ValueError(f"{name} must be [B={B}, T], got shape {tuple(t.shape)}")
+        if self.group_ids is not None and tuple(self.group_ids.shape) != (B,):
+            raise ValueError(f"group_ids must be [B={B}], got {tuple(self.group_ids.shape)}")
+        if self.reward_weights is not None and (
+            r.dim() != 2 or self.reward_weights.shape != (r.shape[1],)
+        ):
+            raise ValueError("reward_weights must be [K] and rewards [B, K]")
+        if not torch.isfinite(r).all():
+            raise ValueError("rewards contain NaN or inf")
+
+
+@dataclass(frozen=True)
+class AdvantageOutput:
+    advantages: Tensor  # [B, T] when a mask was given, else [B]
+    returns: Tensor | None = None  # [B, T] value targets (GAE)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+ADVANTAGES: Registry[AdvantageInput, AdvantageOutput] = Registry(
+    "advantage estimator", AdvantageInput, AdvantageOutput
+)
+
+
+def scalarize_rewards(inp: AdvantageInput) -> Tensor:
+    """``[B, K] -> [B]`` weighted sum (weights default to 1); ``[B]`` passes through."""
+    r = inp.rewards
+    if r.dim() == 1:
+        return r.float()
+    w = inp.reward_weights if inp.reward_weights is not None else torch.ones(r.shape[1])
+    return r.float() @ w.to(r.device, torch.float32)
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """Index of each row's last valid token, ``[B]`` (0 for an empty row)."""
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), pos, torch.zeros_like(pos)).amax(dim=1)
+
+
+def token_reward_matrix(inp: AdvantageInput) -> Tensor:
+    """Dense ``[B, T]`` rewards: outcome reward at the last valid token + ``token_rewards``."""
+    assert inp.mask is not None
+    m = inp.mask.float()
+    r = torch.zeros_like(m)
+    r.scatter_(1, last_token_index(inp.mask).unsqueeze(1), scalarize_rewards(inp).unsqueeze(1))
+    if inp.token_rewards is not None:
+        r = r + inp.token_rewards.float()
+    return r * m
+
+
+def broadcast(adv: Tensor, mask: Tensor | None) -> Tensor:
+    """``[B] -> [B, T]`` over valid tokens when a mask is given."""
+    return adv if mask is None else adv.unsqueeze(1) * mask.to(adv.dtype)
+
+
+def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """G_t = sum_{s >= t} gamma^(s-t) r_s over valid tokens, ``[B, T]`` (reverse scan over T)."""
+    m = mask.to(rewards.dtype)
+    out = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in range(rewards.shape[1] - 1, -1, -1):  # loop over time, vectorised over batch
+        running = rewards[:, t] + gamma * running * (m[:, t + 1] if t + 1 < m.shape[1] else 0.0)
+        out[:, t] = running * m[:, t]
+    return out
+
+
+def _metrics(adv: Tensor, rewards: Tensor) -> dict[str, float]:
+    return {"reward_mean": rewards.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
+
+
+@dataclass(frozen=True)
+class GRPOParams:
+    scale_by_std: bool = True  # False: Dr. GRPO's unscaled r - mean
+    eps: float = 1e-6
+
+
+@ADVANTAGES.register("grpo", GRPOParams)
+def grpo(inp: AdvantageInput, p: GRPOParams) -> AdvantageOutput:
+    """GRPO group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+
+    A_i = (r_i - mean_g(r)) / (std_g(r) + eps)   with std the unbiased group std,
+    or A_i = r_i - mean_g(r) when ``scale_by_std=False`` (Dr. GRPO, Liu et al. 2025,
+    arXiv:2503.20783, which drops the std to remove the question-difficulty bias).
+    A group with identical rewards has r_i - mean = 0 exactly, so A = 0 (no NaN).
+    """
+    r = scalarize_rewards(inp)
+    s = group_stats(r, inp.group_ids)
+    adv = r - s.mean
+    if p.scale_by_std:
+        adv = adv / (s.std + p.eps)
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
+
+
+@ADVANTAGES.register("rloo", NoParams)
+def rloo(inp: AdvantageInput, p: NoParams) -> AdvantageOutput:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+    A_i = r_i - (1/(n-1)) sum_{j != i} r_j = n/(n-1) * (r_i - mean_g(r)),  n = group size;
+    a singleton group (n = 1) has no baseline sample and gets A = 0.
+    """
+    r = scalarize_rewards(inp)
+    s = group_stats(r, inp.group_ids)
+    adv = torch.where(s.count > 1, s.count / (s.count - 1).clamp_min(1) * (r - s.mean), 0.0 * r)
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
+
+
+@dataclass(frozen=True)
+class ReinforcePPParams:
+    subtract_group_mean: bool = False  # True: "REINFORCE++-baseline" (group mean first)
+    gamma: float = 1.0
+    eps: float = 1e-8
+
+
+@ADVANTAGES.register("reinforce_pp", ReinforcePPParams)
+def reinforce_pp(inp: AdvantageInput, p: ReinforcePPParams) -> AdvantageOutput:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): critic-free, *batch*-normalised advantage.
+
+    Per token, the return G_t = sum_{s>=t} gamma^(s-t) r_s of the dense reward (outcome at
+    the last token + ``token_rewards`` such as -beta*KL), optionally minus the group mean
+    outcome (REINFORCE++-baseline), then whitened over all valid tokens of the batch:
+    A = (G - mean_batch(G)) / (std_batch(G) + eps). Without a mask: the same on ``[B]``.
+    """
+    r = scalarize_rewards(inp)
+    if p.subtract_group_mean:
+        r = r - group_stats(r, inp.group_ids).mean
+    if inp.mask is None:
+        return AdvantageOutput(masked_whiten(r, None, eps=p.eps), metrics=_metrics(r, r))
+    shifted = AdvantageInput(r, inp.group_ids, inp.mask, token_rewards=inp.token_rewards)
+    returns = reward_to_go(token_reward_matrix(shifted), inp.mask, p.gamma)
+    adv = masked_whiten(returns, inp.mask, eps=p.eps)
+    return AdvantageOutput(adv, returns=returns, metrics=_metrics(adv, r))
+
+
+@dataclass(frozen=True)
+class GAEParams:
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten: bool = True
+
+
+@ADVANTAGES.register("gae", GAEParams)
+def gae(inp: AdvantageInput, p: GAEParams) -> AdvantageOutput:
+    """Generalised advantage estimation for PPO with a critic (Schulman et al. 2016).
+
+    delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
+    A_t     = delta_t + gamma * lam * m_{t+1} * A_{t+1},     returns_t = A_t + V_t
+    with r_t the dense reward (outcome on the last valid token + ``token_rewards``) and
+    m the mask (V past the last valid token is 0). Optionally whitened over valid tokens.
+    Needs ``mask`` and ``values`` ``[B, T]``.
+    """
+    if inp.mask is None or inp.values is None:
+        raise ValueError("gae needs AdvantageInput.mask and AdvantageInput.values ([B, T])")
+    m = inp.mask.float()
+    v = inp.values.float().detach() * m
+    r = token_reward_matrix(inp)
+    B, T = m.shape
+    next_v = torch.cat([v[:, 1:], v.new_zeros(B, 1)], dim=1)
+    next_m = torch.cat([m[:, 1:], m.new_zeros(B, 1)], dim=1)
+    delta = r + p.gamma * next_v * next_m - v
+    adv = torch.zeros_like(v)
+    running = v.new_zeros(B)
+    for t in range(T - 1, -1, -1):  # loop over time, vectorised over batch
+        running = delta[:, t] + p.gamma * p.lam * next_m[:, t] * running
+        adv[:, t] = running
+    adv = adv * m
+    returns = (adv + v) * m
+    if p.whiten:
+        adv = masked_whiten(adv, m)
+    return AdvantageOutput(adv, returns=returns, metrics=_metrics(adv, scalarize_rewards(inp)))

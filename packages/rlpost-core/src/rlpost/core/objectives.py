@@ -1,0 +1,166 @@
+"""Policy objectives: per-token loss matrices with detached diagnostics.
+
+Signature: ``fn(ObjectiveInput, params) -> ObjectiveOutput``. The output ``loss`` is a
+``[B, T]`` matrix of per-token losses (to be *minimised*), already multiplied by the
+importance-correction ``weights`` and zero on masked tokens; reducing it to a scalar is
+the aggregation registry's job (:mod:`rlpost.core.aggregation`).
+
+Inputs (``B`` responses, ``T`` tokens):
+
+* ``logp`` ``[B, T]``: log pi_theta of the sampled tokens (differentiable).
+* ``old_logp`` ``[B, T]``: log pi_old, the behaviour policy as the trainer computes it.
+* ``advantages`` ``[B]`` or ``[B, T]``.
+* ``mask`` ``[B, T]``.
+* ``log_ratio`` ``[B, T]``: the policy ratio to clip, from :data:`rlpost.core.ratios.RATIOS`
+  (defaults to the token ratio ``logp - old_logp``).
+* ``weights`` ``[B, T]``: detached rollout-correction weights (default 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rlpost.core.masked import masked_mean
+from rlpost.core.registry import NoParams, Registry
+
+
+@dataclass(frozen=True)
+class ObjectiveInput:
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    log_ratio: Tensor | None = None
+    weights: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.logp.dim() != 2:
+            raise ValueError(f"logp must be [B, T], got {tuple(self.logp.shape)}")
+        for name in ("old_logp", "mask", "log_ratio", "weights"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.logp.shape:
+                raise ValueError(f"{name} shape {tuple(t.shape)} != logp {tuple(self.logp.shape)}")
+        a = self.advantages
+        if a.shape not in (self.logp.shape, self.logp.shape[:1]):
+            raise ValueError(f"advantages must be [B] or [B, T], got {tuple(a.shape)}")
+
+    @property
+    def mask_f(self) -> Tensor:
+        return self.mask.float()
+
+    def adv_tokens(self) -> Tensor:
+        """Advantages as ``[B, T]`` (detached)."""
+        a = self.advantages.detach().float()
+        return a.unsqueeze(1).expand_as(self.logp) if a.dim() == 1 else a
+
+    def ratio_log(self) -> Tensor:
+        lr = self.log_ratio if self.log_ratio is not None else self.logp - self.old_logp.detach()
+        return lr * self.mask_f
+
+    def weights_or_ones(self) -> Tensor:
+        return torch.ones_like(self.mask_f) if self.weights is None else self.weights.detach()
+
+
+@dataclass(frozen=True)
+class ObjectiveOutput:
+    loss: Tensor  # [B, T] per-token loss (weights applied, 0 on masked tokens)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+OBJECTIVES: Registry[ObjectiveInput, ObjectiveOutput] = Registry(
+    "policy objective", ObjectiveInput, ObjectiveOutput
+)
+
+
+@dataclass(frozen=True)
+class PPOClipParams:
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # DAPO clip-higher: 0.28
+    dual_clip: float | None = None  # c > 1 (Ye et al. 2020 use 3.0); None disables
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+
+
+@OBJECTIVES.register("ppo_clip", PPOClipParams)
+def ppo_clip(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
+    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with DAPO's asymmetric
+    clip-higher (Yu et al. 2025, arXiv:2503.14476) and dual clip (Ye et al. 2020, arXiv:1912.09729).
+
+    r = exp(log_ratio),  J = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+    dual clip, for A < 0 only:  J = max(J, c A)
+    loss = -w * J  (w: rollout-correction weights).  Shapes ``[B, T]``.
+    d loss / d log pi = -w r A where the unclipped branch is active, else 0.
+    """
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    r = inp.ratio_log().exp()
+    unclipped = r * A
+    clipped = r.clamp(1.0 - p.clip_low, 1.0 + p.clip_high) * A
+    J = torch.minimum(unclipped, clipped)
+    clipped_active = (clipped < unclipped).float()
+    if p.dual_clip is not None:
+        dual = torch.where(A < 0, torch.maximum(J, p.dual_clip * A), J)
+        dual_active = ((A < 0) & (p.dual_clip * A > J)).float()
+        J = dual
+    else:
+        dual_active = torch.zeros_like(m)
+    loss = -w * J * m
+    rd = r.detach()
+    return ObjectiveOutput(
+        loss,
+        {
+            "clip_frac": masked_mean(clipped_active, m).item(),
+            "clip_frac_low": masked_mean(((rd < 1 - p.clip_low) & (A < 0)).float(), m).item(),
+            "clip_frac_high": masked_mean(((rd > 1 + p.clip_high) & (A > 0)).float(), m).item(),
+            "dual_clip_frac": masked_mean(dual_active, m).item(),
+            "ratio_mean": masked_mean(rd, m).item(),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class CISPOParams:
+    clip_low: float | None = None  # None: no lower bound (as in the paper)
+    clip_high: float = 0.28
+
+    def __post_init__(self) -> None:
+        if self.clip_high < 0 or (self.clip_low is not None and not 0 <= self.clip_low < 1):
+            raise ValueError(f"invalid CISPO clip range {self}")
+
+
+@OBJECTIVES.register("cispo", CISPOParams)
+def cispo(inp: ObjectiveInput, p: CISPOParams) -> ObjectiveOutput:
+    """CISPO: clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585).
+
+    J = sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi
+    Unlike PPO the clipped token still gets a gradient, scaled by the clipped weight:
+    d loss / d log pi = -w * clip(r) * A for every valid token.
+    """
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    r = inp.ratio_log().detach().exp()
+    lo = 0.0 if p.clip_low is None else 1.0 - p.clip_low
+    rc = r.clamp(lo, 1.0 + p.clip_high)
+    loss = -w * rc * A * inp.logp * m
+    return ObjectiveOutput(
+        loss,
+        {
+            "clip_frac": masked_mean((rc != r).float(), m).item(),
+            "ratio_mean": masked_mean(r, m).item(),
+        },
+    )
+
+
+@OBJECTIVES.register("reinforce", NoParams)
+def reinforce(inp: ObjectiveInput, p: NoParams) -> ObjectiveOutput:
+    """Plain REINFORCE / vanilla policy gradient (Williams 1992).
+
+    loss = -w * A * log pi; on-policy only (the ratio is ignored). Gradient -w A grad log pi.
+    """
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    return ObjectiveOutput(-w * A * inp.logp * m, {})

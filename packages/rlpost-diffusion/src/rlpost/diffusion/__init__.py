@@ -1,0 +1,13 @@
+"""rlpost.diffusion: RL post-training of flow-matching / diffusion image generators."""
+
+from rlpost.core._env import versions
+
+__version__ = "0.1.0"
+
+#: Distributions this domain builds on; ``rlpost-diffusion doctor`` prints their versions.
+ENGINES = ["diffusers", "scikit-learn"]
+
+
+def environment_report() -> dict[str, str]:
+    """Installed version of every engine this domain uses (or 'not installed')."""
+    return versions(["torch", *ENGINES])
