@@ -1,0 +1,201 @@
+"""Shared helpers for the repo's benchmarks (stdlib + torch + numpy only).
+
+Every benchmark writes one JSON file with the same top-level layout::
+
+    {name, catalog_ids, command, machine, config, seeds, rows, headline}
+
+where ``headline = {metric, value, baseline, ratio, paper}`` (``paper`` may be null).
+Use :func:`machine_info` for ``machine``, :func:`write_result` to write the file,
+:func:`print_table` for console output and :func:`mean_std` for summary statistics.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+OPTIONAL_PACKAGES = (
+    "transformers",
+    "diffusers",
+    "gymnasium",
+    "mujoco",
+    "lerobot",
+    "vllm",
+    "triton",
+)
+RESULT_KEYS = ("name", "catalog_ids", "command", "machine", "config", "seeds", "rows", "headline")
+HEADLINE_KEYS = ("metric", "value", "baseline", "ratio", "paper")
+
+
+def _cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (Linux), else :func:`platform.processor`."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    """Installed version of a distribution (without importing it), or None."""
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the machine and software stack a benchmark ran on."""
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            **{name: _version(name) for name in OPTIONAL_PACKAGES},
+        },
+    }
+
+
+def command_line() -> str:
+    """The command that started this process, rebuilt from ``sys.argv`` (shell-quoted)."""
+    return "python " + shlex.join(sys.argv)
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain-JSON copy of ``x``: numpy/torch values to Python, non-finite floats to None."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # JSON has no NaN / inf
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_result(
+    path: str | os.PathLike[str],
+    *,
+    name: str,
+    catalog_ids: Sequence[str],
+    config: Mapping[str, Any],
+    seeds: Sequence[int],
+    rows: Sequence[Mapping[str, Any]],
+    headline: Mapping[str, Any],
+) -> Path:
+    """Write one benchmark result as JSON, atomically (temp file + ``os.replace``).
+
+    ``headline`` must have exactly the keys ``metric, value, baseline, ratio, paper``.
+    ``command`` and ``machine`` are filled in here. Parent directories are created.
+    Non-finite floats are written as null. Returns the path written.
+    """
+    if set(headline) != set(HEADLINE_KEYS):
+        raise ValueError(f"headline keys must be {HEADLINE_KEYS}, got {tuple(headline)}")
+    result = {
+        "name": name,
+        "catalog_ids": list(catalog_ids),
+        "command": command_line(),
+        "machine": machine_info(),
+        "config": dict(config),
+        "seeds": list(seeds),
+        "rows": [dict(r) for r in rows],
+        "headline": {k: headline[k] for k in HEADLINE_KEYS},
+    }
+    text = json.dumps(_jsonable(result), indent=2, allow_nan=False) + "\n"
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+        return str(v)
+    if isinstance(v, (int, np.integer)):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return str(v)
+    if v != 0 and (abs(v) >= 1e4):
+        return f"{v:,.0f}"
+    if v != 0 and abs(v) < 1e-3:
+        return f"{v:.2e}"
+    return f"{v:.4g}"
+
+
+def print_table(
+    rows: Iterable[Mapping[str, Any]], columns: Sequence[str | tuple[str, str]]
+) -> str:
+    """Print ``rows`` (dicts) as an aligned plain-text table and return the text.
+
+    ``columns``: keys, or ``(key, header)`` pairs. Numbers are right-aligned; missing
+    values print as ``-``.
+    """
+    cols = [(c, c) if isinstance(c, str) else c for c in columns]
+    rows = list(rows)
+    cells = [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
+    numeric = [
+        all(isinstance(r.get(key), (int, float, np.number, type(None))) for r in rows)
+        for key, _ in cols
+    ]
+    widths = [
+        max([len(h), *(len(row[i]) for row in cells)]) for i, (_, h) in enumerate(cols)
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    text = "\n".join(
+        [
+            line([h for _, h in cols]),
+            line(["-" * w for w in widths]),
+            *(line(row) for row in cells),
+        ]
+    )
+    print(text, flush=True)
+    return text
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation with ddof=1); std is 0.0 for a single value."""
+    a = np.asarray(list(values), dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("mean_std of an empty sequence")
+    std = float(a.std(ddof=1)) if a.size > 1 else 0.0
+    return float(a.mean()), std
