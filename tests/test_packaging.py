@@ -38,7 +38,9 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [UV, "build", "--all-packages", "--wheel", "--quiet", "-o", str(out)],
-        cwd=ROOT, check=True, capture_output=True,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
     )
     found = {}
     for whl in out.glob("*.whl"):
@@ -58,8 +60,12 @@ def test_wheel_builds_and_ships_no_namespace_init(wheels, dist):
 
 def test_core_wheel_requires_only_torch_and_numpy(wheels):
     whl = zipfile.ZipFile(wheels["rlpost-core"])
-    meta = Parser().parsestr(whl.read(next(n for n in whl.namelist() if n.endswith("METADATA"))).decode())
-    reqs = {r.split(">")[0].split("=")[0].split(";")[0].strip() for r in meta.get_all("Requires-Dist")}
+    meta = Parser().parsestr(
+        whl.read(next(n for n in whl.namelist() if n.endswith("METADATA"))).decode()
+    )
+    reqs = {
+        r.split(">")[0].split("=")[0].split(";")[0].strip() for r in meta.get_all("Requires-Dist")
+    }
     assert reqs == {"torch", "numpy"}
 
 
@@ -68,32 +74,77 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
     the development environment so nothing new is downloaded; no domain engine arrives and
     the core test-suite passes against the installed wheel."""
     venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+    }
     subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
     pins = subprocess.run(
-        [UV, "pip", "freeze", "--python", sys.executable], capture_output=True, text=True, check=True
+        [UV, "pip", "freeze", "--python", sys.executable],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     constraints = tmp_path / "constraints.txt"
-    constraints.write_text("\n".join(line for line in pins.splitlines() if "==" in line and "rlpost" not in line))
+    constraints.write_text(
+        "\n".join(line for line in pins.splitlines() if "==" in line and "rlpost" not in line)
+    )
     py = str(venv / "bin" / "python")
     subprocess.run(
-        [UV, "pip", "install", "-q", "--python", py, "-c", str(constraints), str(wheels["rlpost-core"]), "pytest"],
-        check=True, env=env,
+        [
+            UV,
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            py,
+            "-c",
+            str(constraints),
+            str(wheels["rlpost-core"]),
+            "pytest",
+        ],
+        check=True,
+        env=env,
     )
     installed = subprocess.run(
         [UV, "pip", "freeze", "--python", py], capture_output=True, text=True, check=True
     ).stdout.lower()
-    for engine in ("transformers", "diffusers", "gymnasium", "mujoco", "ray", "peft", "datasets", "lerobot"):
+    for engine in (
+        "transformers",
+        "diffusers",
+        "gymnasium",
+        "mujoco",
+        "ray",
+        "peft",
+        "datasets",
+        "lerobot",
+    ):
         assert f"\n{engine}==" not in "\n" + installed, f"rlpost-core pulled {engine}"
     # triton may arrive only as a dependency of PyPI's Linux torch wheel, never through
     # rlpost-core; importing rlpost.core must not load it.
-    code = "import sys, rlpost.core; assert 'triton' not in sys.modules; print(rlpost.core.__file__)"
-    where = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    code = (
+        "import sys, rlpost.core; assert 'triton' not in sys.modules; print(rlpost.core.__file__)"
+    )
+    where = subprocess.run(
+        [py, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
     assert str(venv) in where.stdout, "rlpost.core must come from the fresh venv"
     tests = subprocess.run(
-        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         "--import-mode=importlib", str(ROOT / "packages/rlpost-core/tests")],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
+        [
+            py,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "--import-mode=importlib",
+            str(ROOT / "packages/rlpost-core/tests"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout

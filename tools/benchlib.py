@@ -155,9 +155,7 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}"
 
 
-def print_table(
-    rows: Iterable[Mapping[str, Any]], columns: Sequence[str | tuple[str, str]]
-) -> str:
+def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str | tuple[str, str]]) -> str:
     """Print ``rows`` (dicts) as an aligned plain-text table and return the text.
 
     ``columns``: keys, or ``(key, header)`` pairs. Numbers are right-aligned; missing
@@ -170,9 +168,7 @@ def print_table(
         all(isinstance(r.get(key), (int, float, np.number, type(None))) for r in rows)
         for key, _ in cols
     ]
-    widths = [
-        max([len(h), *(len(row[i]) for row in cells)]) for i, (_, h) in enumerate(cols)
-    ]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, (_, h) in enumerate(cols)]
 
     def line(values: Sequence[str]) -> str:
         parts = [
