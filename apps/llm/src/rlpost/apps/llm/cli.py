@@ -1,12 +1,78 @@
-"""``rlpost-llm``: command-line entry point of the language-model domain."""
+"""``rlpost-llm``: RL post-training of language models from the command line.
+
+rlpost-llm demo                                 # tiny model, GRPO on 3-digit addition
+rlpost-llm train --config grpo_arithmetic optim.lr=1e-4 train.steps=100
+rlpost-llm train --config my.yaml --resume      # continue the run in run.dir exactly
+rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
+rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
+rlpost-llm presets | doctor
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import rlpost.llm as llm
+from rlpost.llm.config import ConfigError, load_config
 from rlpost.llm.presets import PRESETS
+from rlpost.llm.recipes import recipe_path
+
+
+def _config(args: argparse.Namespace):
+    path = recipe_path(args.config) if args.config else None
+    return load_config(path, args.overrides)
+
+
+def _report(result: dict) -> None:
+    print(result.get("summary", ""))
+    if "eval_before" in result:
+        print(
+            f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
+        )
+    print(f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlpost.llm.trainer import Trainer
+
+    cfg = _config(args)
+    _report(Trainer(cfg, resume=args.resume).train())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rlpost.llm.trainer import Trainer
+
+    overrides = [f"run.dir={args.out}", *args.overrides]
+    if args.steps:
+        overrides.append(f"train.steps={args.steps}")
+    cfg = load_config(recipe_path("grpo_arithmetic"), overrides)
+    print(
+        f"rlpost-llm demo: {cfg.algo.preset} on {cfg.data.task}, {cfg.train.steps} steps -> {cfg.run.dir}"
+    )
+    result = Trainer(cfg).train()
+    _report(result)
+    with open(f"{cfg.run.dir}/summary.json", "w") as fh:
+        json.dump({k: v for k, v in result.items() if k != "summary"}, fh, indent=1)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rlpost.llm.evaluate import evaluate_config
+
+    res = evaluate_config(_config(args), args.checkpoint, samples=args.samples)
+    for k, v in res.items():
+        print(f"{k:<24} {v:.4f}" if isinstance(v, float) else f"{k:<24} {v}")
+    return 0
+
+
+def _build_base(args: argparse.Namespace) -> int:
+    from rlpost.llm.tiny import build_base
+
+    print(build_base(args.task, force=args.force))
+    return 0
 
 
 def _doctor(_: argparse.Namespace) -> int:
@@ -25,15 +91,49 @@ def _presets(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlpost-llm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="rlpost-llm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"rlpost-llm {llm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument(
+            "--config", help="YAML recipe path or shipped recipe name (e.g. grpo_arithmetic)"
+        )
+        sp.add_argument(
+            "overrides", nargs="*", help="field overrides, e.g. optim.lr=1e-4 train.steps=20"
+        )
+        return sp
+
+    t = with_config(sub.add_parser("train", help="train with a recipe"))
+    t.add_argument(
+        "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
+    )
+    t.set_defaults(fn=_train)
+    d = sub.add_parser("demo", help="GRPO on the embedded tiny model; before/after accuracy")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--steps", type=int, default=None)
+    d.add_argument("overrides", nargs="*")
+    d.set_defaults(fn=_demo)
+    e = with_config(sub.add_parser("eval", help="held-out accuracy of a policy / checkpoint"))
+    e.add_argument("--checkpoint", default=None)
+    e.add_argument("--samples", type=int, default=0, help="also pass@k with k sampled answers")
+    e.set_defaults(fn=_eval)
+    b = sub.add_parser("build-base", help="build (or find) the embedded default model")
+    b.add_argument("--task", default="arithmetic")
+    b.add_argument("--force", action="store_true")
+    b.set_defaults(fn=_build_base)
     sub.add_parser(
         "doctor", help="print the versions of the engines this domain uses"
     ).set_defaults(fn=_doctor)
     sub.add_parser("presets", help="list the GRPO-family presets").set_defaults(fn=_presets)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"rlpost-llm: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,203 @@
+"""Typed, validated configuration of an LLM post-training run.
+
+``load_config(yaml_path, overrides)`` merges, in order: the defaults below, a YAML recipe,
+and ``key.sub=value`` overrides (OmegaConf dot-lists), then validates the result with
+pydantic. Unknown keys, wrong types and out-of-range values fail at load time with the
+dotted field name and, for choices, the allowed values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlpost.core.presets import Choice, Preset, get_preset
+from rlpost.core.registry import RegistryError
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoraConfig(_Strict):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class ModelConfig(_Strict):
+    path: str = "tiny"
+    """"tiny": the embedded default pretrained on the task (built and cached on first use);
+    "tiny-random": the same architecture, untrained (tests); else a local path or hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None
+
+
+class DataConfig(_Strict):
+    task: Literal["arithmetic", "countdown"] = "arithmetic"
+    task_params: dict[str, Any] = {}
+    path: str | None = None
+    """Local JSONL / parquet with "prompt" and "answer" columns (scored by math-verify);
+    overrides ``task`` for the training prompts."""
+    eval_size: int = Field(256, ge=1)
+    seed: int = 0
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf", "vllm"] = "hf"
+    group_size: int | None = Field(None, ge=1)  # None: the preset's
+    prompts_per_step: int = Field(16, ge=1)
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    stop: list[str] = []
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+
+
+class ChoiceConfig(_Strict):
+    name: str
+    params: dict[str, Any] = {}
+
+
+class AlgoConfig(_Strict):
+    preset: str = "grpo"
+    advantage: ChoiceConfig | None = None
+    ratio: ChoiceConfig | None = None
+    correction: ChoiceConfig | None = None
+    objective: ChoiceConfig | None = None
+    aggregation: ChoiceConfig | None = None
+    kl: ChoiceConfig | None = None
+    kl_coef: float | None = Field(None, ge=0)
+    entropy_coef: float | None = None
+    dynamic_sampling: bool | None = None
+
+    def build_preset(
+        self, group_size: int | None = None, max_new_tokens: int | None = None
+    ) -> Preset:
+        p = get_preset(self.preset)
+        changes: dict[str, Any] = {}
+        for key in ("advantage", "ratio", "correction", "objective", "aggregation", "kl"):
+            c = getattr(self, key)
+            if c is not None:
+                changes[key] = Choice(c.name, dict(c.params))
+        for key in ("kl_coef", "entropy_coef", "dynamic_sampling"):
+            if getattr(self, key) is not None:
+                changes[key] = getattr(self, key)
+        if group_size is not None:
+            changes["group_size"] = group_size
+        agg = changes.get("aggregation", p.aggregation)
+        explicit = self.aggregation.params if self.aggregation else {}
+        if agg.name == "constant" and "normalizer" not in explicit and max_new_tokens is not None:
+            # Dr. GRPO: the constant normaliser is the generation budget
+            changes["aggregation"] = Choice("constant", {"normalizer": float(max_new_tokens)})
+        p = p.replace(**changes)
+        p.build()
+        return p
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_size: int = Field(64, ge=1)
+    updates_per_batch: int = Field(1, ge=1)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(50, ge=1)
+    overlong_mask: bool = True
+    """Exclude responses cut by max_new_tokens from the loss (they still count in advantages)."""
+    max_refill: int = Field(3, ge=0)
+    """Dynamic sampling: extra generation rounds to refill dropped zero-variance groups."""
+    async_rollouts: bool = False
+    """One-step-off: generate step t+1's rollouts while training on step t's."""
+    max_staleness: int = Field(1, ge=0)
+
+
+class RewardConfig(_Strict):
+    workers: int = Field(2, ge=0)
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class RunConfig(_Strict):
+    dir: str = "runs/llm"
+    seed: int = 0
+    eval_every: int = Field(10, ge=0)
+    save_every: int = Field(10, ge=0)
+    keep_checkpoints: int = Field(2, ge=1)
+    progress: bool = True
+    threads: int | None = Field(None, ge=1)
+    tensorboard: bool = True
+
+
+class Config(_Strict):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algo: AlgoConfig = AlgoConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    reward: RewardConfig = RewardConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _check_algo(self) -> Config:
+        try:
+            self.preset()
+        except (RegistryError, ValueError, TypeError) as exc:
+            raise ValueError(f"algo: {exc}") from exc
+        if self.train.async_rollouts and self.rollout.engine == "vllm":
+            raise ValueError("train.async_rollouts: supported with the hf engine only")
+        return self
+
+    def preset(self) -> Preset:
+        return self.algo.build_preset(self.rollout.group_size, self.rollout.max_new_tokens)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "literal_error":
+            msg = f"must be one of {e.get('ctx', {}).get('expected', '')}, got {e.get('input')!r}"
+        lines.append(f"  {loc}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML recipe <- ``a.b=c`` overrides, validated (raises :class:`ConfigError`)."""
+    cfg = OmegaConf.create(Config().model_dump(mode="json"))
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        cfg = OmegaConf.merge(cfg, OmegaConf.create(yaml.safe_load(p.read_text()) or {}))
+    if overrides:
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise ConfigError(f"overrides must look like key.sub=value, got {bad}")
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    data = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format(err)) from None

@@ -1,0 +1,128 @@
+"""The rollout-engine protocol shared by the HF and vLLM engines (and test fakes).
+
+An engine turns prompts (token ids) into ``n`` sampled completions each and reports, for
+every sampled token, the log-probability *the engine itself* assigned to it. The trainer
+recomputes those log-probs with its own forward pass; the difference is the
+training-inference mismatch (catalog 000-23 / 004-02) that TIS / MIS corrections address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    stop: tuple[str, ...] = ()  # stop strings (the stop string itself is kept)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"invalid sampling parameters {self}")
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class RolloutBatch:
+    """``N = len(prompts) * n`` completions, grouped: rows ``[i*n, (i+1)*n)`` share prompt i.
+
+    * ``prompt_ids``: N token-id lists (unpadded);
+    * ``completion_ids``: ``[N, L]`` int64, right-padded with ``pad_id``;
+    * ``logprobs``: ``[N, L]`` float32 engine log-probs of the sampled tokens (0 on padding);
+    * ``mask``: ``[N, L]`` float32, 1 on generated tokens (including a final EOS);
+    * ``finish_reasons``: "stop" (EOS or stop string) or "length" (hit max_new_tokens);
+    * ``group``: ``[N]`` int64 prompt index; ``policy_version``: weights version used.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: Tensor
+    logprobs: Tensor
+    mask: Tensor
+    finish_reasons: list[FinishReason]
+    group: Tensor
+    pad_id: int
+    policy_version: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.mask.sum(1).long()
+
+    def select(self, rows: Tensor | list[int]) -> RolloutBatch:
+        """Rows ``rows`` (e.g. the groups that survive dynamic sampling), groups renumbered."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        _, group = torch.unique(self.group[idx], return_inverse=True)
+        return RolloutBatch(
+            [self.prompt_ids[i] for i in idx.tolist()],
+            self.completion_ids[idx],
+            self.logprobs[idx],
+            self.mask[idx],
+            [self.finish_reasons[i] for i in idx.tolist()],
+            group,
+            self.pad_id,
+            self.policy_version,
+            dict(self.extra),
+        )
+
+    @staticmethod
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
+        """Concatenate (right-padding to the longest), keeping groups distinct."""
+        if not batches:
+            raise ValueError("nothing to concatenate")
+        L = max(b.completion_ids.shape[1] for b in batches)
+
+        def pad(t: Tensor, value: float) -> Tensor:
+            return torch.nn.functional.pad(t, (0, L - t.shape[1]), value=value)
+
+        groups, offset = [], 0
+        for b in batches:
+            groups.append(b.group + offset)
+            offset += int(b.group.max()) + 1 if len(b) else 0
+        first = batches[0]
+        return RolloutBatch(
+            [p for b in batches for p in b.prompt_ids],
+            torch.cat([pad(b.completion_ids, first.pad_id) for b in batches]),
+            torch.cat([pad(b.logprobs, 0.0) for b in batches]),
+            torch.cat([pad(b.mask, 0.0) for b in batches]),
+            [r for b in batches for r in b.finish_reasons],
+            torch.cat(groups),
+            first.pad_id,
+            min(b.policy_version for b in batches),
+        )
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generator."""
+
+    policy_version: int
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
+        """Sample ``n`` completions per prompt (token-id lists)."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Load the trainer's current weights (full, merged state dict) as ``version``."""
+        ...
+
+    def sleep(self) -> None:
+        """Release accelerator memory between rollouts (colocated engines); no-op elsewhere."""
+        ...
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep`."""
+        ...

@@ -1,0 +1,51 @@
+"""A scripted engine behind the rollout protocol, for tests and dry runs without a model."""
+
+from __future__ import annotations
+
+import torch
+
+from rlpost.llm.engines.base import RolloutBatch, SamplingParams
+
+
+class FakeEngine:
+    """Protocol-conforming engine that replays scripted completions.
+
+    ``script(prompt_ids, n) -> list of (token ids, engine logprobs, finish reason)``.
+    """
+
+    def __init__(self, script, pad_id: int = 0):
+        self.script = script
+        self.pad_id = pad_id
+        self.policy_version = 0
+        self.calls = 0
+
+    def generate(self, prompts, n, sampling: SamplingParams) -> RolloutBatch:
+        self.calls += 1
+        rows = [(p, *r) for p in prompts for r in self.script(p, n)]
+        L = max(len(r[1]) for r in rows)
+        N = len(rows)
+        ids = torch.full((N, L), self.pad_id, dtype=torch.long)
+        lps, mask = torch.zeros(N, L), torch.zeros(N, L)
+        for i, (_, toks, lp, _) in enumerate(rows):
+            ids[i, : len(toks)] = torch.tensor(toks)
+            lps[i, : len(toks)] = torch.tensor(lp, dtype=torch.float32)
+            mask[i, : len(toks)] = 1
+        return RolloutBatch(
+            [r[0] for r in rows],
+            ids,
+            lps,
+            mask,
+            [r[3] for r in rows],
+            torch.arange(len(prompts)).repeat_interleave(n),
+            self.pad_id,
+            self.policy_version,
+        )
+
+    def update_weights(self, state_dict, version):
+        self.policy_version = version
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass

@@ -1,0 +1,124 @@
+"""Rollout engine on Hugging Face ``generate`` (CPU or GPU).
+
+Batched sampling with KV cache and left padding; stop strings; per-token log-probs of the
+sampled tokens taken from the engine's own processed scores (after temperature / top-k /
+top-p), so the trainer can measure its mismatch against them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+from rlpost.llm.engines.base import FinishReason, RolloutBatch, SamplingParams
+
+
+class HFEngine:
+    """``generate`` on a transformers causal LM.
+
+    ``model`` is used as is (``own_copy=False``: the colocated case, where the trainer's
+    module *is* the engine's and weight sync is free) or deep-copied (``own_copy=True``:
+    asynchronous rollouts from a frozen snapshot, updated by :meth:`update_weights`).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, own_copy: bool = False, batch_size: int = 256
+    ):
+        self.model = copy.deepcopy(model) if own_copy else model
+        self.own_copy = own_copy
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.policy_version = 0
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs a pad token for batched generation")
+        self.pad_id = int(tokenizer.pad_token_id)
+        eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        if self.own_copy:
+            self.model.load_state_dict(state_dict, strict=True)
+        self.policy_version = version
+
+    def sleep(self) -> None:  # nothing to release on CPU / for a shared module
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
+        rows: list[tuple[list[int], list[int], list[float], FinishReason]] = []
+        per_call = max(1, self.batch_size // n)
+        for s in range(0, len(prompts), per_call):
+            rows.extend(self._generate_chunk(prompts[s : s + per_call], n, sampling))
+        L = max(1, max(len(r[1]) for r in rows))
+        N = len(rows)
+        ids = torch.full((N, L), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros(N, L)
+        mask = torch.zeros(N, L)
+        for i, (_, toks, lps, _) in enumerate(rows):
+            ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            logprobs[i, : len(lps)] = torch.tensor(lps)
+            mask[i, : len(toks)] = 1.0
+        return RolloutBatch(
+            prompt_ids=[r[0] for r in rows],
+            completion_ids=ids,
+            logprobs=logprobs,
+            mask=mask,
+            finish_reasons=[r[3] for r in rows],
+            group=torch.arange(len(prompts)).repeat_interleave(n),
+            pad_id=self.pad_id,
+            policy_version=self.policy_version,
+        )
+
+    def _generate_chunk(self, prompts: list[list[int]], n: int, sp: SamplingParams):
+        model = self.model
+        was_training = model.training
+        model.eval()
+        P = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(len(prompts), P, dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            input_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, P - len(p) :] = 1
+        device = next(model.parameters()).device
+        greedy = sp.temperature == 0
+        kwargs = dict(
+            do_sample=not greedy,
+            max_new_tokens=sp.max_new_tokens,
+            num_return_sequences=n,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids) or None,
+        )
+        if not greedy:
+            kwargs.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        if sp.stop:
+            kwargs.update(stop_strings=list(sp.stop), tokenizer=self.tokenizer)
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attn.to(device), **kwargs
+        )
+        model.train(was_training)
+        new = out.sequences[:, P:].cpu()  # (N, L) sampled tokens
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # (N, L, V) processed logits
+        lp = scores.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, L)
+        rows = []
+        for i in range(new.shape[0]):
+            toks, reason = self._truncate(new[i].tolist(), sp)
+            rows.append((prompts[i // n], toks, lp[i, : len(toks)].tolist(), reason))
+        return rows
+
+    def _truncate(self, toks: list[int], sp: SamplingParams) -> tuple[list[int], FinishReason]:
+        """Cut after the first EOS (kept) or the first completed stop string (kept)."""
+        for j, t in enumerate(toks):
+            if t in self.eos_ids:
+                return toks[: j + 1], "stop"
+            if sp.stop:
+                text = self.tokenizer.decode(toks[: j + 1], skip_special_tokens=False)
+                if any(s in text for s in sp.stop):
+                    return toks[: j + 1], "stop"
+        return toks, "length"

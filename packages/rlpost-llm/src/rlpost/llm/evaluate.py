@@ -1,0 +1,64 @@
+"""Held-out evaluation of a policy (optionally a saved checkpoint's weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlpost.llm.config import Config
+from rlpost.llm.data import make_prompt_source
+from rlpost.llm.engines.base import SamplingParams
+from rlpost.llm.engines.hf import HFEngine
+from rlpost.llm.policy import load_policy
+from rlpost.llm.rewards import RewardPool, math_verify_reward
+
+
+def evaluate_config(
+    cfg: Config, checkpoint: str | None = None, samples: int = 0
+) -> dict[str, float | int]:
+    """Greedy accuracy on the held-out set; with ``samples=k`` also mean sampled accuracy
+    and pass@k (any of k samples at the rollout temperature is correct)."""
+    model, tok = load_policy(cfg, progress=cfg.run.progress)
+    if checkpoint is not None:
+        from safetensors.torch import load_model
+
+        load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
+    source = make_prompt_source(
+        cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
+    )
+    fn = source.task.score if cfg.data.path is None else math_verify_reward
+    engine = HFEngine(model, tok)
+    exs = source.eval_examples
+    prompts = [tok(e.prompt, add_special_tokens=False).input_ids for e in exs]
+    r = cfg.rollout
+    out: dict[str, float | int] = {"examples": len(exs)}
+    with RewardPool(
+        {"correct": fn}, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
+    ) as pool:
+
+        def score(n: int, sp: SamplingParams) -> torch.Tensor:
+            b = engine.generate(prompts, n, sp)
+            lens = b.lengths.tolist()
+            texts = [
+                tok.decode(b.completion_ids[i, : lens[i]].tolist(), skip_special_tokens=True)
+                for i in range(len(b))
+            ]
+            return (
+                (pool.score(texts, [exs[g] for g in b.group.tolist()]).rewards >= 1.0)
+                .float()
+                .view(len(exs), n)
+            )
+
+        out["greedy_accuracy"] = float(
+            score(1, SamplingParams(r.max_new_tokens, 0.0, stop=tuple(r.stop))).mean()
+        )
+        if samples > 0:
+            torch.manual_seed(cfg.run.seed)
+            hits = score(
+                samples,
+                SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop)),
+            )
+            out["sampled_accuracy"] = float(hits.mean())
+            out[f"pass@{samples}"] = float(hits.amax(1).mean())
+    return out

@@ -1,0 +1,122 @@
+"""Policy models: loading (embedded default, local path, hub id), LoRA, the frozen
+reference, and the trainer-side log-probs of sampled completions."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlpost.core.logprobs import logprobs_and_entropy
+from rlpost.llm.config import Config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_policy(cfg: Config, progress: bool = True):
+    """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlpost.llm import tiny
+
+    path = cfg.model.path
+    torch.manual_seed(cfg.run.seed)
+    if path == "tiny":
+        base = tiny.build_base(cfg.data.task, progress=progress, **cfg.data.task_params)
+        model, tok = tiny.load_base(base)
+    elif path == "tiny-random":
+        tok = tiny.build_tokenizer()
+        from transformers import Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(tiny.tiny_config(tok))
+    else:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.model.dtype])
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = model.to(DTYPES[cfg.model.dtype])
+    if cfg.model.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lc = cfg.model.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lc.r,
+                lora_alpha=lc.alpha,
+                lora_dropout=lc.dropout,
+                target_modules=list(lc.target_modules),
+            ),
+        )
+    return model, tok
+
+
+class Reference:
+    """Frozen reference policy for the KL term: for LoRA the base with adapters disabled
+    (no copy), otherwise a frozen copy of the initial weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.lora = hasattr(model, "disable_adapter")
+        self.model = model if self.lora else copy.deepcopy(model).eval().requires_grad_(False)
+
+    @contextlib.contextmanager
+    def active(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        if self.lora:
+            with policy.disable_adapter():
+                yield policy
+        else:
+            yield self.model
+
+
+@dataclass
+class SeqBatch:
+    """Prompt + completion rows laid out for one forward: prompts left-padded to ``P``,
+    completions right-padded to ``L``; ``input_ids`` ``[B, P + L]``."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    targets: Tensor  # [B, L] completion tokens
+    P: int
+
+
+def make_seq_batch(
+    prompt_ids: list[list[int]], completion_ids: Tensor, mask: Tensor, pad_id: int
+) -> SeqBatch:
+    B, L = completion_ids.shape
+    P = max(len(p) for p in prompt_ids)
+    ids = torch.full((B, P + L), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, P + L, dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) : P] = 1
+    ids[:, P:] = completion_ids
+    attn[:, P:] = mask.long()
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
+    return SeqBatch(ids, attn, pos, completion_ids, P)
+
+
+def completion_logprobs(
+    model: torch.nn.Module, sb: SeqBatch, temperature: float = 1.0, chunk_size: int = 1024
+) -> tuple[Tensor, Tensor]:
+    """log pi(y_t | x, y_<t) and the entropy of pi(. | x, y_<t) for every completion
+    position, ``[B, L]`` float32, at the sampling temperature (chunked over the vocab rows,
+    see :func:`rlpost.core.logprobs.logprobs_and_entropy`)."""
+    L = sb.targets.shape[1]
+    dev = next(model.parameters()).device
+    out = model(
+        input_ids=sb.input_ids.to(dev),
+        attention_mask=sb.attention_mask.to(dev),
+        position_ids=sb.position_ids.to(dev),
+        logits_to_keep=L + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # (B, L, V): position P-1+t predicts completion token t
+    res = logprobs_and_entropy(
+        logits, sb.targets.to(dev), chunk_size=chunk_size, temperature=temperature
+    )
+    return res.logp, res.entropy

@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny untrained policy and a fake rollout engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlpost.llm.config import load_config
+
+FAST = [
+    "model.path=tiny-random",
+    "rollout.group_size=4",
+    "rollout.prompts_per_step=4",
+    "rollout.max_new_tokens=4",
+    "train.steps=2",
+    "run.eval_every=0",
+    "run.save_every=0",
+    "reward.workers=0",
+    "run.progress=false",
+    "run.tensorboard=false",
+    "run.threads=1",
+    "data.eval_size=8",
+    "algo.kl_coef=0.0",
+]
+
+
+@pytest.fixture
+def fast_cfg(tmp_path):
+    def make(*overrides: str):
+        return load_config(None, [*FAST, f"run.dir={tmp_path / 'run'}", *overrides])
+
+    return make
+
+
+@pytest.fixture
+def fast_overrides():
+    return list(FAST)

@@ -1,0 +1,238 @@
+"""Trainer behaviour on a tiny untrained Qwen2 (CPU, seconds per test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpost.llm.config import load_config
+from rlpost.llm.engines.fake import FakeEngine
+from rlpost.llm.engines.hf import HFEngine
+from rlpost.llm.trainer import Trainer
+
+
+def parity_reward(completion: str, example) -> float:
+    """Varied rewards so that advantages are non-zero: 1 if the completion has even length."""
+    return float(len(completion) % 2 == 0)
+
+
+def params_of(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_train_writes_a_complete_run_dir(fast_cfg):
+    cfg = fast_cfg("run.save_every=2", "run.eval_every=2", "run.tensorboard=true")
+    result = Trainer(cfg, reward_fn=parity_reward).train()
+    run = Path(cfg.run.dir)
+    assert load_config(run / "config.yaml") == cfg  # the resolved config reloads identically
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in (
+        "reward/mean",
+        "accuracy",
+        "entropy",
+        "response_length",
+        "mismatch/abs_mean",
+        "grad_norm",
+    ):
+        assert key in rows[-1]
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "curves.png").stat().st_size > 10_000
+    ckpt = run / "checkpoints" / "step-000002"
+    assert {p.name for p in ckpt.iterdir()} == {
+        "model.safetensors",
+        "optimizer.safetensors",
+        "optimizer.json",
+        "rng.safetensors",
+        "state.json",
+    }
+    assert "eval_after" in result and result["steps"] == 2
+
+
+def test_microbatching_equals_full_batch_update(fast_cfg):
+    torch.manual_seed(0)
+    a = Trainer(
+        fast_cfg("optim.micro_batch_size=64", "algo.preset=dapo", "rollout.group_size=4"),
+        reward_fn=parity_reward,
+    )
+    col = a.collect()
+    assert col.rewards.std() > 0
+    b = Trainer(
+        fast_cfg("optim.micro_batch_size=3", "algo.preset=dapo", "rollout.group_size=4"),
+        reward_fn=parity_reward,
+    )
+    b.model.load_state_dict(a.model.state_dict())
+    a.update(col)
+    b.update(col)
+    pa, pb = params_of(a.model), params_of(b.model)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=2e-6, rtol=1e-5)
+    assert any(
+        not torch.equal(v, params_of(Trainer(fast_cfg(), reward_fn=parity_reward).model)[k])
+        for k, v in pa.items()
+    )
+
+
+class NoisyEngine(HFEngine):
+    """HF engine whose reported log-probs are shifted: an injected training-inference mismatch."""
+
+    def generate(self, prompts, n, sampling):
+        batch = super().generate(prompts, n, sampling)
+        batch.logprobs = batch.logprobs + 0.25 * batch.mask
+        return batch
+
+
+def test_mismatch_metrics_zero_for_same_engine_and_detect_noise(fast_cfg):
+    tr = Trainer(fast_cfg(), reward_fn=parity_reward)
+    m = tr.update(tr.collect())
+    assert m["mismatch/abs_mean"] < 1e-5
+    noisy = Trainer(fast_cfg(), reward_fn=parity_reward)
+    noisy.engine = NoisyEngine(noisy.model, noisy.tok)
+    m = noisy.update(noisy.collect())
+    assert m["mismatch/abs_mean"] == pytest.approx(0.25, abs=1e-4)
+    assert m["mismatch/k3"] > 0
+
+
+def test_dynamic_sampling_drops_zero_variance_groups_and_refills(fast_cfg):
+    tr = Trainer(
+        fast_cfg("algo.preset=dapo", "rollout.prompts_per_step=4", "train.max_refill=30"),
+        reward_fn=_half_degenerate,
+    )
+    one, eos = tr.tok.convert_tokens_to_ids("1"), tr.tok.eos_token_id
+    two = tr.tok.convert_tokens_to_ids("2")
+    tr.engine = FakeEngine(
+        lambda p, n: [([one if i % 2 else two, eos], [-1.0, -1.0], "stop") for i in range(n)]
+    )
+    col = tr.collect()
+    assert len(col.batch) == 4 * 4  # refilled up to prompts_per_step groups
+    std = col.rewards.view(4, 4).std(1)
+    assert (std > 0).all(), "every kept group has reward variance"
+    assert col.metrics["dynamic/kept_frac"] < 1.0 and col.metrics["dynamic/rounds"] >= 2
+
+
+def _half_degenerate(completion: str, example) -> float:
+    # prompts with an even answer: all completions get 1 (zero variance, dropped)
+    if int(example.answer) % 2 == 0:
+        return 1.0
+    return float(completion.startswith("1"))
+
+
+def test_overlong_responses_leave_the_loss(fast_cfg):
+    def truncated(p, n):
+        return [([3 + i, 4, 5], [-1.0] * 3, "length") for i in range(n)]
+
+    for overlong, changes in ((True, False), (False, True)):
+        tr = Trainer(
+            fast_cfg(f"train.overlong_mask={str(overlong).lower()}"), reward_fn=parity_reward
+        )
+        tr.engine = FakeEngine(truncated)
+        before = params_of(tr.model)
+        col = tr.collect()
+        col.rewards = torch.arange(len(col.rewards), dtype=torch.float32) % 2  # non-zero advantages
+        tr.update(col)
+        moved = any(not torch.equal(before[k], v) for k, v in params_of(tr.model).items())
+        assert moved == changes
+
+
+def test_non_finite_loss_skips_the_step(fast_cfg, monkeypatch):
+    tr = Trainer(fast_cfg(), reward_fn=parity_reward)
+    before = params_of(tr.model)
+    cls = type(tr.recipe)
+    real = cls.policy_loss
+
+    def nan_loss(self, *a, **k):
+        out = real(self, *a, **k)
+        return out._replace(loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(cls, "policy_loss", nan_loss)
+    m = tr.update(tr.collect())
+    assert m["skipped_steps"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in params_of(tr.model).items())
+
+
+def test_async_one_step_off_bounds_staleness(fast_cfg):
+    cfg = fast_cfg("train.async_rollouts=true", "train.steps=3")
+    Trainer(cfg, reward_fn=parity_reward).train()
+    rows = [json.loads(ln) for ln in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["policy_version"] for r in rows] == [1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="stale"):
+        Trainer(
+            fast_cfg("train.async_rollouts=true", "train.steps=3", "train.max_staleness=0"),
+            reward_fn=parity_reward,
+        ).train()
+
+
+def test_lora_policy_reference_is_the_adapter_free_base(fast_cfg):
+    tr = Trainer(fast_cfg("model.lora.r=4", "algo.kl_coef=0.05"), reward_fn=parity_reward)
+    trainable = [n for n, p in tr.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert tr.reference is not None and tr.reference.lora
+    m = tr.update(tr.collect())
+    assert m["kl"] >= 0.0 and tr.version == 1
+
+
+CLI = [sys.executable, "-m", "rlpost.apps.llm.cli", "train"]
+
+
+def _run_args(fast: list[str], run_dir: Path, steps: int) -> list[str]:
+    return [
+        *fast,
+        f"run.dir={run_dir}",
+        f"train.steps={steps}",
+        "run.save_every=2",
+        "rollout.prompts_per_step=8",
+    ]
+
+
+def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(tmp_path, fast_overrides):
+    steps = 6
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    # the uninterrupted reference runs in this process (same code, seeds and thread count)
+    Trainer(load_config(None, _run_args(fast_overrides, ref_dir, steps))).train()
+    proc = subprocess.Popen(
+        [*CLI, *_run_args(fast_overrides, killed_dir, steps)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = killed_dir / "checkpoints" / "latest.json"
+    deadline = time.time() + 120
+    while not latest.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(latest.read_text())["step"]
+    assert killed_at < steps, "the run must be killed mid-training"
+    subprocess.run(
+        [*CLI, "--resume", *_run_args(fast_overrides, killed_dir, steps)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    final = f"checkpoints/step-{steps:06d}/model.safetensors"
+    a, b = load_file(ref_dir / final), load_file(killed_dir / final)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ref_rows = (ref_dir / "metrics.jsonl").read_text().splitlines()
+    res_rows = (killed_dir / "metrics.jsonl").read_text().splitlines()
+    strip = [
+        {k: v for k, v in json.loads(r).items() if not k.startswith(("time/", "reward/time"))}
+        for r in ref_rows
+    ]
+    assert strip == [
+        {k: v for k, v in json.loads(r).items() if not k.startswith(("time/", "reward/time"))}
+        for r in res_rows
+    ]
