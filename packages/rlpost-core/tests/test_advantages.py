@@ -119,3 +119,27 @@ def test_kl_reward_penalty_is_detached_and_signed():
     # k1 = logp - ref = (0.5, 0) -> reward -0.05, 0
     assert_close(r, torch.tensor([[-0.05, 0.0]]))
     assert not r.requires_grad
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_response_level_estimators_fold_in_reward_token_penalties(name):
+    # in-reward KL: token rewards (-0.1, -0.2) on response 0 and (-0.6, pad) on response 1
+    # -> response rewards 1 - 0.3 = 0.7 and 0 - 0.6 = -0.6
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    tr = torch.tensor([[-0.1, -0.2], [-0.6, -5.0]])  # the padded -5 must be ignored
+    with_pen = adv(
+        name,
+        [1.0, 0.0],
+        [0, 0],
+        mask=mask,
+        token_rewards=tr,
+        **({"scale_by_std": False} if name == "grpo" else {}),
+    ).advantages
+    folded = adv(
+        name, [0.7, -0.6], [0, 0], mask=mask, **({"scale_by_std": False} if name == "grpo" else {})
+    ).advantages
+    assert_close(with_pen, folded)
+    plain = adv(
+        name, [1.0, 0.0], [0, 0], mask=mask, **({"scale_by_std": False} if name == "grpo" else {})
+    )
+    assert not torch.allclose(with_pen, plain.advantages)

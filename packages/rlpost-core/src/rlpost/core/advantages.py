@@ -77,6 +77,17 @@ def scalarize_rewards(inp: AdvantageInput) -> Tensor:
     return r.float() @ w.to(r.device, torch.float32)
 
 
+def response_rewards(inp: AdvantageInput) -> Tensor:
+    """Scalar reward per response ``[B]``: the (scalarised) outcome plus the sum of the
+    dense ``token_rewards`` over valid tokens (e.g. r - beta * sum_t KL_t, as in RLOO's
+    KL-in-reward), so response-level estimators do not silently drop in-reward penalties."""
+    r = scalarize_rewards(inp)
+    if inp.token_rewards is not None:
+        m = inp.mask.float() if inp.mask is not None else torch.ones_like(inp.token_rewards)
+        r = r + (inp.token_rewards.float() * m).sum(1)
+    return r
+
+
 def last_token_index(mask: Tensor) -> Tensor:
     """Index of each row's last valid token, ``[B]`` (0 for an empty row)."""
     T = mask.shape[1]
@@ -125,12 +136,13 @@ class GRPOParams:
 def grpo(inp: AdvantageInput, p: GRPOParams) -> AdvantageOutput:
     """GRPO group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-    A_i = (r_i - mean_g(r)) / (std_g(r) + eps)   with std the unbiased group std,
+    A_i = (r_i - mean_g(r)) / (std_g(r) + eps)   with std the unbiased group std and
+    r_i the outcome plus any in-reward token penalties summed over the response,
     or A_i = r_i - mean_g(r) when ``scale_by_std=False`` (Dr. GRPO, Liu et al. 2025,
     arXiv:2503.20783, which drops the std to remove the question-difficulty bias).
     A group with identical rewards has r_i - mean = 0 exactly, so A = 0 (no NaN).
     """
-    r = scalarize_rewards(inp)
+    r = response_rewards(inp)
     s = group_stats(r, inp.group_ids)
     adv = r - s.mean
     if p.scale_by_std:
@@ -145,7 +157,7 @@ def rloo(inp: AdvantageInput, p: NoParams) -> AdvantageOutput:
     A_i = r_i - (1/(n-1)) sum_{j != i} r_j = n/(n-1) * (r_i - mean_g(r)),  n = group size;
     a singleton group (n = 1) has no baseline sample and gets A = 0.
     """
-    r = scalarize_rewards(inp)
+    r = response_rewards(inp)
     s = group_stats(r, inp.group_ids)
     adv = torch.where(s.count > 1, s.count / (s.count - 1).clamp_min(1) * (r - s.mean), 0.0 * r)
     return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))

@@ -32,6 +32,9 @@ class LogProbEntropy(NamedTuple):
 
 
 class _ChunkedLogProbEntropy(torch.autograd.Function):
+    """Row-chunked log-prob / entropy; at most two float32 ``(chunk, V)`` buffers live at once
+    (elementwise steps run in place)."""
+
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, chunk: int, tau: float):  # type: ignore[override]
         N = logits.shape[0]
@@ -39,11 +42,13 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
         ent = logits.new_empty(N, dtype=torch.float32)
         lse = logits.new_empty(N, dtype=torch.float32)
         for s in range(0, N, chunk):
-            z = logits[s : s + chunk].float() / tau  # (c, V) float32, one chunk only
+            e = s + chunk
+            z = logits[s:e].to(torch.float32, copy=True).div_(tau)  # (c, V) buffer 1
             lse_c = torch.logsumexp(z, dim=-1)
-            logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse_c
-            ent[s : s + chunk] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
-            lse[s : s + chunk] = lse_c
+            logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse_c
+            q = (z - lse_c[:, None]).exp_()  # (c, V) buffer 2: softmax
+            ent[s:e] = lse_c - q.mul_(z).sum(-1)  # H = lse - sum_j q_j z_j
+            lse[s:e] = lse_c
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.chunk, ctx.tau = chunk, tau
         return logp, ent
@@ -52,23 +57,27 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
     def backward(ctx, g_logp: Tensor | None, g_ent: Tensor | None):  # type: ignore[override]
         logits, targets, lse, ent = ctx.saved_tensors
         chunk, tau = ctx.chunk, ctx.tau
+        N = logits.shape[0]
+        g_logp = torch.zeros(N, device=logits.device) if g_logp is None else g_logp
+        g_ent = torch.zeros(N, device=logits.device) if g_ent is None else g_ent
         grad = torch.empty_like(logits)
-        for s in range(0, logits.shape[0], chunk):
+        for s in range(0, N, chunk):
             e = s + chunk
-            logq = logits[s:e].float() / tau - lse[s:e, None]  # (c, V)
-            q = logq.exp()
-            g = torch.zeros_like(q)
-            if g_logp is not None:
-                g -= q * g_logp[s:e, None]
-                g.scatter_add_(-1, targets[s:e, None], g_logp[s:e, None])
-            if g_ent is not None:
-                g -= g_ent[s:e, None] * q * (logq + ent[s:e, None])
-            grad[s:e] = (g / tau).to(grad.dtype)
+            logq = (
+                logits[s:e].to(torch.float32, copy=True).div_(tau).sub_(lse[s:e, None])
+            )  # buffer 1
+            q = logq.exp()  # buffer 2
+            # dL/dz_j = g_logp (1[j=y] - q_j) - g_ent q_j (log q_j + H)
+            #         = -q_j (g_logp + g_ent (log q_j + H)) + g_logp 1[j=y]
+            coef = logq.add_(ent[s:e, None]).mul_(g_ent[s:e, None]).add_(g_logp[s:e, None])
+            g = q.mul_(coef).neg_()
+            g.scatter_add_(-1, targets[s:e, None], g_logp[s:e, None])
+            grad[s:e] = g.div_(tau)
         return grad, None, None, None
 
 
 def logprobs_and_entropy(
-    logits: Tensor, targets: Tensor, chunk_size: int = 1024, temperature: float = 1.0
+    logits: Tensor, targets: Tensor, chunk_size: int = 256, temperature: float = 1.0
 ) -> LogProbEntropy:
     """Log-prob of ``targets`` and entropy, never materialising a float32 ``[..., V]`` copy.
 
@@ -90,12 +99,12 @@ def logprobs_and_entropy(
     return LogProbEntropy(logp.view(lead), ent.view(lead))
 
 
-def logprobs_from_logits(logits: Tensor, targets: Tensor, chunk_size: int = 1024) -> Tensor:
+def logprobs_from_logits(logits: Tensor, targets: Tensor, chunk_size: int = 256) -> Tensor:
     """``[..., V], [...] -> [...]`` float32 log-probs of ``targets`` (chunked)."""
     return logprobs_and_entropy(logits, targets, chunk_size).logp
 
 
-def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
+def entropy_from_logits(logits: Tensor, chunk_size: int = 256) -> Tensor:
     """``[..., V] -> [...]`` float32 entropy of softmax(logits) (chunked)."""
     targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return logprobs_and_entropy(logits, targets, chunk_size).entropy
