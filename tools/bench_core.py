@@ -20,15 +20,21 @@ What it measures, on CPU with torch's default thread count:
     presets with the KL in the loss get ``ref_logp``), ``Recipe.policy_loss`` forward,
     and backward to ``logp`` (a leaf). One warm-up step per preset and seed, then
     ``repeats`` timed steps; mean and std over repeats x seeds. tokens/s counts the
-    padded ``batch * tokens`` positions (the tensors every step walks).
+    padded ``batch * tokens`` positions (the tensors every step walks). Unless
+    ``--default-malloc``, glibc is told to keep freed memory (see ``keep_freed_memory``)
+    so that the times are the math's, not the page faults of fresh allocations.
 (b) Peak memory of log-probs AND entropy of bf16 logits ``[mem_tokens, vocab]`` plus the
     backward of ``logp.sum() + entropy.sum()``: the chunked ``logprobs_and_entropy``
     (each ``--chunk-sizes`` value; the first is the headline) vs a naive reference
     (``lp = logits.float().log_softmax(-1)``, gather, ``-(lp.exp() * lp).sum(-1)``).
     Each variant and seed runs in its own fresh subprocess (this script with the hidden
-    ``--_mem-child`` flag); peak = growth of ``ru_maxrss`` over its value right after the
+    ``--_mem-child`` flag); peak = growth of the peak RSS over its value right after the
     logits are allocated (so the logits are in the baseline, their bf16 ``.grad`` is in
-    the peak), plus wall time per fwd+bwd. The children run with
+    the peak), over ``repeats`` runs (no full-size warm-up), plus the wall time of each
+    fwd+bwd, which includes the page faults of fresh allocations. The peak RSS is
+    ``VmHWM`` on Linux, because a child's ``ru_maxrss`` starts at the parent's peak
+    (see ``_peak_rss_mib``); ``ru_maxrss`` elsewhere; the ``ru_maxrss`` growth is
+    recorded too. The children run with
     ``MALLOC_MMAP_THRESHOLD_=1048576`` (see ``MMAP_THRESHOLD``) so that RSS follows the
     live tensors. A small case checked in this process gives the max abs difference of
     the chunked outputs and gradients from the naive ones.
@@ -37,6 +43,7 @@ What it measures, on CPU with torch's default thread count:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -62,6 +69,24 @@ MIB = 1024.0 * 1024.0
 # returned to the OS when freed. (At the default sizes every big tensor is > 32 MiB
 # anyway.) An MALLOC_MMAP_THRESHOLD_ already in the environment is kept.
 MMAP_THRESHOLD = 1 << 20
+
+
+def keep_freed_memory() -> str:
+    """Make glibc keep freed memory for reuse, as a caching allocator would (for (a)).
+
+    With the defaults, each 4 MiB ``[B, T]`` float tensor is a fresh mapping (or the heap
+    is trimmed after the free), so every step pays page faults for all of its
+    temporaries; on a VM these dominate the step math and make the timings noisy.
+    Returns a description of the setting in force.
+    """
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1  # glibc's maximum, 32 MiB
+        ok = ok and libc.mallopt(m_trim_threshold, 1 << 30) == 1
+    except (OSError, AttributeError):
+        ok = False
+    return "mallopt(M_MMAP_THRESHOLD=32 MiB, M_TRIM_THRESHOLD=1 GiB)" if ok else "default"
 
 
 # ----------------------------------------------------------------------------- (a) step time
@@ -190,13 +215,28 @@ def _maxrss_mib() -> float:
     return rss / MIB if sys.platform == "darwin" else rss / 1024.0
 
 
-def _rss_mib() -> float | None:
-    """Current RSS (Linux), to check that the baseline peak equals the baseline RSS."""
+def _proc_status_mib(field: str) -> float | None:
+    """A ``kB`` field of /proc/self/status (Linux) in MiB, or None."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
     except OSError:
-        return None
+        pass
+    return None
+
+
+def _peak_rss_mib() -> float:
+    """Peak RSS of this process image: ``VmHWM`` on Linux, else ``ru_maxrss``.
+
+    ``ru_maxrss`` is not reset by exec: a child's value starts at the *parent's* peak RSS
+    (Linux records the old address space's high-water mark at exec), so after the parent
+    has grown, a child's ``ru_maxrss`` stays flat and its growth reads 0. ``VmHWM``
+    belongs to the new address space and starts from zero.
+    """
+    hwm = _proc_status_mib("VmHWM")
+    return _maxrss_mib() if hwm is None else hwm
 
 
 def mem_child(args) -> None:
@@ -211,22 +251,23 @@ def mem_child(args) -> None:
         logits[s : s + 128].normal_(0.0, 2.0)
     logits.requires_grad_(True)
     targets = torch.randint(v, (n,))
-    base, base_rss = _maxrss_mib(), _rss_mib()
+    base, base_maxrss, base_rss = _peak_rss_mib(), _maxrss_mib(), _proc_status_mib("VmRSS")
     times = []
-    for i in range(1 + args.repeats):
+    for _ in range(args.repeats):  # no full-size warm-up: kernels were initialised above
         logits.grad = None
         t0 = time.perf_counter()
         logp, ent = logprob_entropy(variant, logits, targets, chunk)
         (logp.sum() + ent.sum()).backward()
-        dt = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
         del logp, ent
-        if i > 0:
-            times.append(dt)
-    peak = _maxrss_mib()
+    peak, maxrss = _peak_rss_mib(), _maxrss_mib()
     out = {
         "peak_growth_mib": peak - base,
-        "baseline_maxrss_mib": base,
+        "baseline_peak_mib": base,
         "baseline_rss_mib": base_rss,
+        # ru_maxrss growth, valid only when its baseline is this process's own (see above)
+        "ru_maxrss_growth_mib": maxrss - base_maxrss,
+        "ru_maxrss_baseline_mib": base_maxrss,
         "logits_mib": logits.numel() * logits.element_size() / MIB,
         "times_s": times,
         "threads": torch.get_num_threads(),
@@ -300,11 +341,15 @@ def bench_memory(args) -> list[dict]:
             "vocab": args.vocab,
             "logits_mib": runs[0]["logits_mib"],
             "baseline_rss_mib": runs[0]["baseline_rss_mib"],
-            "baseline_maxrss_mib": runs[0]["baseline_maxrss_mib"],
+            "baseline_peak_mib": runs[0]["baseline_peak_mib"],
+            "ru_maxrss_baseline_mib": runs[0]["ru_maxrss_baseline_mib"],
             "n": len(runs),
         }
         row["peak_mib_mean"], row["peak_mib_std"] = benchlib.mean_std(
             r["peak_growth_mib"] for r in runs
+        )
+        row["ru_maxrss_growth_mib_mean"], _ = benchlib.mean_std(
+            r["ru_maxrss_growth_mib"] for r in runs
         )
         row["ms_mean"], row["ms_std"] = benchlib.mean_std(
             t * 1e3 for r in runs for t in r["times_s"]
@@ -333,10 +378,15 @@ def parse_args(argv=None):
         "--chunk-sizes",
         type=int,
         nargs="+",
-        default=[1024, 256],
+        default=[256, 1024],
         help="chunk sizes of logprobs_and_entropy; the first (library default) is the headline",
     )
     ap.add_argument("--out", default="bench_results/core.json")
+    ap.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="time (a) with glibc's default allocator settings (page-fault bound)",
+    )
     ap.add_argument(
         "--_mem-child", dest="mem_child", choices=["chunked", "naive"], help=argparse.SUPPRESS
     )
@@ -355,6 +405,7 @@ def main(argv=None) -> None:
         mem_child(args)
         return
     t_start = time.perf_counter()
+    malloc = "default" if args.default_malloc else keep_freed_memory()
 
     step_rows = bench_steps(args)
     print(f"\n(a) step math, batch {args.batch} x {args.tokens} tokens, {threads} threads")
@@ -406,7 +457,8 @@ def main(argv=None) -> None:
         "vocab": args.vocab,
         "mem_tokens": args.mem_tokens,
         "repeats": args.repeats,
-        "warmup": 1,
+        "warmup": "1 step per preset and seed in (a); none at full size in (b)",
+        "malloc_step_timing": malloc,
         "chunk_sizes": args.chunk_sizes,
         "headline_chunk_size": args.chunk_sizes[0],
         "group_size": GROUP_SIZE,
@@ -416,9 +468,10 @@ def main(argv=None) -> None:
         "torch_threads": threads,
         "device": "cpu",
         "logits_dtype": "bfloat16",
-        "memory_measure": "ru_maxrss growth after allocating logits, fresh subprocess per "
+        "memory_measure": "growth of the peak RSS (VmHWM; ru_maxrss where there is no "
+        "/proc) over its value right after allocating the logits, fresh subprocess per "
         "variant and seed",
-        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_") or MMAP_THRESHOLD,
+        "malloc_memory_children": os.environ.get("MALLOC_MMAP_THRESHOLD_") or MMAP_THRESHOLD,
     }
     out = benchlib.write_result(
         args.out,

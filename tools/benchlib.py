@@ -67,6 +67,8 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        # other processes share the CPUs: a load above the core count skews timings
+        "load_avg_1_5_15m": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "versions": {
             "torch": torch.__version__,
             "numpy": np.__version__,
@@ -165,7 +167,11 @@ def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str | tuple
     rows = list(rows)
     cells = [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
     numeric = [
-        all(isinstance(r.get(key), (int, float, np.number, type(None))) for r in rows)
+        all(
+            isinstance(r.get(key), (int, float, np.number, type(None)))
+            and not isinstance(r.get(key), bool)
+            for r in rows
+        )
         for key, _ in cols
     ]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, (_, h) in enumerate(cols)]
