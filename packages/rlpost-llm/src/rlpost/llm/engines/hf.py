@@ -15,6 +15,20 @@ from torch import Tensor
 from rlpost.llm.engines.base import FinishReason, RolloutBatch, SamplingParams
 
 
+class _StopStrings:
+    """Per-row stop on any stop string in the generated text (works with any tokenizer;
+    transformers' own ``stop_strings`` needs byte-level vocabularies)."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], prompt_len: int):
+        self.tokenizer, self.stops, self.P = tokenizer, stops, prompt_len
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.P :], skip_special_tokens=False)
+        return torch.tensor(
+            [any(s in t for s in self.stops) for t in texts], device=input_ids.device
+        )
+
+
 class HFEngine:
     """``generate`` on a transformers causal LM.
 
@@ -98,7 +112,11 @@ class HFEngine:
         if not greedy:
             kwargs.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
         if sp.stop:
-            kwargs.update(stop_strings=list(sp.stop), tokenizer=self.tokenizer)
+            from transformers import StoppingCriteriaList
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [_StopStrings(self.tokenizer, sp.stop, P)]
+            )
         out = model.generate(
             input_ids=input_ids.to(device), attention_mask=attn.to(device), **kwargs
         )

@@ -1,0 +1,48 @@
+import pytest
+
+from rlpost.llm.config import ConfigError, load_config
+from rlpost.llm.recipes import RECIPES_DIR, recipe_path
+
+
+def test_defaults_recipe_and_overrides_merge_in_order(tmp_path):
+    y = tmp_path / "r.yaml"
+    y.write_text("optim: {lr: 0.01}\nalgo: {preset: dapo}\n")
+    cfg = load_config(y, ["optim.lr=0.02", "rollout.group_size=4"])
+    assert cfg.optim.lr == 0.02 and cfg.algo.preset == "dapo" and cfg.preset().group_size == 4
+    assert cfg.optim.micro_batch_size == 64  # default kept
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lrr=1", r"optim\.lrr: unknown field"),
+        ("rollout.engine=tpu", r"rollout\.engine: must be one of 'hf' or 'vllm'"),
+        ("optim.lr=-1", r"optim\.lr: Input should be greater than 0"),
+        ("algo.preset=grpoo", r"unknown preset 'grpoo'; valid names: dapo"),
+        ("train.steps=many", r"train\.steps: Input should be a valid integer"),
+    ],
+)
+def test_bad_values_fail_at_load_naming_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_bad_entry_parameter_is_named():
+    with pytest.raises(ConfigError, match=r"'ppo_clip': unknown parameter\(s\) \['clip_hgih'\]"):
+        load_config(None, ["algo.objective.name=ppo_clip", "algo.objective.params.clip_hgih=0.3"])
+
+
+def test_dr_grpo_normaliser_defaults_to_generation_budget():
+    cfg = load_config(None, ["algo.preset=dr_grpo", "rollout.max_new_tokens=12"])
+    assert cfg.preset().aggregation.params == {"normalizer": 12.0}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_every_shipped_recipe_validates(name):
+    cfg = load_config(recipe_path(name))
+    assert cfg.run.dir.startswith("runs/")
+
+
+def test_unknown_recipe_lists_the_shipped_ones():
+    with pytest.raises(FileNotFoundError, match="grpo_arithmetic"):
+        recipe_path("nope")
