@@ -1,0 +1,301 @@
+"""Built-in synthetic tasks with cheap, exact verifiers.
+
+A :class:`Task` draws :class:`Example` s (a text prompt, one reference answer and
+whatever the verifier needs in ``meta``) and scores a model's completion against
+an example with a pure function returning a reward in ``[0, 1]``.
+
+Two tasks ship with the library:
+
+* :class:`ArithmeticTask` -- ``"123+456="`` -> ``"579"``;
+* :class:`CountdownTask` -- ``"3 5 7>22:"`` -> any expression over the given
+  numbers that evaluates to the target, e.g. ``"3*5+7"``.
+
+Every character a prompt or reference answer can contain is in :data:`CHARSET`,
+which the embedded character-level tokenizer (:mod:`rlpost.llm.tiny`) is built
+from.  Scoring is picklable (tasks are frozen dataclasses defined at module
+level) so rewards can be computed in worker processes.
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+__all__ = [
+    "CHARSET",
+    "TASKS",
+    "ArithmeticTask",
+    "CountdownTask",
+    "Example",
+    "Task",
+    "extract_answer",
+    "make_task",
+    "safe_eval",
+]
+
+#: Every character that any prompt or reference answer of the built-in tasks can contain.
+CHARSET = "0123456789+-*()=:> "
+
+#: Longest completion (after :func:`extract_answer`) the countdown verifier will parse.
+MAX_EXPRESSION_CHARS = 64
+
+#: Strings that mark the end of a completion when they appear literally in decoded text.
+_STOP_MARKERS = ("\n", "<eos>", "</s>", "<|endoftext|>", "<|im_end|>")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance.
+
+    Attributes:
+        prompt: the text the model is conditioned on (e.g. ``"123+456="``).
+        answer: one correct completion (e.g. ``"579"``); for tasks with several
+            correct answers it is one of them, and :meth:`Task.score` decides.
+        meta: JSON-serialisable data the verifier needs (operands, target ...).
+    """
+
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict)
+
+
+def extract_answer(completion: str) -> str:
+    """The answer part of a raw completion.
+
+    Completions are the generated text after the prompt; generation may run on
+    past the answer.  The answer ends at the first newline or literal
+    end-of-sequence marker; surrounding whitespace is stripped.
+    """
+    cut = len(completion)
+    for marker in _STOP_MARKERS:
+        i = completion.find(marker)
+        if i != -1:
+            cut = min(cut, i)
+    return completion[:cut].strip()
+
+
+class Task(abc.ABC):
+    """A verifiable task: draws examples and scores completions.
+
+    Subclasses set ``name`` and implement :meth:`sample` and :meth:`score`.
+    ``score`` must be pure, cheap, and picklable with the task (module-level
+    classes only): it may run in worker processes.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        """Draw ``n`` independent examples using ``rng`` (deterministic given its state)."""
+
+    @abc.abstractmethod
+    def score(self, completion: str, example: Example) -> float:
+        """Reward in ``[0, 1]`` for ``completion`` (text after the prompt) on ``example``."""
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters, JSON-serialisable (used for cache keys and logs)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+_LEADING_INT = re.compile(r"[+-]?\d+")
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unsupported operator {op!r}")
+
+
+@dataclass(frozen=True)
+class ArithmeticTask(Task):
+    """Integer arithmetic on two operands: prompt ``"123+456="``, answer ``"579"``.
+
+    Args:
+        digits: operands are drawn uniformly from ``0 .. 10**digits - 1`` (so they
+            have 1 to ``digits`` digits, written without leading zeros).
+        ops: the operators to draw from, uniformly, any of ``"+-*"``.  For ``"-"``
+            the operands are ordered so the result is non-negative.
+
+    Score: 1.0 iff the integer at the start of the extracted answer equals the
+    reference result (trailing junk after that integer is ignored), else 0.0.
+    """
+
+    digits: int = 3
+    ops: str = "+"
+    name: ClassVar[str] = "arithmetic"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.digits, int) or self.digits < 1:
+            raise ValueError(f"digits must be a positive int, got {self.digits!r}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty string over '+-*', got {self.ops!r}")
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        hi = 10**self.digits - 1
+        out = []
+        for _ in range(n):
+            op = rng.choice(self.ops)
+            a, b = rng.randint(0, hi), rng.randint(0, hi)
+            if op == "-" and a < b:
+                a, b = b, a
+            result = _apply(op, a, b)
+            out.append(Example(f"{a}{op}{b}=", str(result), {"a": a, "b": b, "op": op}))
+        return out
+
+    def score(self, completion: str, example: Example) -> float:
+        m = _LEADING_INT.match(extract_answer(completion))
+        if m is None:
+            return 0.0
+        return 1.0 if int(m.group()) == int(example.answer) else 0.0
+
+
+# ----------------------------------------------------------------------------- countdown
+
+_EXPR_CHARS = re.compile(r"[0-9+\-*() ]+")
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
+
+
+def safe_eval(expression: str) -> tuple[int, list[int]] | None:
+    """Evaluate an integer expression over ``+ - * ( )`` without ``eval``.
+
+    Returns ``(value, literals)`` -- the value and every integer literal in
+    the expression, in order -- or ``None`` when the text is longer than
+    :data:`MAX_EXPRESSION_CHARS`, contains any other character, does not parse,
+    or uses any syntax but binary ``+ - *``, unary minus and int literals.
+    """
+    if not expression or len(expression) > MAX_EXPRESSION_CHARS:
+        return None
+    if not _EXPR_CHARS.fullmatch(expression):
+        return None
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    literals: list[int] = []
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _apply(_BINOPS[type(node.op)], ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int)
+            and not isinstance(node.value, bool)
+        ):
+            literals.append(node.value)
+            return node.value
+        raise ValueError(f"disallowed syntax {type(node).__name__}")
+
+    try:
+        value = ev(tree.body)
+    except (ValueError, RecursionError):
+        return None
+    return value, literals
+
+
+def _render(tree: Any, parent_op: str = "", right: bool = False) -> str:
+    """Render a nested ``(op, left, right)`` / int tree with minimal parentheses."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, left, right_child = tree
+    text = _render(left, op) + op + _render(right_child, op, right=True)
+    # '+'/'-' under '*' need parentheses, and so does a '+'/'-' right operand of '-'.
+    needs = op != "*" and (parent_op == "*" or (right and parent_op == "-"))
+    return f"({text})" if needs else text
+
+
+@dataclass(frozen=True)
+class CountdownTask(Task):
+    """Reach a target by combining given numbers: prompt ``"3 5 7>22:"``, answer ``"3*5+7"``.
+
+    Args:
+        n_numbers: how many numbers are given (>= 2).
+        max_number: numbers are drawn uniformly from ``1 .. max_number``.
+
+    The target is built from a random expression (random operand order, random
+    binary tree, random ``+ - *``) that uses every number exactly once and has a
+    positive value; that expression is the reference answer.
+
+    Score: 1.0 iff the extracted answer is an expression over ``+ - * ( )`` and
+    integer literals, at most :data:`MAX_EXPRESSION_CHARS` characters, whose
+    literals form a sub-multiset of the given numbers (each used at most once,
+    no other numbers) and whose value is exactly the target; else 0.0.
+    It is evaluated with :func:`safe_eval` (``ast``, never ``eval``).
+    """
+
+    n_numbers: int = 3
+    max_number: int = 9
+    name: ClassVar[str] = "countdown"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n_numbers, int) or not 2 <= self.n_numbers <= 6:
+            raise ValueError(f"n_numbers must be an int in 2..6, got {self.n_numbers!r}")
+        if not isinstance(self.max_number, int) or self.max_number < 1:
+            raise ValueError(f"max_number must be a positive int, got {self.max_number!r}")
+
+    def _random_tree(self, numbers: list[int], rng: random.Random) -> Any:
+        if len(numbers) == 1:
+            return numbers[0]
+        k = rng.randint(1, len(numbers) - 1)
+        return (
+            rng.choice("+-*"),
+            self._random_tree(numbers[:k], rng),
+            self._random_tree(numbers[k:], rng),
+        )
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        while len(out) < n:
+            numbers = [rng.randint(1, self.max_number) for _ in range(self.n_numbers)]
+            order = numbers[:]
+            rng.shuffle(order)
+            expression = _render(self._random_tree(order, rng))
+            result = safe_eval(expression)
+            if result is None or result[0] <= 0:
+                continue  # resample: the target must be a positive int
+            target = result[0]
+            prompt = " ".join(map(str, numbers)) + f">{target}:"
+            out.append(Example(prompt, expression, {"numbers": numbers, "target": target}))
+        return out
+
+    def score(self, completion: str, example: Example) -> float:
+        result = safe_eval(extract_answer(completion))
+        if result is None:
+            return 0.0
+        value, literals = result
+        if Counter(literals) - Counter(example.meta["numbers"]):
+            return 0.0  # a number used more often than given, or a foreign number
+        return 1.0 if value == example.meta["target"] else 0.0
+
+
+# ----------------------------------------------------------------------------- registry
+
+#: Built-in task classes by name.
+TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, "countdown": CountdownTask}
+
+
+def make_task(name: str, **params: Any) -> Task:
+    """Instantiate the built-in task ``name`` with constructor ``params``.
+
+    Raises:
+        ValueError: ``name`` is not in :data:`TASKS` (the message lists valid names).
+    """
+    try:
+        cls = TASKS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}"
+        ) from None
+    return cls(**params)
