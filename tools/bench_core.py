@@ -52,7 +52,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
+from benchlib import proc_status_mib as _proc_status_mib
 from tqdm import tqdm
 
 from rlpost.core import AdvantageInput, get_preset, kl_reward_penalty, logprobs_and_entropy
@@ -213,18 +215,6 @@ def _maxrss_mib() -> float:
     """Peak RSS of this process so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / MIB if sys.platform == "darwin" else rss / 1024.0
-
-
-def _proc_status_mib(field: str) -> float | None:
-    """A ``kB`` field of /proc/self/status (Linux) in MiB, or None."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
 
 
 def _peak_rss_mib() -> float:

@@ -93,6 +93,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import proc_status_mib as _proc_status_mib
+
 REPO = Path(__file__).resolve().parent.parent
 CONSTRAINED = (
     "torch",
@@ -108,18 +111,6 @@ DEFAULT_TRL_VERSION = "1.16.0"
 
 
 # ------------------------------------------------------------------- stdlib helpers
-
-
-def _proc_status_mib(key: str) -> float | None:
-    """``VmHWM`` / ``VmRSS`` of this process from /proc/self/status, in MiB (None off Linux)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
 
 
 def _uv() -> str:

@@ -201,3 +201,18 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
         raise ValueError("mean_std of an empty sequence")
     std = float(a.std(ddof=1)) if a.size > 1 else 0.0
     return float(a.mean()), std
+
+
+def proc_status_mib(key: str) -> float | None:
+    """A kB field of /proc/self/status (``VmHWM`` peak RSS, ``VmRSS``) in MiB; None off Linux.
+
+    ``VmHWM`` is the peak of *this* process image, unlike ``ru_maxrss`` of a child, which
+    starts at its parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None

@@ -55,6 +55,35 @@ class RolloutBatch:
     policy_version: int = 0
     extra: dict = field(default_factory=dict)
 
+    @staticmethod
+    def from_rows(
+        rows: list[tuple[list[int], list[int], list[float], FinishReason]],
+        n_prompts: int,
+        n: int,
+        pad_id: int,
+        policy_version: int = 0,
+    ) -> RolloutBatch:
+        """Pad ``(prompt ids, completion ids, engine log-probs, finish reason)`` rows, grouped
+        ``n`` per prompt in prompt order, into a batch (every engine returns through here)."""
+        L = max(1, max((len(r[1]) for r in rows), default=1))
+        N = len(rows)
+        ids = torch.full((N, L), pad_id, dtype=torch.long)
+        logprobs, mask = torch.zeros(N, L), torch.zeros(N, L)
+        for i, (_, toks, lps, _) in enumerate(rows):
+            ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            logprobs[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+            mask[i, : len(toks)] = 1.0
+        return RolloutBatch(
+            [r[0] for r in rows],
+            ids,
+            logprobs,
+            mask,
+            [r[3] for r in rows],
+            torch.arange(n_prompts).repeat_interleave(n),
+            pad_id,
+            policy_version,
+        )
+
     def __len__(self) -> int:
         return len(self.prompt_ids)
 

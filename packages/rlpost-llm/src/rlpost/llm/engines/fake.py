@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from rlpost.llm.engines.base import RolloutBatch, SamplingParams
 
 
@@ -22,24 +20,7 @@ class FakeEngine:
     def generate(self, prompts, n, sampling: SamplingParams) -> RolloutBatch:
         self.calls += 1
         rows = [(p, *r) for p in prompts for r in self.script(p, n)]
-        L = max(len(r[1]) for r in rows)
-        N = len(rows)
-        ids = torch.full((N, L), self.pad_id, dtype=torch.long)
-        lps, mask = torch.zeros(N, L), torch.zeros(N, L)
-        for i, (_, toks, lp, _) in enumerate(rows):
-            ids[i, : len(toks)] = torch.tensor(toks)
-            lps[i, : len(toks)] = torch.tensor(lp, dtype=torch.float32)
-            mask[i, : len(toks)] = 1
-        return RolloutBatch(
-            [r[0] for r in rows],
-            ids,
-            lps,
-            mask,
-            [r[3] for r in rows],
-            torch.arange(len(prompts)).repeat_interleave(n),
-            self.pad_id,
-            self.policy_version,
-        )
+        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
 
     def update_weights(self, state_dict, version):
         self.policy_version = version

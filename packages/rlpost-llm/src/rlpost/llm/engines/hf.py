@@ -68,25 +68,7 @@ class HFEngine:
         per_call = max(1, self.batch_size // n)
         for s in range(0, len(prompts), per_call):
             rows.extend(self._generate_chunk(prompts[s : s + per_call], n, sampling))
-        L = max(1, max(len(r[1]) for r in rows))
-        N = len(rows)
-        ids = torch.full((N, L), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros(N, L)
-        mask = torch.zeros(N, L)
-        for i, (_, toks, lps, _) in enumerate(rows):
-            ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            logprobs[i, : len(lps)] = torch.tensor(lps)
-            mask[i, : len(toks)] = 1.0
-        return RolloutBatch(
-            prompt_ids=[r[0] for r in rows],
-            completion_ids=ids,
-            logprobs=logprobs,
-            mask=mask,
-            finish_reasons=[r[3] for r in rows],
-            group=torch.arange(len(prompts)).repeat_interleave(n),
-            pad_id=self.pad_id,
-            policy_version=self.policy_version,
-        )
+        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sp: SamplingParams):
         model = self.model

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 from torch import Tensor
 
 from rlpost.llm.engines.base import RolloutBatch, SamplingParams
@@ -79,24 +78,7 @@ class VLLMEngine:
                 lps = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks, strict=True)]
                 reason = "length" if comp.finish_reason == "length" else "stop"
                 rows.append((prompts[i], toks, lps, reason))
-        L = max(1, max(len(r[1]) for r in rows))
-        N = len(rows)
-        ids = torch.full((N, L), self.pad_id, dtype=torch.long)
-        logprobs, mask = torch.zeros(N, L), torch.zeros(N, L)
-        for j, (_, toks, lps, _) in enumerate(rows):
-            ids[j, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            logprobs[j, : len(lps)] = torch.tensor(lps)
-            mask[j, : len(toks)] = 1.0
-        return RolloutBatch(
-            [r[0] for r in rows],
-            ids,
-            logprobs,
-            mask,
-            [r[3] for r in rows],
-            torch.arange(len(prompts)).repeat_interleave(n),
-            self.pad_id,
-            self.policy_version,
-        )
+        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         weights = list(state_dict.items())
