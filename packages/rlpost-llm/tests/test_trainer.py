@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -236,3 +237,35 @@ def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(tmp_path, fast_
         {k: v for k, v in json.loads(r).items() if not k.startswith(("time/", "reward/time"))}
         for r in res_rows
     ]
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "grpo_arithmetic",
+        "dapo_arithmetic",
+        "dr_grpo_arithmetic",
+        "gspo_arithmetic",
+        "grpo_countdown",
+    ],
+)
+def test_every_shipped_recipe_trains_a_step(recipe, fast_overrides, tmp_path):
+    from rlpost.llm.recipes import recipe_path
+
+    cfg = load_config(
+        recipe_path(recipe), [*fast_overrides, "train.steps=1", f"run.dir={tmp_path}"]
+    )
+    tr = Trainer(cfg, reward_fn=parity_reward)
+    m = tr.update(tr.collect())
+    assert math.isfinite(m["grad_norm"]) and tr.version == 1
+
+
+def test_tis_correction_uses_the_engine_logprobs(fast_cfg):
+    tr = Trainer(
+        fast_cfg("algo.correction.name=tis", "algo.correction.params.cap=2.0"),
+        reward_fn=parity_reward,
+    )
+    tr.engine = NoisyEngine(tr.model, tr.tok)  # engine log-probs 0.25 above the trainer's
+    m = tr.update(tr.collect())
+    # weights pi_old / pi_rollout = exp(-0.25) on every token
+    assert m["is_weight_mean"] == pytest.approx(math.exp(-0.25), rel=1e-4)
