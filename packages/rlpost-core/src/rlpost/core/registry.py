@@ -18,10 +18,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-In = TypeVar("In")
-Out = TypeVar("Out")
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ training-inference mismatch (catalog 000-23 / 004-02) that TIS / MIS corrections
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
@@ -53,7 +53,6 @@ class RolloutBatch:
     group: Tensor
     pad_id: int
     policy_version: int = 0
-    extra: dict = field(default_factory=dict)
 
     @staticmethod
     def from_rows(
@@ -104,7 +103,6 @@ class RolloutBatch:
             group,
             self.pad_id,
             self.policy_version,
-            dict(self.extra),
         )
 
     @staticmethod
@@ -142,16 +140,12 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
         """Sample ``n`` completions per prompt (token-id lists)."""
-        ...
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Load the trainer's current weights (full, merged state dict) as ``version``."""
-        ...
 
     def sleep(self) -> None:
         """Release accelerator memory between rollouts (colocated engines); no-op elsewhere."""
-        ...
 
     def wake(self) -> None:
         """Undo :meth:`sleep`."""
-        ...
