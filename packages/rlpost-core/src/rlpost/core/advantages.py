@@ -226,3 +226,57 @@ def gae(inp: AdvantageInput, p: GAEParams) -> AdvantageOutput:
     if p.whiten:
         adv = masked_whiten(adv, m)
     return AdvantageOutput(adv, returns=returns, metrics=_metrics(adv, scalarize_rewards(inp)))
+
+
+@dataclass(frozen=True)
+class RiVERParams:
+    other_credit: float = 0.5  # upper bound of the credit of non-top solutions, in [0, 1)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.other_credit < 1.0:
+            raise ValueError(f"other_credit must be in [0, 1), got {self.other_credit}")
+
+
+@ADVANTAGES.register("river", RiVERParams)
+def river(inp: AdvantageInput, p: RiVERParams) -> AdvantageOutput:
+    """RiVER ranking-induced calibrated shaping of continuous scores (catalog 004-29).
+
+    For score-based tasks without ground truth. Within each instance (group), the *distinct*
+    score values are ranked, best first: u = 1..U. The shaped reward is
+
+        s = 1                                   for the top value (u = 1)
+        s = c * (U - u) / (U - 1)               otherwise (bounded credit in [0, c), c < 1)
+
+    which depends only on the order of the scores, so any per-instance rescaling a*x + b
+    (a > 0) leaves it unchanged ("scale dominance"). The baseline is the mean of s over the
+    distinct values, and each sample's advantage is divided by the number of samples that
+    share its score value:
+
+        A_i = (s_i - mean_{distinct v} s(v)) / count(score_i)
+
+    so every distinct solution value carries the same total gradient mass whatever its
+    frequency: k duplicates of a low score together weigh exactly as much as one sample
+    of that score, and can never outweigh the top solution ("frequency dominance").
+    Choices left open by the abstract (the credit curve, the de-duplicated baseline, the
+    1/count normalisation) are ours; groups with a single distinct value get A = 0.
+    """
+    r = response_rewards(inp)
+    s_adv = torch.zeros_like(r)
+    g = group_stats(r, inp.group_ids).index
+    B = r.shape[0]
+    # pairwise comparisons inside each group, vectorised: [B, B] (groups are small)
+    same_group = g[:, None] == g[None, :]
+    better = same_group & (r[None, :] > r[:, None])  # j beats i
+    equal = same_group & (r[None, :] == r[:, None])
+    count = equal.sum(1).float()  # samples sharing i's value (incl. i)
+    # rank among distinct values: 1 + number of distinct better values
+    inv_count = 1.0 / count
+    u = 1.0 + (better.float() * inv_count[None, :]).sum(1)  # each better value counted once
+    U = (same_group.float() * inv_count[None, :]).sum(1)  # distinct values in the group
+    credit = torch.where(
+        U > 1, p.other_credit * (U - u) / (U - 1).clamp_min(1.0), torch.zeros_like(u)
+    )
+    shaped = torch.where(u == 1, torch.ones_like(u), credit)
+    baseline = (same_group.float() * (shaped * inv_count)[None, :]).sum(1) / U
+    s_adv = torch.where(U > 1, (shaped - baseline) / count, torch.zeros(B))
+    return AdvantageOutput(broadcast(s_adv, inp.mask), metrics=_metrics(s_adv, r))

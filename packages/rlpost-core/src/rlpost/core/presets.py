@@ -268,3 +268,16 @@ register_preset(
         notes="GAE(gamma=1, lambda=0.95) with a critic, KL in the reward",
     )
 )
+register_preset(
+    Preset(
+        name="river",
+        paper="RiVER: ranking-induced verifiable rewards for score-based tasks (catalog 004-29)",
+        catalog_id="004-29",
+        advantage=Choice("river", {"other_credit": 0.5}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        notes="group-relative RL on continuous execution scores; the abstract gives no numeric "
+        "hyper-parameters: credit bound 0.5 and DAPO-style clipping are our defaults",
+    )
+)
