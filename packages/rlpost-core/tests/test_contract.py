@@ -27,6 +27,7 @@ from rlpost.core import (
 
 B, T = 6, 5
 REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
+NEEDS_MASK = {"gae", "hmpo"}
 
 
 def mask() -> torch.Tensor:
@@ -50,8 +51,8 @@ def test_advantage_contract(name, masked):
     inp = AdvantageInput(
         rewards, groups, m if masked else None, values=torch.randn(B, T) if masked else None
     )
-    if name == "gae" and not masked:  # token-level by definition: needs mask and values
-        with pytest.raises(ValueError, match="gae needs"):
+    if name in NEEDS_MASK and not masked:  # these read response lengths / token values
+        with pytest.raises(ValueError, match=f"{name} needs"):
             ADVANTAGES.build(name)(inp)
         return
     out = ADVANTAGES.build(name)(inp)

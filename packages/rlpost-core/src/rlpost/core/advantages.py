@@ -280,3 +280,56 @@ def river(inp: AdvantageInput, p: RiVERParams) -> AdvantageOutput:
     baseline = (same_group.float() * (shaped * inv_count)[None, :]).sum(1) / U
     s_adv = torch.where(U > 1, (shaped - baseline) / count, torch.zeros(B))
     return AdvantageOutput(broadcast(s_adv, inp.mask), metrics=_metrics(s_adv, r))
+
+
+@dataclass(frozen=True)
+class HMPOParams:
+    alpha: float = 0.2  # length-shaping strength; < 0.5 keeps every correct above every wrong
+    scale_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha < 0.5:
+            raise ValueError(f"alpha must be in [0, 0.5), got {self.alpha}")
+
+
+@ADVANTAGES.register("hmpo", HMPOParams)
+def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
+    """HMPO median-length token-efficiency shaping (Mach-Mind-4-Flash, catalog 004-11b).
+
+    Among the *correct* responses of a group (reward > 0), length is compared with their
+    (lower) median length m_g; the reward is shaped before the GRPO normalisation:
+
+        r'_i = r_i + alpha * 1[correct_i] * clip((m_g - |y_i|) / m_g, -1, 1)
+
+    Shorter-than-median correct responses gain, longer ones lose, wrong ones are unchanged.
+    With binary rewards and alpha < 0.5 every correct response still scores above every
+    wrong one (r' in [1 - alpha, 1 + alpha] vs 0), so the shaping trades length only within
+    the correct set (the accuracy-preserving part). Single stage: no separate compression
+    phase. The abstract names the method only; this median-relative form is our reading.
+    Needs ``mask`` (response lengths).
+    """
+    if inp.mask is None:
+        raise ValueError("hmpo needs AdvantageInput.mask (response lengths)")
+    r = response_rewards(inp)
+    lengths = inp.mask.float().sum(1)
+    correct = r > 0
+    g = group_stats(r, inp.group_ids).index
+    G = int(g.max()) + 1 if g.numel() else 0
+    # per-group (lower) median length of the correct responses: one masked sort, [G, B]
+    member = (g[None, :] == torch.arange(G)[:, None]) & correct[None, :]
+    table = torch.where(member, lengths[None, :], torch.finfo(lengths.dtype).max)
+    n_correct = member.sum(1)
+    mid = ((n_correct - 1).clamp_min(0) // 2)[:, None]
+    median = torch.where(n_correct > 0, table.sort(1).values.gather(1, mid).squeeze(1), 1.0)
+    m = median[g].clamp_min(1.0)
+    bonus = p.alpha * correct.float() * ((m - lengths) / m).clamp(-1.0, 1.0)
+    shaped = r + bonus
+    s = group_stats(shaped, inp.group_ids)
+    adv = shaped - s.mean
+    if p.scale_by_std:
+        adv = adv / (s.std + p.eps)
+    return AdvantageOutput(
+        broadcast(adv, inp.mask),
+        metrics={**_metrics(adv, r), "hmpo_bonus_mean": bonus.mean().item()},
+    )

@@ -281,3 +281,16 @@ register_preset(
         "hyper-parameters: credit bound 0.5 and DAPO-style clipping are our defaults",
     )
 )
+register_preset(
+    Preset(
+        name="hmpo",
+        paper="HMPO, Hybrid Median-length Policy Optimization, in Mach-Mind-4-Flash (catalog 004-11b)",
+        catalog_id="004-11b",
+        advantage=Choice("hmpo", {"alpha": 0.2}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        notes="single-stage length shaping inside GRPO; the abstract gives no hyper-parameters: "
+        "alpha 0.2 and DAPO-style clipping are our defaults",
+    )
+)
