@@ -27,7 +27,7 @@ from rlpost.core import (
 
 B, T = 6, 5
 REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
-NEEDS_MASK = {"gae", "hmpo"}
+NEEDS_MASK = {"gae", "hmpo", "icr"}
 
 
 def mask() -> torch.Tensor:

@@ -333,3 +333,56 @@ def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
         broadcast(adv, inp.mask),
         metrics={**_metrics(adv, r), "hmpo_bonus_mean": bonus.mean().item()},
     )
+
+
+@dataclass(frozen=True)
+class ICRParams:
+    coef: float = 0.1  # lambda: strength of the pull toward the shortest correct responses
+    scale_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.coef < 0:
+            raise ValueError(f"coef must be >= 0, got {self.coef}")
+
+
+@ADVANTAGES.register("icr", ICRParams)
+def icr(inp: AdvantageInput, p: ICRParams) -> AdvantageOutput:
+    """ICR implicit compression regularisation (catalog 001-10), on GRPO advantages.
+
+    Per group, rho_g = Pearson correlation between response length and correctness
+    (reward > 0). rho_g < 0 is the *overthinking* regime (shorter answers are more often
+    right); there the shortest correct responses of the group — the "virtual shorter
+    distribution" already present in the rollouts — receive an extra advantage:
+
+        A_i = A_i^GRPO + coef * 1[rho_g < 0] * 1[i is a shortest correct response of g]
+
+    With rho_g >= 0 (underthinking or neutral) the regulariser is off and A = A^GRPO.
+    The additive on-policy form is our reading of the abstract. Needs ``mask``.
+    """
+    if inp.mask is None:
+        raise ValueError("icr needs AdvantageInput.mask (response lengths)")
+    base = grpo(inp, GRPOParams(p.scale_by_std, p.eps))
+    adv = base.advantages[:, 0] if base.advantages.dim() == 2 else base.advantages
+    r = response_rewards(inp)
+    lengths = inp.mask.float().sum(1)
+    correct = (r > 0).float()
+    s_len, s_cor = group_stats(lengths, inp.group_ids), group_stats(correct, inp.group_ids)
+    g, G = s_len.index, int(s_len.index.max()) + 1
+    cov = torch.zeros(G).index_add_(0, g, (lengths - s_len.mean) * (correct - s_cor.mean))[g]
+    rho = cov / ((s_len.count - 1).clamp_min(1) * s_len.std * s_cor.std).clamp_min(1e-12)
+    rho = torch.where((s_len.std > 0) & (s_cor.std > 0), rho, torch.zeros_like(rho))
+    big = torch.finfo(lengths.dtype).max
+    shortest = torch.full((G,), big).scatter_reduce(
+        0, g, torch.where(correct > 0, lengths, big), reduce="amin"
+    )[g]
+    target = (correct > 0) & (lengths == shortest) & (rho < 0)
+    adv = adv + p.coef * target.float()
+    return AdvantageOutput(
+        broadcast(adv, inp.mask),
+        metrics={
+            **base.metrics,
+            "icr_active_frac": float((rho < 0).float().mean()),
+            "icr_targets": float(target.sum()),
+        },
+    )
