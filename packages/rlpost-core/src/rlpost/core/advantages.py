@@ -386,3 +386,36 @@ def icr(inp: AdvantageInput, p: ICRParams) -> AdvantageOutput:
             "icr_targets": float(target.sum()),
         },
     )
+
+
+@dataclass(frozen=True)
+class SoftPairParams:
+    scale_by_std: bool = False  # optionally GRPO-normalise the pairwise rewards
+    eps: float = 1e-6
+
+
+@ADVANTAGES.register("soft_pair_grpo", SoftPairParams)
+def soft_pair_grpo(inp: AdvantageInput, p: SoftPairParams) -> AdvantageOutput:
+    """Soft-Pair-GRPO (catalog 001-14): binary pairwise preferences replace the
+    group-normalised scalar reward inside GRPO.
+
+    For response i of a group of n, against every other response j of the group:
+
+        A_i = (1 / (n - 1)) * sum_{j != i} pref(i, j),   pref = +1/2 if r_i > r_j,
+                                                               -1/2 if r_i < r_j, 0 on ties
+
+    i.e. the within-group win rate minus 1/2 (zero-mean per group). Only the *order* of
+    rewards matters. With two reward levels (binary verifiers) A is an exact positive
+    multiple of r_i - mean_g(r) within each group, so the policy gradient is a positive
+    multiple of (Dr.) GRPO's; for continuous rewards the two gradients agree to first
+    order in direction (positive inner product). The clipped surrogate and KL of GRPO are
+    kept by the preset. Singleton groups give 0.
+    """
+    r = response_rewards(inp)
+    g = group_stats(r, inp.group_ids)
+    same = g.index[:, None] == g.index[None, :]  # [B, B]; groups are small
+    pref = 0.5 * torch.sign(r[:, None] - r[None, :]) * same.float()
+    adv = pref.sum(1) / (g.count - 1).clamp_min(1.0)
+    if p.scale_by_std:
+        adv = adv / (group_stats(adv, inp.group_ids).std + p.eps)
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
