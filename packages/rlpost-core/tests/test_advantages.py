@@ -143,3 +143,18 @@ def test_response_level_estimators_fold_in_reward_token_penalties(name):
         name, [1.0, 0.0], [0, 0], mask=mask, **({"scale_by_std": False} if name == "grpo" else {})
     )
     assert not torch.allclose(with_pen, plain.advantages)
+
+
+def test_reward_to_go_fast_path_equals_the_scan():
+    from rlpost.core.advantages import reward_to_go
+
+    torch.manual_seed(0)
+    r = torch.randn(5, 9)
+    lengths = torch.tensor([9, 1, 4, 7, 3])
+    mask = (torch.arange(9) < lengths[:, None]).float()
+    fast = reward_to_go(r, mask, gamma=1.0)  # right-padded, undiscounted: cumulative sum
+    scan = reward_to_go(r, mask, gamma=1.0 - 1e-12)  # forces the reverse scan
+    assert_close(fast, scan)
+    # hand check of one row: G_t = sum_{s >= t} r_s over the 4 valid tokens
+    assert_close(fast[2, :4], r[2, :4].flip(0).cumsum(0).flip(0))
+    assert (fast[mask == 0] == 0).all()
