@@ -39,13 +39,8 @@ def evaluate_config(
 
         def score(n: int, sp: SamplingParams) -> torch.Tensor:
             b = engine.generate(prompts, n, sp)
-            lens = b.lengths.tolist()
-            texts = [
-                tok.decode(b.completion_ids[i, : lens[i]].tolist(), skip_special_tokens=True)
-                for i in range(len(b))
-            ]
             return (
-                (pool.score(texts, [exs[g] for g in b.group.tolist()]).rewards >= 1.0)
+                (pool.score(b.texts(tok), [exs[g] for g in b.group.tolist()]).rewards >= 1.0)
                 .float()
                 .view(len(exs), n)
             )

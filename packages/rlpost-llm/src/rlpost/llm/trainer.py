@@ -214,18 +214,11 @@ class Trainer:
             eng.update_weights({}, self.version)
 
     # ---------------------------------------------------------------- rollouts
-    def _decode(self, batch: RolloutBatch) -> list[str]:
-        lens = batch.lengths.tolist()
-        return [
-            self.tok.decode(batch.completion_ids[i, : lens[i]].tolist(), skip_special_tokens=True)
-            for i in range(len(batch))
-        ]
-
     def _score(
         self, batch: RolloutBatch, examples: list[Example]
     ) -> tuple[Tensor, dict[str, float]]:
         rows = [examples[g] for g in batch.group.tolist()]
-        res = self.pool.score(self._decode(batch), rows)
+        res = self.pool.score(batch.texts(self.tok), rows)
         return res.rewards, res.metrics
 
     def collect(self) -> Collected:

@@ -90,6 +90,14 @@ class RolloutBatch:
     def lengths(self) -> Tensor:
         return self.mask.sum(1).long()
 
+    def texts(self, tokenizer) -> list[str]:
+        """The completions as text (special tokens such as EOS dropped), for verifiers."""
+        lens = self.lengths.tolist()
+        return [
+            tokenizer.decode(self.completion_ids[i, : lens[i]].tolist(), skip_special_tokens=True)
+            for i in range(len(self))
+        ]
+
     def select(self, rows: Tensor | list[int]) -> RolloutBatch:
         """Rows ``rows`` (e.g. the groups that survive dynamic sampling), groups renumbered."""
         idx = torch.as_tensor(rows, dtype=torch.long)
