@@ -1,55 +1,16 @@
-"""Run outputs: JSONL metrics, TensorBoard events, the final PNG curves and summary."""
+"""Run outputs of the LLM trainer: the final PNG curves and summary table.
+
+The JSONL / TensorBoard logger is shared by every domain: :mod:`rlpost.core.io.metrics`.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlpost.core.io.metrics import MetricsLogger, read_metrics
 
-class MetricsLogger:
-    """Appends one JSON object per step to ``metrics.jsonl`` (and TensorBoard scalars).
-
-    On resume, lines past the resumed step are dropped so the file equals an
-    uninterrupted run's.
-    """
-
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None):
-        self.path = run_dir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():
-            keep = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln and json.loads(ln)["step"] <= resume_step
-            ]
-            self.path.write_text("".join(k + "\n" for k in keep))
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()
-        self._fh = self.path.open("a")
-        self.tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, **metrics}
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        self._fh.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln] if path.exists() else []
+__all__ = ["MetricsLogger", "plot_curves", "read_metrics", "summary_table"]
 
 
 PANELS = [

@@ -38,9 +38,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput
+from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.llm.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.llm.config import Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams

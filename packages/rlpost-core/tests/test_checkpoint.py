@@ -3,7 +3,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from rlpost.llm.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _setup(seed=0):
