@@ -1,0 +1,100 @@
+"""Run outputs of the diffusion trainer: sample grids, curves and the summary table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from rlpost.core.io.metrics import read_metrics
+
+PANELS = [
+    ("reward/mean", "eval/reward", "reward"),
+    ("class_accuracy", "eval/class_accuracy", "class accuracy (classifier)"),
+    (None, "eval/vnorm_ratio", "||v_theta|| / ||v_ref|| (own trajectories)"),
+    ("loss", None, "loss"),
+]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_grid(
+    images: Tensor, prompts: Sequence[Any], path: Path, per_prompt: int, title: str = ""
+) -> Path:
+    """A PNG grid: one row per prompt, ``per_prompt`` samples per row, in [0, 1]."""
+    plt = _plt()
+    imgs = images.detach().float().cpu().clamp(0, 1)
+    rows = max(1, len(imgs) // per_prompt)
+    fig, axes = plt.subplots(
+        rows, per_prompt, figsize=(per_prompt * 0.8, rows * 0.85), squeeze=False
+    )
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i >= len(imgs):
+            continue
+        img = imgs[i]
+        if img.shape[0] == 1:
+            ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        else:
+            ax.imshow(img.permute(1, 2, 0).numpy())
+        if i % per_prompt == 0:
+            ax.set_title(str(prompts[i])[:24], fontsize=7, loc="left")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(run_dir: Path, title: str = "") -> Path:
+    """``curves.png``: train / eval reward, class accuracy, velocity-norm ratio, loss."""
+    plt = _plt()
+    rows = read_metrics(run_dir)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
+    for ax, (train_key, eval_key, label) in zip(axes, PANELS, strict=True):
+        for key, style, name in ((train_key, "-", "train"), (eval_key, "o-", "eval (ODE)")):
+            pts = [(r["step"], r[key]) for r in rows if key and key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label=name, lw=1.2, ms=3)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    out = Path(run_dir) / "curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """First vs last value of the main metrics."""
+    keys = [
+        "reward/mean",
+        "class_accuracy",
+        "eval/reward",
+        "eval/class_accuracy",
+        "eval/vnorm_ratio",
+        "kl",
+        "clip_frac",
+    ]
+    lines = [f"{'metric':<20}{'first':>10}{'last':>10}"]
+    for k in keys:
+        vals = [r[k] for r in rows if k in r]
+        if vals:
+            lines.append(f"{k:<20}{vals[0]:>10.4f}{vals[-1]:>10.4f}")
+    return "\n".join(lines) if len(lines) > 1 else "(no steps)"

@@ -1,0 +1,412 @@
+"""The diffusion post-training loop: one trainer for every objective.
+
+Each step:
+
+1. draw ``prompts.per_step`` prompts and ``group_size`` samples per prompt;
+2. sample with the method's sampler (SDE for Flow-GRPO / DanceGRPO / SLAS, recording the
+   per-step log-probabilities; the deterministic ODE for RAM / AWM / RWR);
+3. decode, score with the reward, compute advantages (per prompt group);
+4. update: SDE methods replay the stored transitions of the trained denoising steps
+   through the per-step PPO-clip surrogate (+ KL on the step means); velocity-local
+   methods re-noise each clean endpoint ``K`` times and regress the velocity;
+   NormGuard, when on, adds its hinge at every velocity the loss evaluates;
+5. log metrics; every ``eval_every`` steps sample fixed prompts with fixed noise using
+   the ODE and log reward, extra quality metrics and the velocity-norm ratio
+   ``||v_theta|| / ||v_ref||`` along the model's own trajectories.
+
+Checkpoints (model, optimizer, RNG) are atomic and resume exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlpost.core.io.metrics import MetricsLogger, read_metrics
+from rlpost.diffusion import objectives as obj
+from rlpost.diffusion.config import SDE_METHODS, Config
+from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_index, cond_repeat
+from rlpost.diffusion.rewards import RewardFn, load_reward, quality_metrics
+from rlpost.diffusion.runlog import plot_curves, save_grid, summary_table
+from rlpost.diffusion.sampler import Trajectory, flow_sigmas, sample, step
+
+
+def load_policy(cfg: Config, device: torch.device) -> FlowPolicy:
+    """The generator named by ``cfg.model`` (embedded digits model or an SD3 checkpoint)."""
+    m = cfg.model
+    if m.name == "digits":
+        from rlpost.diffusion.models.digits import DigitsPolicy
+
+        return DigitsPolicy.pretrained(progress=cfg.run.progress).to(device)
+    if m.name == "digits-random":
+        from rlpost.diffusion.models.digits import DigitsPolicy
+
+        return DigitsPolicy.random(seed=cfg.run.seed).to(device)
+    from rlpost.diffusion.models.sd3 import LoraSpec, SD3Policy
+
+    lora = LoraSpec(r=m.lora.r, alpha=m.lora.alpha, dropout=m.lora.dropout) if m.lora else None
+    return SD3Policy.from_pretrained(
+        m.path,
+        dtype=m.dtype,
+        device=device,
+        lora=lora if m.lora else LoraSpec(),
+        guidance_scale=m.guidance_scale,
+        resolution=m.resolution,
+    )
+
+
+@dataclass
+class Batch:
+    prompts: list[Any]
+    cond: Cond
+    group_ids: Tensor  # [B]
+    traj: Trajectory
+    rewards: Tensor  # [B]
+    advantages: Tensor  # [B] (RWR: the non-negative weights)
+    metrics: dict[str, float]
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    """Runs ``cfg.train.steps`` steps of ``cfg.algo.method`` and writes ``cfg.run.dir``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        policy: FlowPolicy | None = None,
+        reward: RewardFn | None = None,
+        metrics: dict[str, RewardFn] | None = None,
+    ):
+        self.cfg = cfg
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.device = _pick_device(cfg.run.device)
+        torch.manual_seed(cfg.run.seed)
+        self.policy = policy if policy is not None else load_policy(cfg, self.device)
+        self.reward = reward if reward is not None else load_reward(cfg.reward.name)
+        self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
+        self.params = self.policy.trainable_parameters()
+        self.opt = torch.optim.AdamW(
+            self.params,
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.run_dir = Path(cfg.run.dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.step = 0
+        self.sigmas = flow_sigmas(cfg.sampler.steps, cfg.sampler.shift).to(self.device)
+        self._eval_noise: Tensor | None = None
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _draw_prompts(self) -> list[Any]:
+        pool = self.cfg.prompts.prompts
+        n = self.cfg.prompts.per_step
+        # without replacement while the pool lasts
+        many = n > len(pool)
+        idx = torch.randint(len(pool), (n,)) if many else torch.randperm(len(pool))[:n]
+        return [pool[int(i)] for i in idx]
+
+    def _velocity(self, x: Tensor, sigma: Tensor, cond: Cond) -> Tensor:
+        return self.policy.velocity(x, sigma, cond)
+
+    @torch.no_grad()
+    def collect(self) -> Batch:
+        cfg, G = self.cfg, self.cfg.prompts.group_size
+        prompts = self._draw_prompts()
+        cond = cond_repeat(self.policy.encode(prompts), G)
+        group_ids = torch.arange(len(prompts), device=self.device).repeat_interleave(G)
+        shape = tuple(self.policy.sample_shape)
+        noise = torch.randn((len(prompts) * G, *shape), device=self.device)
+        if cfg.algo.resolved_shared_noise():
+            noise = noise[::G].repeat_interleave(G, 0)
+        traj = sample(
+            self._velocity,
+            cond,
+            shape,
+            kind=cfg.sampler_kind,
+            num_steps=cfg.sampler.steps,
+            shift=cfg.sampler.shift,
+            a=cfg.sampler.a,
+            eta=cfg.sampler.eta,
+            init_noise=noise,
+            device=self.device,
+        )
+        images = self.policy.decode(traj.x0)
+        flat_prompts = [p for p in prompts for _ in range(G)]
+        rewards = self.reward(images, flat_prompts).float().to(self.device)
+        a = cfg.algo
+        if a.method == "slas":
+            adv = obj.slas_advantages(rewards, group_ids, gamma=a.slas_gamma)
+        elif a.method == "rwr":
+            adv = obj.reward_weights(rewards, a.rwr_temperature)
+        else:
+            adv = obj.group_advantages(rewards, group_ids, "group", clip=a.adv_clip)
+        metrics = {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item(),
+            "adv/abs_mean": adv.abs().mean().item(),
+        }
+        for name, fn in self.quality.items():
+            metrics[name] = fn(images, flat_prompts).float().mean().item()
+        return Batch(flat_prompts, cond, group_ids, traj, rewards, adv, metrics)
+
+    # ------------------------------------------------------------------ updates
+
+    def _sde_loss(self, b: Batch, idx: Tensor, steps: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """Summed (not averaged) loss of samples ``idx`` over denoising steps ``steps``."""
+        a, cfg = self.cfg.algo, self.cfg
+        cond = cond_index(b.cond, idx)
+        adv = b.advantages[idx]
+        kl_coef = a.resolved_kl()
+        total = torch.zeros((), device=self.device)
+        sums = {"kl": 0.0, "normguard": 0.0, "clip_frac": 0.0, "vnorm_ratio": 0.0}
+        for j in steps.tolist():
+            x, x_next = b.traj.xs[idx, j], b.traj.xs[idx, j + 1]
+            sig = self.sigmas[j].expand(len(idx))
+            v = self.policy.velocity(x, sig, cond).float()
+            kw = dict(sigma_max=float(self.sigmas[1]), a=cfg.sampler.a, eta=cfg.sampler.eta)
+            out = step(
+                cfg.sampler_kind, x, v, self.sigmas[j], self.sigmas[j + 1], x_next=x_next, **kw
+            )
+            old = b.traj.logprobs[idx, j]
+            loss, m = obj.sde_policy_loss(out.logprob[:, None], old[:, None], adv, a.clip_range)
+            sums["clip_frac"] += m["clip_frac"]
+            need_ref = kl_coef > 0 or a.normguard.coef > 0
+            if need_ref:
+                v_ref = self.policy.reference_velocity(x, sig, cond).float()
+                sums["vnorm_ratio"] += (
+                    (obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)).mean().item()
+                )
+            if kl_coef > 0:
+                ref = step(
+                    cfg.sampler_kind,
+                    x,
+                    v_ref,
+                    self.sigmas[j],
+                    self.sigmas[j + 1],
+                    x_next=x_next,
+                    **kw,
+                )
+                kl = obj.step_mean_kl(out.mean, ref.mean, out.std)
+                loss = loss + kl_coef * kl
+                sums["kl"] += kl.mean().item()
+            if a.normguard.coef > 0:
+                pen = obj.normguard(v, v_ref, a.normguard.form, a.normguard.margin)
+                loss = loss + a.normguard.coef * pen
+                sums["normguard"] += pen.mean().item()
+            total = total + loss.sum()
+        n = max(len(steps), 1)
+        return total / n, {k: v / n for k, v in sums.items()}
+
+    def _renoise_plan(self, rows: Tensor, b: Batch) -> dict[str, Tensor]:
+        """Noise levels and noise for every re-noised row, drawn before any update; for RAM
+        with several minibatches, also ``v_old`` (the sampling model's velocity) there."""
+        a = self.cfg.algo
+        x0 = b.traj.x0[rows]
+        sig = obj.sample_sigmas(
+            len(rows), a.sigma_dist, a.sigma_loc, a.sigma_scale, device=self.device
+        )
+        plan = {"rows": rows, "sigma": sig, "eps": torch.randn_like(x0)}
+        if a.method == "ram" and self.cfg.optim.minibatches > 1:
+            with torch.no_grad():
+                olds = []
+                for mb in torch.arange(len(rows), device=self.device).split(
+                    self.cfg.optim.micro_batch_size
+                ):
+                    xs, _ = obj.renoise(x0[mb], sig[mb], plan["eps"][mb])
+                    olds.append(self.policy.velocity(xs, sig[mb], cond_index(b.cond, rows[mb])))
+                plan["v_old"] = torch.cat(olds).float()
+        return plan
+
+    def _velocity_loss(
+        self, b: Batch, plan: dict[str, Tensor], j: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        """Summed loss of the re-noised rows ``j`` of ``plan``."""
+        a = self.cfg.algo
+        idx = plan["rows"][j]
+        cond = cond_index(b.cond, idx)
+        adv = b.advantages[idx]
+        sig = plan["sigma"][j]
+        xs, u = obj.renoise(b.traj.x0[idx], sig, plan["eps"][j])
+        v = self.policy.velocity(xs, sig, cond).float()
+        need_ref = a.method == "ram" or a.resolved_kl() > 0 or a.normguard.coef > 0
+        v_ref = self.policy.reference_velocity(xs, sig, cond).float() if need_ref else None
+        metrics: dict[str, float] = {}
+        if a.method == "ram":
+            v_old = plan["v_old"][j] if "v_old" in plan else v.detach()
+            loss = obj.regression_loss(v, obj.ram_target(v_ref, v_old, u, adv, a.ram_m))
+        elif a.method == "awm":
+            loss = obj.awm_loss(v, u, adv)
+        else:  # rwr: the non-negative weights are in b.advantages
+            loss = adv * obj.regression_loss(v, u)
+        if a.method != "ram" and a.resolved_kl() > 0:
+            kl = obj.regression_loss(v, v_ref)
+            loss = loss + a.resolved_kl() * kl
+            metrics["kl"] = kl.mean().item()
+        if v_ref is not None:
+            ratio = obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)
+            metrics["vnorm_ratio"] = ratio.mean().item()
+        if a.normguard.coef > 0:
+            pen = obj.normguard(v, v_ref, a.normguard.form, a.normguard.margin)
+            loss = loss + a.normguard.coef * pen
+            metrics["normguard"] = pen.mean().item()
+        return loss.sum(), metrics
+
+    def update(self, b: Batch) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.algo
+        B = b.rewards.numel()
+        sde = a.method in SDE_METHODS
+        if sde:
+            T = cfg.sampler.steps
+            n_train = max(1, round(a.resolved_fraction() * T))
+            steps = torch.randperm(T)[:n_train].sort().values
+            perm = torch.randperm(B, device=self.device)
+        else:  # positions in the re-noising plan (each endpoint K times)
+            rows = torch.arange(B, device=self.device).repeat_interleave(a.renoise_k)
+            plan = self._renoise_plan(rows, b)
+            perm = torch.randperm(len(rows), device=self.device)
+        chunks = perm.chunk(cfg.optim.minibatches)
+        acc: dict[str, list[float]] = {}
+        losses, norms = [], []
+        for chunk in chunks:
+            self.opt.zero_grad(set_to_none=True)
+            denom = len(chunk)
+            total = 0.0
+            for mb in chunk.split(cfg.optim.micro_batch_size):
+                if sde:
+                    loss, m = self._sde_loss(b, mb, steps)
+                else:
+                    loss, m = self._velocity_loss(b, plan, mb)
+                (loss / denom).backward()
+                total += loss.item() / denom
+                for k, v in m.items():
+                    acc.setdefault(k, []).append(v)
+            if not math.isfinite(total):
+                self.opt.zero_grad(set_to_none=True)
+                acc.setdefault("skipped_nonfinite", []).append(1.0)
+                continue
+            if cfg.optim.grad_clip is not None:
+                norms.append(
+                    float(torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip))
+                )
+            self.opt.step()
+            losses.append(total)
+        out = {k: sum(v) / len(v) for k, v in acc.items()}
+        out["loss"] = sum(losses) / max(len(losses), 1)
+        if norms:
+            out["grad_norm"] = sum(norms) / len(norms)
+        return out
+
+    # ------------------------------------------------------------------ eval
+
+    @torch.no_grad()
+    def evaluate(self, save_grid_to: Path | None = None) -> dict[str, float]:
+        """ODE samples for every prompt x ``eval_per_prompt`` with fixed noise."""
+        cfg = self.cfg
+        prompts = [p for p in cfg.prompts.prompts for _ in range(cfg.run.eval_per_prompt)]
+        shape = tuple(self.policy.sample_shape)
+        if self._eval_noise is None:
+            g = torch.Generator().manual_seed(cfg.run.seed + 10_007)
+            self._eval_noise = torch.randn((len(prompts), *shape), generator=g).to(self.device)
+        traj = sample(
+            self._velocity,
+            self.policy.encode(prompts),
+            shape,
+            kind="ode",
+            num_steps=cfg.sampler.eval_steps,
+            shift=cfg.sampler.shift,
+            init_noise=self._eval_noise,
+            device=self.device,
+            reference=self.policy.reference_velocity,
+        )
+        images = self.policy.decode(traj.x0)
+        out = {
+            "eval/reward": self.reward(images, prompts).float().mean().item(),
+            "eval/vnorm_ratio": traj.velocity_norm_ratio.mean().item(),
+        }
+        for name, fn in self.quality.items():
+            out[f"eval/{name}"] = fn(images, prompts).float().mean().item()
+        if save_grid_to is not None:
+            save_grid(images, prompts, save_grid_to, per_prompt=cfg.run.eval_per_prompt)
+        return out
+
+    # ------------------------------------------------------------------ loop
+
+    def _state(self) -> dict[str, Any]:
+        return {"method": self.cfg.algo.method}
+
+    def train(self, resume: bool = True) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        ckpt = latest_checkpoint(self.ckpt_dir) if resume else None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self.policy.trainable_module(), self.opt, None)
+            self.step = state["step"]
+        logger = MetricsLogger(
+            self.run_dir, cfg.run.tensorboard, resume_step=self.step if ckpt else None
+        )
+        if self.step == 0:
+            ev = self.evaluate(self.run_dir / "samples_before.png") if cfg.run.eval_every else {}
+            logger.log(0, ev)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=cfg.train.steps,
+            initial=self.step,
+            disable=not cfg.run.progress,
+            desc=f"{cfg.algo.method}",
+            dynamic_ncols=True,
+        )
+        t0 = time.perf_counter()
+        try:
+            while self.step < cfg.train.steps:
+                b = self.collect()
+                m = {**b.metrics, **self.update(b)}
+                self.step += 1
+                if cfg.run.eval_every and (
+                    self.step % cfg.run.eval_every == 0 or self.step == cfg.train.steps
+                ):
+                    last = self.step == cfg.train.steps
+                    m.update(self.evaluate(self.run_dir / "samples_after.png" if last else None))
+                m["time/elapsed_s"] = time.perf_counter() - t0
+                logger.log(self.step, m)
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward/mean']:.3f}")
+                if cfg.run.save_every and (
+                    self.step % cfg.run.save_every == 0 or self.step == cfg.train.steps
+                ):
+                    save_checkpoint(
+                        self.ckpt_dir,
+                        self.step,
+                        self.policy.trainable_module(),
+                        self.opt,
+                        None,
+                        self._state(),
+                        keep=cfg.run.keep_checkpoints,
+                    )
+        finally:
+            bar.close()
+            logger.close()
+        rows = read_metrics(self.run_dir)
+        plot_curves(self.run_dir, title=f"{cfg.algo.method} on {cfg.reward.name}")
+        (self.run_dir / "summary.txt").write_text(summary_table(rows) + "\n")
+        return rows
+
+
+def train_from_config(cfg: Config, resume: bool = True) -> list[dict[str, Any]]:
+    return Trainer(cfg).train(resume=resume)
