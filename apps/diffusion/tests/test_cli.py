@@ -14,3 +14,42 @@ def test_console_script_is_installed():
     exe = Path(sys.executable).parent / "rlpost-diffusion"
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "rlpost-diffusion 0.1.0"
+
+
+def test_demo_end_to_end_smoke(tmp_path, monkeypatch, capsys):
+    """The demo's whole path on the real embedded model (built into a fresh cache), 2 steps."""
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    overrides = ["run.eval_every=1", "run.eval_per_prompt=1", "run.tensorboard=false"]
+    assert main(["demo", "--out", str(out), "--steps", "2", *overrides]) == 0
+    text = capsys.readouterr().out
+    assert "ram" in text and "flow_grpo" in text and "steps to peak" in text
+    for name in ("samples_before.png", "samples_after_ram.png", "reward_curves.png", "demo.json"):
+        assert (out / name).is_file(), name
+
+
+def test_train_resume_and_eval_from_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    small = [
+        "model.name=digits-random",
+        "reward.name=hackable",
+        "prompts.per_step=2",
+        "prompts.group_size=2",
+        "sampler.steps=2",
+        "sampler.eval_steps=2",
+        "run.eval_per_prompt=1",
+        "run.progress=false",
+        f"run.dir={run}",
+    ]
+    assert main(["train", "--config", "awm_digits", "train.steps=1", *small]) == 0
+    assert main(["train", "--config", "awm_digits", "--resume", "train.steps=2", *small]) == 0
+    ckpt = run / "checkpoints" / "step-000002"
+    assert main(["eval", "--config", "awm_digits", "--checkpoint", str(ckpt), *small]) == 0
+    assert "eval/reward" in capsys.readouterr().out
+
+
+def test_bad_config_exits_2_naming_the_field(capsys):
+    assert main(["train", "--config", "ram_digits", "algo.method=ppo"]) == 2
+    assert "algo.method" in capsys.readouterr().err
+    assert main(["train", "--config", "no_such_recipe"]) == 2

@@ -410,3 +410,19 @@ class Trainer:
 
 def train_from_config(cfg: Config, resume: bool = True) -> list[dict[str, Any]]:
     return Trainer(cfg).train(resume=resume)
+
+
+def evaluate_checkpoint(
+    cfg: Config, checkpoint: str | Path | None = None, grid: str | Path | None = None
+) -> dict[str, float]:
+    """ODE eval metrics of the base (``checkpoint=None``) or of a saved checkpoint folder
+    (``.../checkpoints/step-000050``); loads weights through safetensors only."""
+    from safetensors.torch import load_model
+
+    t = Trainer(cfg)
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(f"no model.safetensors in checkpoint folder {path}")
+        load_model(t.policy.trainable_module(), str(path / "model.safetensors"), strict=True)
+    return t.evaluate(Path(grid) if grid else None)

@@ -1,0 +1,176 @@
+import json
+import math
+
+import pytest
+import torch
+
+from rlpost.diffusion.config import ConfigError, load_config
+from rlpost.diffusion.models.digits import DigitsPolicy
+from rlpost.diffusion.recipes import recipe_names, recipe_path
+from rlpost.diffusion.trainer import Trainer
+
+METHODS = ["flow_grpo", "dance_grpo", "slas", "ram", "awm", "rwr"]
+
+
+def brightness(images, prompts):
+    """A cheap reward for tests: mean intensity, higher for odd prompts' bottom half."""
+    return images.mean((1, 2, 3)) + torch.tensor([int(p) % 2 for p in prompts]) * images[
+        :, :, 4:
+    ].mean((1, 2, 3))
+
+
+def _cfg(tmp_path, method, *extra):
+    return load_config(
+        recipe_path(f"{method}_digits"),
+        [
+            "model.name=digits-random",
+            "prompts.per_step=2",
+            "prompts.group_size=3",
+            "sampler.steps=3",
+            "sampler.eval_steps=3",
+            "train.steps=2",
+            "run.eval_every=1",
+            "run.eval_per_prompt=1",
+            "run.save_every=1",
+            "run.progress=false",
+            "run.tensorboard=false",
+            f"run.dir={tmp_path / method}",
+            "algo.renoise_k=2",
+            *extra,
+        ],
+    )
+
+
+def _trainer(cfg, seed=0):
+    torch.manual_seed(seed)
+    policy = DigitsPolicy.random(seed=seed)
+    # make the random net non-trivial (its output layer starts at zero)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        policy.reference.load_state_dict(policy.net.state_dict())
+    return Trainer(cfg, policy=policy, reward=brightness, metrics={})
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_logs_and_checkpoints(tmp_path, method):
+    rows = _trainer(_cfg(tmp_path, method)).train(resume=False)
+    run = tmp_path / method
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows[1:])
+    assert "eval/vnorm_ratio" in rows[-1]
+    for f in ("config.yaml", "metrics.jsonl", "curves.png", "summary.txt"):
+        assert (run / f).is_file(), f
+    assert (run / "samples_before.png").is_file() and (run / "samples_after.png").is_file()
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 2
+
+
+def _params(trainer):
+    return torch.cat([p.detach().flatten() for p in trainer.policy.trainable_parameters()])
+
+
+@pytest.mark.parametrize("method", ["flow_grpo", "ram", "awm"])
+def test_micro_batching_equals_full_batch(tmp_path, method):
+    results = []
+    for mb in (64, 1):
+        t = _trainer(_cfg(tmp_path, method, f"optim.micro_batch_size={mb}", "optim.grad_clip=null"))
+        t.opt = torch.optim.SGD(t.params, lr=1.0)  # parameter change = gradient (Adam's sign-
+        torch.manual_seed(5)  # like first step would amplify float noise on ~0 gradients)
+        b = t.collect()
+        torch.manual_seed(6)
+        t.update(b)
+        results.append(_params(t))
+    assert torch.allclose(results[0], results[1], atol=1e-6)
+    assert not torch.equal(results[0], _params(_trainer(_cfg(tmp_path, method))))
+
+
+@pytest.mark.parametrize("method", ["flow_grpo", "dance_grpo"])
+def test_equal_rewards_give_zero_policy_gradient_and_no_nan(tmp_path, method):
+    t = _trainer(_cfg(tmp_path, method, "algo.kl_coef=0.0"))
+    t.reward = lambda images, prompts: torch.ones(len(prompts))
+    b = t.collect()
+    assert torch.equal(b.advantages, torch.zeros_like(b.advantages))
+    before = _params(t)
+    m = t.update(b)
+    assert math.isfinite(m["loss"])
+    assert torch.equal(_params(t), before)  # Adam with zero gradients leaves params put
+
+
+def test_ram_with_zero_advantage_regresses_to_the_reference(tmp_path):
+    t = _trainer(_cfg(tmp_path, "ram", "optim.lr=0.001"))
+    with torch.no_grad():  # move the policy away from its reference
+        for p in t.policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    t.reward = lambda images, prompts: torch.ones(len(prompts))
+    b = t.collect()  # measure where RAM trains: re-noised endpoints of the model's samples
+    s = torch.rand(len(b.prompts))
+    x = (1 - s[:, None, None, None]) * b.traj.x0 + s[:, None, None, None] * torch.randn_like(
+        b.traj.x0
+    )
+    c = b.cond
+
+    def gap():
+        with torch.no_grad():
+            return (t.policy.velocity(x, s, c) - t.policy.reference_velocity(x, s, c)).norm()
+
+    g0 = gap()
+    for _ in range(20):
+        t.update(t.collect())
+    assert gap() < 0.7 * g0
+
+
+def test_resume_is_exact(tmp_path):
+    full = _trainer(_cfg(tmp_path / "a", "flow_grpo", "train.steps=4"))
+    full.train(resume=False)
+    half = _trainer(_cfg(tmp_path / "b", "flow_grpo", "train.steps=2"))
+    half.train(resume=False)
+    resumed = _trainer(_cfg(tmp_path / "b", "flow_grpo", "train.steps=4"), seed=0)
+    resumed.train(resume=True)
+    assert torch.equal(_params(full), _params(resumed))
+    rows_a = [
+        json.loads(x) for x in (tmp_path / "a/flow_grpo/metrics.jsonl").read_text().splitlines()
+    ]
+    rows_b = [
+        json.loads(x) for x in (tmp_path / "b/flow_grpo/metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows_b] == [0, 1, 2, 3, 4]
+    assert rows_a[-1]["reward/mean"] == rows_b[-1]["reward/mean"]
+
+
+def test_normguard_alone_pulls_inflated_norms_back_to_the_reference(tmp_path):
+    # AWM with equal rewards has zero advantage and no KL: NormGuard is the only loss
+    t = _trainer(
+        _cfg(tmp_path, "awm", "algo.kl_coef=0.0", "algo.normguard.coef=1.0", "optim.lr=0.003")
+    )
+    t.reward = lambda images, prompts: torch.ones(len(prompts))
+    with torch.no_grad():
+        t.policy.net.out.weight.mul_(3.0)
+        t.policy.net.out.bias.mul_(3.0)
+    first = t.update(t.collect())
+    assert first["vnorm_ratio"] > 1.5 and first["normguard"] > 0
+    for _ in range(30):
+        last = t.update(t.collect())
+    assert last["vnorm_ratio"] < 0.5 * (1 + first["vnorm_ratio"])
+    assert last["normguard"] < first["normguard"]
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"algo\.method"):
+        load_config(None, ["algo.method=ppo"])
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        load_config(None, ["model.name=sd3"])
+    with pytest.raises(ConfigError, match=r"prompts\.prompts"):
+        load_config(None, ["prompts.prompts=[cat]"])
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_config(None, ["algo.clip=0.2"])
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_shipped_recipe_validates(name):
+    cfg = load_config(recipe_path(name))
+    assert cfg.algo.method in name
+
+
+def test_unknown_recipe_lists_the_shipped_ones():
+    with pytest.raises(FileNotFoundError, match="ram_digits"):
+        recipe_path("nope")
