@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -19,7 +20,8 @@ def _step(model, opt, sched):
     model(torch.randn(5, 3)).square().sum().backward()
     opt.step()
     opt.zero_grad()
-    sched.step()
+    if sched is not None:
+        sched.step()
 
 
 def test_roundtrip_restores_model_optimizer_scheduler_rng(tmp_path):
@@ -74,3 +76,25 @@ def test_files_are_safetensors_and_json_only(tmp_path):
     assert set(load_file(path / "optimizer.safetensors")) == {
         f"{i}.{k}" for i in range(4) for k in ("step", "exp_avg", "exp_avg_sq")
     }
+
+
+def test_trainable_only_checkpoint_holds_just_the_adapters(tmp_path):
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    base[0].requires_grad_(False)  # a frozen "base" layer and a trainable "adapter"
+    frozen = {k: v.clone() for k, v in base[0].state_dict().items()}
+    opt = torch.optim.AdamW([p for p in base.parameters() if p.requires_grad], lr=0.1)
+    _step(base, opt, None)
+    save_checkpoint(tmp_path, 1, base, opt, None, {}, trainable_only=True)
+    stored = load_file(str(tmp_path / "step-000001" / "model.safetensors"))
+    assert set(stored) == {"1.weight", "1.bias"}
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    fresh[0].load_state_dict(frozen)
+    fresh[0].requires_grad_(False)
+    opt2 = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=0.1)
+    load_checkpoint(tmp_path / "step-000001", fresh, opt2, None)
+    for a, b in zip(base.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    wrong = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # all trainable
+    with pytest.raises(RuntimeError, match="trainable parameters"):
+        load_checkpoint(tmp_path / "step-000001", wrong, opt2, None)

@@ -28,7 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlpost.core.io.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+)
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import SDE_METHODS, Config
@@ -109,6 +114,10 @@ class Trainer:
         self.step = 0
         self.sigmas = flow_sigmas(cfg.sampler.steps, cfg.sampler.shift).to(self.device)
         self._eval_noise: Tensor | None = None
+        # LoRA on a frozen base: checkpoints hold the adapters only
+        self._adapters_only = any(
+            not p.requires_grad for p in self.policy.trainable_module().parameters()
+        )
 
     # ------------------------------------------------------------------ rollouts
 
@@ -398,6 +407,7 @@ class Trainer:
                         None,
                         self._state(),
                         keep=cfg.run.keep_checkpoints,
+                        trainable_only=self._adapters_only,
                     )
         finally:
             bar.close()
@@ -417,12 +427,7 @@ def evaluate_checkpoint(
 ) -> dict[str, float]:
     """ODE eval metrics of the base (``checkpoint=None``) or of a saved checkpoint folder
     (``.../checkpoints/step-000050``); loads weights through safetensors only."""
-    from safetensors.torch import load_model
-
     t = Trainer(cfg)
     if checkpoint is not None:
-        path = Path(checkpoint)
-        if not (path / "model.safetensors").is_file():
-            raise FileNotFoundError(f"no model.safetensors in checkpoint folder {path}")
-        load_model(t.policy.trainable_module(), str(path / "model.safetensors"), strict=True)
+        load_weights(Path(checkpoint), t.policy.trainable_module())
     return t.evaluate(Path(grid) if grid else None)

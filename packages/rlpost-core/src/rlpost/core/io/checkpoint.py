@@ -57,6 +57,11 @@ def _load_optimizer(
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in names}
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -65,14 +70,22 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep: int = 2,
+    trainable_only: bool = False,
 ) -> Path:
-    """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``."""
+    """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
+
+    ``trainable_only``: store only the parameters with ``requires_grad`` (LoRA adapters on
+    a frozen multi-billion-parameter base); the frozen rest comes from the base on load.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
+    if trainable_only:
+        save_file(_trainable_state(model), str(tmp / "model.safetensors"))
+    else:
+        save_model(model, str(tmp / "model.safetensors"))
     tensors, meta = _optimizer_tensors(optimizer)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     (tmp / "optimizer.json").write_text(json.dumps(meta))
@@ -81,7 +94,12 @@ def save_checkpoint(
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"cuda{i}"] = s
     save_file(rng, str(tmp / "rng.safetensors"))
-    full_state = {"step": step, "scheduler": scheduler.state_dict() if scheduler else None, **state}
+    full_state = {
+        "step": step,
+        "scheduler": scheduler.state_dict() if scheduler else None,
+        "trainable_only": trainable_only,
+        **state,
+    }
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them
         with open(f, "rb") as fh:
@@ -105,19 +123,38 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def load_weights(path: Path, model: torch.nn.Module) -> dict[str, Any]:
+    """Only the model weights of a checkpoint folder (all of them, or the trainable subset
+    it was saved with); returns its ``state.json``."""
+    path = Path(path)
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"no model.safetensors in checkpoint folder {path}")
+    state = json.loads((path / "state.json").read_text())
+    if state.get("trainable_only"):
+        saved = load_file(str(path / "model.safetensors"))
+        expected = set(_trainable_state(model))
+        if set(saved) != expected:
+            raise RuntimeError(
+                f"checkpoint {path} does not match the model's trainable parameters: "
+                f"missing {sorted(expected - set(saved))[:5]}, "
+                f"unexpected {sorted(set(saved) - expected)[:5]}"
+            )
+        model.load_state_dict(saved, strict=False)
+    else:
+        load_model(model, str(path / "model.safetensors"), strict=True)
+    return state
+
+
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict[str, Any]:
     """Restore everything saved by :func:`save_checkpoint`; returns ``state.json``."""
-    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=True)
-    if missing or unexpected:  # pragma: no cover - strict=True raises first
-        raise RuntimeError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
+    state = load_weights(path, model)
     _load_optimizer(
         optimizer,
         load_file(str(path / "optimizer.safetensors")),
         json.loads((path / "optimizer.json").read_text()),
     )
-    state = json.loads((path / "state.json").read_text())
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
     rng = load_file(str(path / "rng.safetensors"))
