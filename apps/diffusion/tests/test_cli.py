@@ -24,7 +24,7 @@ def test_demo_end_to_end_smoke(tmp_path, monkeypatch, capsys):
     assert main(["demo", "--out", str(out), "--steps", "2", *overrides]) == 0
     text = capsys.readouterr().out
     assert "ram" in text and "flow_grpo" in text and "steps to peak" in text
-    for name in ("samples_before.png", "samples_after_ram.png", "reward_curves.png", "demo.json"):
+    for name in ("samples.png", "samples_after_ram.png", "reward_curves.png", "demo.json"):
         assert (out / name).is_file(), name
 
 

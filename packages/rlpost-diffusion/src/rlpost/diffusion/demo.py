@@ -4,7 +4,8 @@ Builds (or loads from the cache) the class-conditional flow-matching base and th
 classifier, trains RAM and Flow-GRPO from the same base on the same reward and batch
 size, and writes into ``out``:
 
-* ``samples_before.png`` / ``samples_after_<method>.png``: one row per class;
+* ``samples.png``: one row per class, the same eval noise before and after each method;
+* ``samples_before.png`` / ``samples_after_<method>.png``: the full eval grids;
 * ``reward_curves.png``: eval reward and class accuracy vs step for both methods;
 * ``demo.json`` and the printed table: reward / accuracy before and after, the first
   step at which each method reaches Flow-GRPO's best eval reward, the velocity-norm
@@ -20,6 +21,7 @@ from typing import Any
 
 from rlpost.diffusion.config import load_config
 from rlpost.diffusion.recipes import recipe_path
+from rlpost.diffusion.runlog import save_comparison
 
 
 def steps_to_reach(rows: list[dict[str, Any]], key: str, level: float) -> int | None:
@@ -74,6 +76,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     timing: dict[str, float] = {}
+    columns: dict[str, Any] = {}
     for method in methods:
         overrides = [f"run.dir={out / method}", f"run.progress={progress}"]
         if steps is not None:
@@ -82,8 +85,13 @@ def run_demo(
             overrides.append(f"reward.name={reward}")
         cfg = load_config(recipe_path(f"{method}_digits"), overrides + (extra_overrides or []))
         t0 = time.perf_counter()
-        runs[method] = Trainer(cfg).train(resume=False)
+        trainer = Trainer(cfg)
+        runs[method] = trainer.train(resume=False)
         timing[method] = time.perf_counter() - t0
+        columns.setdefault("before", trainer.eval_images["first"])
+        columns[f"after {method}"] = trainer.eval_images["last"]
+        eval_prompts = [p for p in cfg.prompts.prompts for _ in range(cfg.run.eval_per_prompt)]
+        per_prompt = cfg.run.eval_per_prompt
         src = out / method / "samples_after.png"
         if src.exists():
             src.replace(out / f"samples_after_{method}.png")
@@ -91,6 +99,7 @@ def run_demo(
         if before.exists():
             before.replace(out / "samples_before.png")
     plot_comparison(runs, out / "reward_curves.png")
+    save_comparison(columns, eval_prompts, out / "samples.png", per_prompt, show=min(4, per_prompt))
     peak_source = "flow_grpo" if "flow_grpo" in runs else methods[0]
     peak = max(r["eval/reward"] for r in runs[peak_source] if "eval/reward" in r)
     table = []

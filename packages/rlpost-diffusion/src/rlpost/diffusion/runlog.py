@@ -57,6 +57,39 @@ def save_grid(
     return path
 
 
+def save_comparison(
+    columns: dict[str, Tensor], prompts: Sequence[Any], path: Path, per_prompt: int, show: int = 4
+) -> Path:
+    """Side-by-side grid: one row per prompt, ``show`` samples from each column's images
+    (same prompts and noise in every column, e.g. before / after each method)."""
+    plt = _plt()
+    names = list(columns)
+    n_rows = len(prompts) // per_prompt
+    fig, axes = plt.subplots(
+        n_rows,
+        len(names) * show,
+        figsize=(len(names) * show * 0.6 + 0.4, n_rows * 0.65 + 0.4),
+        squeeze=False,
+    )
+    for c, name in enumerate(names):
+        imgs = columns[name].detach().float().cpu().clamp(0, 1)
+        for r in range(n_rows):
+            for k in range(show):
+                ax = axes[r][c * show + k]
+                ax.axis("off")
+                img = imgs[r * per_prompt + k]
+                if img.shape[0] == 1:
+                    ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+                else:
+                    ax.imshow(img.permute(1, 2, 0).numpy())
+                if r == 0 and k == 0:
+                    ax.set_title(name, fontsize=8, loc="left")
+    fig.tight_layout(pad=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(run_dir: Path, title: str = "") -> Path:
     """``curves.png``: train / eval reward, class accuracy, velocity-norm ratio, loss."""
     plt = _plt()

@@ -114,6 +114,8 @@ class Trainer:
         self.step = 0
         self.sigmas = flow_sigmas(cfg.sampler.steps, cfg.sampler.shift).to(self.device)
         self._eval_noise: Tensor | None = None
+        #: decoded eval samples of the first and the latest evaluation (for figures)
+        self.eval_images: dict[str, Tensor] = {}
         # LoRA on a frozen base: checkpoints hold the adapters only
         self._adapters_only = any(
             not p.requires_grad for p in self.policy.trainable_module().parameters()
@@ -343,6 +345,8 @@ class Trainer:
             reference=self.policy.reference_velocity,
         )
         images = self.policy.decode(traj.x0)
+        self.eval_images.setdefault("first", images)
+        self.eval_images["last"] = images
         out = {
             "eval/reward": self.reward(images, prompts).float().mean().item(),
             "eval/vnorm_ratio": traj.velocity_norm_ratio.mean().item(),

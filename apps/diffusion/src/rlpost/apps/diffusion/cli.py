@@ -41,7 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
         args.out, steps=args.steps, reward=args.reward, extra_overrides=args.overrides
     )
     print(format_table(result))
-    print(f"images: {args.out}/samples_before.png, samples_after_*.png, reward_curves.png")
+    print(f"images: {args.out}/samples.png (before | after), reward_curves.png")
     return 0
 
 
