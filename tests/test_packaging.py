@@ -58,15 +58,19 @@ def test_wheel_builds_and_ships_no_namespace_init(wheels, dist):
     assert MEMBERS[dist] + "__init__.py" in names
 
 
-def test_core_wheel_requires_only_torch_and_numpy(wheels):
+def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
     whl = zipfile.ZipFile(wheels["rlpost-core"])
     meta = Parser().parsestr(
         whl.read(next(n for n in whl.namelist() if n.endswith("METADATA"))).decode()
     )
-    reqs = {
-        r.split(">")[0].split("=")[0].split(";")[0].strip() for r in meta.get_all("Requires-Dist")
-    }
-    assert reqs == {"torch", "numpy"}
+
+    def name(req: str) -> str:
+        return req.split(">")[0].split("=")[0].split(";")[0].strip()
+
+    reqs = meta.get_all("Requires-Dist")
+    assert {name(r) for r in reqs if "extra ==" not in r} == {"torch", "numpy", "safetensors"}
+    # the typed-config loader (rlpost.core.io.config) is the optional extra "config"
+    assert {name(r) for r in reqs if "extra ==" in r} == {"pydantic", "omegaconf", "pyyaml"}
 
 
 def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
@@ -99,7 +103,7 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
             py,
             "-c",
             str(constraints),
-            str(wheels["rlpost-core"]),
+            f"rlpost-core[config] @ {wheels['rlpost-core'].resolve().as_uri()}",
             "pytest",
         ],
         check=True,

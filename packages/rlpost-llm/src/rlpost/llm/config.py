@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlpost.core.io.config import ConfigError, load_validated
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field."""
+__all__ = ["Config", "ConfigError", "load_config"]
 
 
 class _Strict(BaseModel):
@@ -170,34 +168,6 @@ class Config(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _format(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "literal_error":
-            msg = f"must be one of {e.get('ctx', {}).get('expected', '')}, got {e.get('input')!r}"
-        lines.append(f"  {loc}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML recipe <- ``a.b=c`` overrides, validated (raises :class:`ConfigError`)."""
-    cfg = OmegaConf.create(Config().model_dump(mode="json"))
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.create(yaml.safe_load(p.read_text()) or {}))
-    if overrides:
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise ConfigError(f"overrides must look like key.sub=value, got {bad}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    data = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        return Config.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format(err)) from None
+    return load_validated(Config, path, overrides)

@@ -24,16 +24,15 @@ import logging
 import math
 import os
 import random
-import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from rlpost.core.io.cache import default_cache_dir, publish_directory
 from rlpost.llm.tasks import CHARSET, Example, Task, make_task
 
 __all__ = [
@@ -441,16 +440,6 @@ def greedy_accuracy(
 # ----------------------------------------------------------------------------- cache
 
 
-def default_cache_dir() -> Path:
-    """``$RLPOST_CACHE`` if set, else the platform user cache dir for ``rlpost``."""
-    env = os.environ.get("RLPOST_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rlpost"))
-
-
 def _resolve(task_name: str, task_params: dict[str, Any], train: dict[str, Any]):
     """Merge recipe defaults with explicit arguments: ``(task params, train params)``."""
     if task_name not in BASE_RECIPES:
@@ -623,26 +612,12 @@ def build_base(
         "history": history,
     }
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # unlike mkdtemp, honours the umask (the cache may be shared)
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "base_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        if target.exists():
-            if not force and _is_complete(target):  # another process finished first
-                shutil.rmtree(tmp, ignore_errors=True)
-                return target
-            trash = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.replace(target, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if _is_complete(target):
-            return target
-        raise
+
+    publish_directory(target, "base_info.json", write, force)
     say(f"saved {target} (step {steps_done}, held-out accuracy {acc:.3f}, {seconds:.0f} s)")
     return target
 

@@ -41,10 +41,8 @@ import logging
 import math
 import numbers
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from rlpost.core.io.cache import default_cache_dir, publish_directory
 from rlpost.diffusion.models.base import Cond
 
 __all__ = [
@@ -501,16 +500,6 @@ def load_digits_classifier(path: str | os.PathLike) -> DigitsClassifier:
 # ----------------------------------------------------------------------------- cache
 
 
-def default_cache_dir() -> Path:
-    """``$RLPOST_CACHE`` if set, else the platform user cache dir for ``rlpost``."""
-    env = os.environ.get("RLPOST_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rlpost"))
-
-
 def _hashed_path(cache_dir: str | os.PathLike | None, prefix: str, recipe: dict) -> Path:
     key = json.dumps({**recipe, "version": DIGITS_VERSION}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -539,35 +528,6 @@ def classifier_path(cache_dir: str | os.PathLike | None = None, **params: Any) -
 
 def _is_complete(path: Path, info_name: str) -> bool:
     return (path / info_name).is_file()
-
-
-def _write_atomically(
-    target: Path, info_name: str, write: Callable[[Path], None], force: bool
-) -> Path:
-    """Run ``write(tmp)`` into a temporary sibling folder, then rename it to ``target``.
-
-    ``write`` must write the info file last. An existing complete ``target`` is replaced
-    only if ``force`` (else another process finished first and its build is kept).
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # unlike mkdtemp, honours the umask (the cache may be shared)
-    try:
-        write(tmp)
-        if target.exists():
-            if not force and _is_complete(target, info_name):
-                shutil.rmtree(tmp, ignore_errors=True)
-                return target
-            trash = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.replace(target, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if _is_complete(target, info_name):
-            return target
-        raise
-    return target
 
 
 def _say(progress: bool) -> Callable[[str], None]:
@@ -657,7 +617,7 @@ def build_digits_classifier(
         )
         (tmp / "classifier_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
-    path = _write_atomically(target, "classifier_info.json", write, force)
+    path = publish_directory(target, "classifier_info.json", write, force)
     say(f"digits classifier: held-out accuracy {acc:.3f} ({seconds:.1f} s) -> {path}")
     return path
 
@@ -800,7 +760,7 @@ def build_digits_base(
         )
         (tmp / "base_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
-    path = _write_atomically(target, "base_info.json", write, force)
+    path = publish_directory(target, "base_info.json", write, force)
     say(
         f"digits base: held-out FM loss {loss0:.3f} -> {loss1:.3f}, sample class accuracy "
         f"{metrics['class_accuracy']:.3f}, geneval {metrics['geneval']:.3f} "

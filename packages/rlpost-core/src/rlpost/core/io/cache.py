@@ -1,0 +1,59 @@
+"""The local build cache every domain's embedded default lives in.
+
+``default_cache_dir()``: ``$RLPOST_CACHE`` if set, else the user cache directory
+(``$XDG_CACHE_HOME/rlpost`` or ``~/.cache/rlpost``; ``~/Library/Caches/rlpost`` on macOS).
+``publish_directory`` builds a cache entry in a temporary sibling folder and renames it
+into place, so an interrupted build never leaves a half-written entry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("RLPOST_CACHE")
+    if env:
+        return Path(env)
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "rlpost"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlpost"
+
+
+def publish_directory(
+    target: Path, marker: str, write: Callable[[Path], None], force: bool = False
+) -> Path:
+    """Run ``write(tmp)`` into a temporary sibling of ``target``, then rename it into place.
+
+    ``marker`` is the file whose presence marks a complete entry; ``write`` must create it
+    last. An existing complete ``target`` is replaced only with ``force`` (otherwise another
+    process finished first and its entry is kept). Returns ``target``.
+    """
+
+    def complete() -> bool:
+        return (target / marker).is_file()
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # unlike mkdtemp, honours the umask (the cache may be shared)
+    try:
+        write(tmp)
+        if target.exists():
+            if not force and complete():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return target
+            trash = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.replace(target, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if complete():
+            return target
+        raise
+    return target

@@ -1,0 +1,74 @@
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlpost.core.io.cache import default_cache_dir, publish_directory
+from rlpost.core.io.config import ConfigError, load_validated
+
+
+class _Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(1e-3, gt=0)
+    kind: Literal["a", "b"] = "a"
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inner: _Inner = _Inner()
+    steps: int = 3
+
+
+def test_load_validated_merges_defaults_yaml_and_overrides(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("inner: {lr: 0.5}\nsteps: 7\n")
+    cfg = load_validated(_Cfg, f, ["steps=9"])
+    assert cfg.inner.lr == 0.5 and cfg.inner.kind == "a" and cfg.steps == 9
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["inner.lr=-1"], "inner.lr"),
+        (["inner.kind=c"], "must be one of 'a' or 'b', got 'c'"),
+        (["inner.nope=1"], "inner.nope: unknown field"),
+        (["steps"], "key.sub=value"),
+    ],
+)
+def test_bad_config_names_the_field(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_validated(_Cfg, None, overrides)
+    assert message in str(err.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_validated(_Cfg, tmp_path / "nope.yaml")
+
+
+def test_cache_dir_env_and_publish_is_atomic(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    target = tmp_path / "c" / "entry"
+
+    def broken(tmp):
+        (tmp / "half").write_text("x")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        publish_directory(target, "done.json", broken)
+    assert not target.exists() and list(target.parent.iterdir()) == []  # nothing left behind
+
+    def good(tmp):
+        (tmp / "done.json").write_text("{}")
+
+    assert publish_directory(target, "done.json", good) == target
+    assert (target / "done.json").is_file()
+
+    def other(tmp):
+        (tmp / "done.json").write_text('{"v": 2}')
+
+    publish_directory(target, "done.json", other)  # a complete entry is kept ...
+    assert (target / "done.json").read_text() == "{}"
+    publish_directory(target, "done.json", other, force=True)  # ... unless forced
+    assert (target / "done.json").read_text() == '{"v": 2}'
