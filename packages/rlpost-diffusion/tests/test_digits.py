@@ -26,12 +26,7 @@ SMALL_BASE = {"steps": 200}  # enough for recognisable digits, ~4 s on one core
 TINY_BASE = {"steps": 10}  # for cache-mechanics tests
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="session")
