@@ -1,0 +1,1 @@
+"""Post-training algorithms for robot policies (OTQL; PAC-ACT and CRAFT to come)."""

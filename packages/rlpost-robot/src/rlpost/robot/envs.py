@@ -1,0 +1,634 @@
+"""Robot tasks for RL post-training: four MuJoCo tasks behind one gymnasium interface.
+
+:func:`make_env` returns a :class:`TaskEnv` (a ``gymnasium.Wrapper``) with the same
+conventions for every task in :data:`TASKS`:
+
+* observations are float32 ``[obs_dim]``; actions are normalised to ``[-1, 1]^act_dim``
+  (clipped, then rescaled linearly to the native actuator bounds);
+* every ``info`` (reset and step) has ``"success"`` (bool: the task is solved in the
+  current state) and ``"distance"`` (float: the task's error measure, in metres); contact
+  tasks also ``"contact_force"`` (float, Newtons: peak over the control step's physics
+  substeps of the magnitude of the net contact force on the end effector);
+* the step that ends an episode (terminated or truncated) adds ``info["episode_metrics"]``:
+  ``return``, ``length``, ``success`` (at the final step), ``ever_success``, ``peak_force``
+  and ``frac_force_above`` (fraction of steps above ``TaskSpec.force_threshold``; both
+  ``None`` for tasks without force);
+* episodes truncate at ``TaskSpec.max_steps``; ``multimodal_reach`` and ``contour``
+  terminate on success, the gymnasium tasks never terminate (success is judged at the end);
+* determinism: ``reset(seed=s)`` followed by identical actions gives an identical
+  trajectory; the first ``reset()`` without a seed uses ``make_env``'s ``seed``.
+
+Tasks:
+
+* ``reacher`` -- gymnasium ``Reacher-v5`` (2-link planar arm, torques). Success (our
+  threshold): fingertip-target distance < 0.02 m (the two spheres touch).
+* ``pusher`` -- gymnasium ``Pusher-v5`` (7-DoF arm pushes a puck). Success: horizontal
+  object-goal distance < 0.08 m (the puck's centre is on the goal disc).
+* ``multimodal_reach`` -- our scene ``robots/multimodal_reach.xml``: a planar point mass
+  with velocity servos starts between two goals placed on opposite sides of it (random
+  orientation); reaching *either* (distance < 0.05 m) succeeds. Good demonstrations are
+  bimodal, so a unimodal (MSE) policy that averages them stays near the start and fails.
+* ``contour`` -- our scene ``robots/contour.xml``: a spherical end effector on position
+  servos must press on a rigid cylinder and slide over its arc from A to B. Success: four
+  checkpoints on the arc visited in order, in contact, then within 0.02 m of B while in contact
+  (force >= 0.5 N). Nominal pressing force 5 N;
+  ``force_threshold`` = 8 N (60 % above nominal, the analogue of PAC-ACT's 60 N on a real
+  arm). Careful contact stays near 5 N; slamming into the surface or dragging fast and
+  deep gives spikes of 15-50 N.
+
+Typical use::
+
+    env = make_env("contour", seed=0)
+    obs, info = env.reset()
+    obs, r, terminated, truncated, info = env.step(np.zeros(env.action_space.shape))
+    vec = make_vec_env("reacher", n=8, seed=0)      # SyncVectorEnv, NEXT_STEP autoreset
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+
+def _default_gl_backend() -> None:
+    """Headless Linux: pick EGL for MuJoCo rendering unless the user chose a backend.
+
+    MuJoCo reads ``MUJOCO_GL`` once, when it is first imported, so this runs before
+    ``import mujoco``; it does nothing with a display, without libEGL, or when mujoco was
+    imported already.
+    """
+    if (
+        "MUJOCO_GL" not in os.environ
+        and sys.platform.startswith("linux")
+        and not os.environ.get("DISPLAY")
+        and "mujoco" not in sys.modules
+        and ctypes.util.find_library("EGL")
+    ):
+        os.environ["MUJOCO_GL"] = "egl"
+
+
+_default_gl_backend()
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CONTOUR",
+    "MULTIMODAL",
+    "TASKS",
+    "ContourEnv",
+    "MultimodalReachEnv",
+    "TaskEnv",
+    "TaskSpec",
+    "make_env",
+    "make_vec_env",
+    "render_frames",
+    "scene_path",
+]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Static description of a task.
+
+    ``fps``: control rate (1 / control step). ``success_threshold``: the ``distance``
+    (metres) under which the task counts as solved. ``force_threshold``: contact force
+    (Newtons) above which a step counts as unsafe (``None`` without force).
+    ``obs_names`` labels the observation entries; ``env_obs`` indexes those that describe
+    the world (targets, objects, goals) rather than the robot (what lerobot calls
+    ``observation.environment_state``). ``terminates_on_success``: the episode ends as soon
+    as it succeeds (else only at ``max_steps``).
+    """
+
+    name: str
+    obs_dim: int
+    act_dim: int
+    max_steps: int
+    fps: float
+    success_threshold: float
+    has_force: bool
+    force_threshold: float | None
+    terminates_on_success: bool = False
+    obs_names: tuple[str, ...] = field(default=(), repr=False)
+    env_obs: tuple[int, ...] = field(default=(), repr=False)
+    description: str = field(default="", repr=False)
+
+
+def _xyz(prefix: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}_{c}" for c in "xyz")
+
+
+# ------------------------------------------------------------------ our MJCF scenes
+
+
+def scene_path(name: str) -> str:
+    """Filesystem path of the packaged MJCF scene ``robots/<name>.xml``."""
+    return str(resources.files("rlpost.robot") / "robots" / f"{name}.xml")
+
+
+@dataclass(frozen=True)
+class _MultimodalConst:
+    goal_radius: float = 0.4  # distance of each goal from the start (m)
+    goal_angle: float = math.pi / 4  # goal 0 direction ~ U(-goal_angle, goal_angle)
+    start_noise: float = 0.05  # start ~ U(-start_noise, start_noise)^2 (m)
+    success_radius: float = 0.05  # (m)
+    frame_skip: int = 4  # x 0.01 s physics step = 0.04 s control step
+
+
+@dataclass(frozen=True)
+class _ContourConst:
+    cyl_radius: float = 0.25  # surface: cylinder of this radius, axis along y through 0
+    eff_radius: float = 0.015  # effector sphere radius
+    arc_a: tuple[float, float] = (-0.65, -0.5)  # angle of A from the vertical ~ U(range)
+    arc_b: tuple[float, float] = (0.5, 0.65)  # angle of B
+    y_range: float = 0.06  # y of A and B ~ U(-y_range, y_range)
+    hover: float = 0.05  # start this far above A, along the surface normal (m)
+    nominal_force: float = 5.0  # N
+    force_threshold: float = 8.0  # N (60 % above nominal)
+    contact_min_force: float = 0.5  # N: "in contact"
+    success_radius: float = 0.02  # m
+    n_checkpoints: int = 4  # evenly spaced on the arc strictly between A and B
+    checkpoint_radius: float = 0.03  # m: a checkpoint is visited within this, in contact
+    kp: float = 400.0  # servo stiffness (N/m), as in the XML
+    frame_skip: int = 10  # x 0.004 s physics step = 0.04 s control step
+
+    @property
+    def contact_radius(self) -> float:
+        """Distance of the effector centre from the cylinder axis when just touching."""
+        return self.cyl_radius + self.eff_radius
+
+
+MULTIMODAL = _MultimodalConst()
+CONTOUR = _ContourConst()
+
+
+class _MjcfEnv(gym.Env):
+    """Base for our scenes: loads the packaged XML, steps ``frame_skip`` physics steps per
+    control step, renders with ``mujoco.Renderer`` from the scene's ``overview`` camera."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 25}  # noqa: RUF012
+    scene = ""
+    frame_skip = 1
+
+    def __init__(self, render_mode: str | None = None, render_size: int = 128) -> None:
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.model = mujoco.MjModel.from_xml_path(scene_path(self.scene))
+        self.data = mujoco.MjData(self.model)
+        self.dt = self.model.opt.timestep * self.frame_skip
+        self.metadata = {**self.metadata, "render_fps": round(1.0 / self.dt)}
+        self.render_mode, self.render_size = render_mode, render_size
+        self._renderer: mujoco.Renderer | None = None
+        lo, hi = self.model.actuator_ctrlrange.T
+        self.action_space = gym.spaces.Box(lo.astype(np.float32), hi.astype(np.float32))
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, self.render_size, self.render_size)
+        self._renderer.update_scene(self.data, camera="overview")
+        return self._renderer.render().copy()
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+
+class MultimodalReachEnv(_MjcfEnv):
+    """Native ``multimodal_reach``: a 1 kg point mass on two slide joints with velocity
+    servos (action: target velocity in m/s, ``[-1, 1]^2``; time constant 0.1 s).
+
+    Reset: start ``s ~ U(-0.05, 0.05)^2``; goal 0 at ``s + 0.4 (cos t, sin t)`` with
+    ``t ~ U(-pi/4, pi/4)``, goal 1 at ``s - 0.4 (cos t, sin t)`` (opposite side).
+    Observation (8): ``x, y, vx, vy, goal0_x, goal0_y, goal1_x, goal1_y``.
+    Reward: ``-distance + 1 on success``, where ``distance`` is to the nearest goal.
+    Terminates when ``distance < 0.05`` (success).
+    """
+
+    scene = "multimodal_reach"
+    frame_skip = MULTIMODAL.frame_skip
+
+    def __init__(self, render_mode: str | None = None, render_size: int = 128) -> None:
+        super().__init__(render_mode, render_size)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (8,), np.float64)
+        self._goal_sites = [self.model.site(f"goal{i}").id for i in range(2)]
+        self.goals = np.zeros((2, 2))
+
+    def _obs(self) -> np.ndarray:
+        d = self.data
+        return np.concatenate([d.qpos, d.qvel, self.goals.ravel()])
+
+    def _measure(self) -> dict[str, Any]:
+        dist = float(np.min(np.linalg.norm(self.goals - self.data.qpos, axis=1)))
+        return {"success": dist < MULTIMODAL.success_radius, "distance": dist}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        c, rng = MULTIMODAL, self.np_random
+        mujoco.mj_resetData(self.model, self.data)
+        start = rng.uniform(-c.start_noise, c.start_noise, 2)
+        theta = rng.uniform(-c.goal_angle, c.goal_angle)
+        offset = c.goal_radius * np.array([math.cos(theta), math.sin(theta)])
+        self.goals = np.stack([start + offset, start - offset])
+        for sid, g in zip(self._goal_sites, self.goals, strict=True):
+            self.model.site_pos[sid, :2] = g
+        self.data.qpos[:] = start
+        mujoco.mj_forward(self.model, self.data)
+        return self._obs(), self._measure()
+
+    def step(self, action):
+        self.data.ctrl[:] = action
+        mujoco.mj_step(self.model, self.data, self.frame_skip)
+        info = self._measure()
+        reward = -info["distance"] + (1.0 if info["success"] else 0.0)
+        return self._obs(), reward, bool(info["success"]), False, info
+
+
+class ContourEnv(_MjcfEnv):
+    """Native ``contour``: a 0.5 kg sphere (radius 0.015 m) on x/y/z slide joints with
+    position servos (kp 400 N/m, kv 40 N s/m, |force| <= 40 N, gravity compensated) must
+    press on the top of a rigid cylinder (radius 0.25 m, axis along y) and slide over its
+    arc from A to B.
+
+    Action: servo setpoint in metres, x in [-0.3, 0.3], y in [-0.15, 0.15], z in
+    [0.05, 0.45]. A setpoint ``d`` metres inside the surface presses with about
+    ``400 d`` N at rest, so the nominal 5 N needs ``d`` = 1.25 cm.
+    Reset: A and B on the arc at angles ``U(-0.65, -0.5)`` and ``U(0.5, 0.65)`` rad from the
+    vertical, y ``~ U(-0.06, 0.06)`` each; the effector starts at rest 5 cm above A. Four
+    checkpoints lie evenly on the arc between them (angle and y interpolated); they are
+    visited in order: the next one counts when the effector passes within 0.03 m of it
+    while in contact.
+    Observation (11): effector position (3), velocity (3), contact force (1, N), B (3),
+    fraction of checkpoints visited (1, ``progress``). ``distance``: effector centre to B (the centre's
+    position when touching the surface at B). ``contact_force``: peak over the 10 physics
+    substeps of ``|sum of mj_contactForce|`` over the effector's contacts (N).
+    Reward: ``-distance - 0.1 max(0, force - 8 N) / 5 N - 0.05 [no contact]
+    + 0.25 [per newly visited checkpoint] + 1 [success]``.
+    Success (terminates): every checkpoint visited and within 0.02 m of B while in contact
+    (force >= 0.5 N) -- the contour was followed, not jumped over.
+    """
+
+    scene = "contour"
+    frame_skip = CONTOUR.frame_skip
+
+    def __init__(self, render_mode: str | None = None, render_size: int = 128) -> None:
+        super().__init__(render_mode, render_size)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (11,), np.float64)
+        self._eff = self.model.geom("effector").id
+        self._site_a, self._site_b = self.model.site("A").id, self.model.site("B").id
+        self._f6 = np.zeros(6)
+        self.point_a, self.point_b = np.zeros(3), np.zeros(3)
+        self.checkpoints = np.zeros((CONTOUR.n_checkpoints, 3))
+        self.n_visited = 0
+        self.force = 0.0
+
+    @staticmethod
+    def arc_point(angle: float, y: float, radius: float = CONTOUR.contact_radius) -> np.ndarray:
+        """Point at ``radius`` from the cylinder axis, ``angle`` rad from the vertical."""
+        return np.array([radius * math.sin(angle), y, radius * math.cos(angle)])
+
+    def contact_force(self) -> float:
+        """Magnitude (N) of the net contact force on the effector in the current state."""
+        m, d, f6 = self.model, self.data, self._f6
+        if d.ncon == 0:
+            return 0.0
+        if d.ncon == 1:  # the usual case: one sphere-cylinder contact
+            mujoco.mj_contactForce(m, d, 0, f6)
+            return math.sqrt(f6[0] * f6[0] + f6[1] * f6[1] + f6[2] * f6[2])
+        total = np.zeros(3)
+        for i in range(d.ncon):
+            con = d.contact[i]
+            if self._eff not in (con.geom1, con.geom2):
+                continue
+            mujoco.mj_contactForce(m, d, i, f6)
+            f = f6[:3] @ con.frame.reshape(3, 3)  # contact frame -> world
+            total += f if con.geom2 == self._eff else -f
+        return float(np.linalg.norm(total))
+
+    def _obs(self) -> np.ndarray:
+        d = self.data
+        return np.concatenate([d.qpos, d.qvel, [self.force], self.point_b, [self.n_visited / CONTOUR.n_checkpoints]])
+
+    def _measure(self) -> dict[str, Any]:
+        c, pos = CONTOUR, self.data.qpos
+        dist = float(np.linalg.norm(pos - self.point_b))
+        in_contact = self.force >= c.contact_min_force
+        while (
+            in_contact
+            and self.n_visited < c.n_checkpoints
+            and np.linalg.norm(self.checkpoints[self.n_visited] - pos) < c.checkpoint_radius
+        ):
+            self.n_visited += 1
+        return {
+            "success": bool(dist < c.success_radius and in_contact and self.n_visited == c.n_checkpoints),
+            "distance": dist,
+            "contact_force": self.force,
+            "in_contact": bool(in_contact),
+            "progress": self.n_visited / c.n_checkpoints,
+        }
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        c, rng = CONTOUR, self.np_random
+        mujoco.mj_resetData(self.model, self.data)
+        ang_a, ang_b = rng.uniform(*c.arc_a), rng.uniform(*c.arc_b)
+        y_a, y_b = rng.uniform(-c.y_range, c.y_range, 2)
+        self.point_a = self.arc_point(ang_a, y_a)
+        self.point_b = self.arc_point(ang_b, y_b)
+        self.model.site_pos[self._site_a] = self.point_a
+        self.model.site_pos[self._site_b] = self.point_b
+        frac = np.arange(1, c.n_checkpoints + 1) / (c.n_checkpoints + 1)
+        self.checkpoints = np.stack(
+            [self.arc_point(ang_a + f * (ang_b - ang_a), y_a + f * (y_b - y_a)) for f in frac]
+        )
+        self.n_visited = 0
+        start = self.arc_point(ang_a, y_a, c.contact_radius + c.hover)
+        self.data.qpos[:] = start
+        self.data.ctrl[:] = start
+        mujoco.mj_forward(self.model, self.data)
+        self.force = self.contact_force()
+        return self._obs(), self._measure()
+
+    def step(self, action):
+        m, d = self.model, self.data
+        d.ctrl[:] = action
+        peak = 0.0
+        for _ in range(self.frame_skip):
+            mujoco.mj_step(m, d)
+            if d.ncon:
+                peak = max(peak, self.contact_force())
+        self.force = peak
+        n_visited = self.n_visited
+        info = self._measure()
+        c = CONTOUR
+        reward = (
+            -info["distance"]
+            - 0.1 * max(0.0, peak - c.force_threshold) / c.nominal_force
+            - (0.0 if info["in_contact"] else 0.05)
+            + 0.25 * (self.n_visited - n_visited)
+            + (1.0 if info["success"] else 0.0)
+        )
+        return self._obs(), reward, info["success"], False, info
+
+
+# ------------------------------------------------------------------ gymnasium tasks
+
+
+def _reacher_measure(u: Any) -> float:
+    return float(np.linalg.norm(u.get_body_com("fingertip") - u.get_body_com("target")))
+
+
+def _pusher_measure(u: Any) -> float:
+    return float(np.linalg.norm(u.get_body_com("object")[:2] - u.get_body_com("goal")[:2]))
+
+
+class _Measured(gym.Wrapper):
+    """Adds ``success`` / ``distance`` to a gymnasium MuJoCo env's infos."""
+
+    def __init__(self, env: gym.Env, measure: Callable[[Any], float], thr: float):
+        super().__init__(env)
+        self._measure, self._thr = measure, thr
+
+    def _info(self, info: dict[str, Any]) -> dict[str, Any]:
+        dist = self._measure(self.env.unwrapped)
+        return {**info, "success": dist < self._thr, "distance": dist}
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, self._info(info)
+
+    def step(self, action):
+        obs, r, terminated, truncated, info = self.env.step(action)
+        return obs, float(r), terminated, truncated, self._info(info)
+
+
+# ------------------------------------------------------------------ registry
+
+
+TASKS: dict[str, TaskSpec] = {
+    "reacher": TaskSpec(
+        name="reacher",
+        obs_dim=10,
+        act_dim=2,
+        max_steps=50,
+        fps=50.0,
+        success_threshold=0.02,
+        has_force=False,
+        force_threshold=None,
+        obs_names=(
+            *("cos_q0", "cos_q1", "sin_q0", "sin_q1", "target_x", "target_y"),
+            *("dq0", "dq1", "tip_minus_target_x", "tip_minus_target_y"),
+        ),
+        env_obs=(4, 5, 8, 9),
+        description="gymnasium Reacher-v5; success: fingertip-target distance < 0.02 m",
+    ),
+    "pusher": TaskSpec(
+        name="pusher",
+        obs_dim=23,
+        act_dim=7,
+        max_steps=100,
+        fps=20.0,
+        success_threshold=0.08,
+        has_force=False,
+        force_threshold=None,
+        obs_names=(
+            *(f"q{i}" for i in range(7)),
+            *(f"dq{i}" for i in range(7)),
+            *_xyz("tip"),
+            *_xyz("object"),
+            *_xyz("goal"),
+        ),
+        env_obs=tuple(range(17, 23)),
+        description="gymnasium Pusher-v5; success: object-goal xy distance < 0.08 m",
+    ),
+    "multimodal_reach": TaskSpec(
+        name="multimodal_reach",
+        obs_dim=8,
+        act_dim=2,
+        max_steps=50,
+        fps=25.0,
+        success_threshold=MULTIMODAL.success_radius,
+        has_force=False,
+        force_threshold=None,
+        terminates_on_success=True,
+        obs_names=("x", "y", "vx", "vy", "goal0_x", "goal0_y", "goal1_x", "goal1_y"),
+        env_obs=(4, 5, 6, 7),
+        description="point mass must reach either of two opposite goals (bimodal demos)",
+    ),
+    "contour": TaskSpec(
+        name="contour",
+        obs_dim=11,
+        act_dim=3,
+        max_steps=100,
+        fps=25.0,
+        success_threshold=CONTOUR.success_radius,
+        has_force=True,
+        force_threshold=CONTOUR.force_threshold,
+        terminates_on_success=True,
+        obs_names=(*_xyz("ee"), *_xyz("ee_v"), "contact_force", *_xyz("b"), "progress"),
+        env_obs=(7, 8, 9, 10),
+        description="press on a curved rigid surface and slide from A to B (force-safety)",
+    ),
+}
+
+
+def _make_native(task: str, render_mode: str | None, render_size: int) -> gym.Env:
+    spec = TASKS[task]
+    if task in ("reacher", "pusher"):
+        kwargs: dict[str, Any] = {"max_episode_steps": spec.max_steps, "render_mode": render_mode}
+        if render_mode == "rgb_array":
+            kwargs.update(width=render_size, height=render_size)
+        gym_id = {"reacher": "Reacher-v5", "pusher": "Pusher-v5"}[task]
+        measure = _reacher_measure if task == "reacher" else _pusher_measure
+        return _Measured(gym.make(gym_id, **kwargs), measure, spec.success_threshold)
+    cls = MultimodalReachEnv if task == "multimodal_reach" else ContourEnv
+    return cls(render_mode=render_mode, render_size=render_size)
+
+
+class TaskEnv(gym.Wrapper):
+    """The common task interface (see the module docstring) over a native env.
+
+    ``task_spec`` is the task's :class:`TaskSpec`; ``native_low`` / ``native_high`` are the native action bounds that ``-1`` / ``+1``
+    map to.
+    """
+
+    def __init__(self, env: gym.Env, spec: TaskSpec, seed: int | None = None) -> None:
+        super().__init__(env)
+        self.task_spec = spec
+        native = env.action_space
+        self.native_low = np.asarray(native.low, dtype=np.float64)
+        self.native_high = np.asarray(native.high, dtype=np.float64)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (spec.act_dim,), np.float32, seed=seed)
+        self.observation_space = gym.spaces.Box(
+            -np.inf, np.inf, (spec.obs_dim,), np.float32, seed=seed
+        )
+        self._first_seed = seed
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self._ret, self._len, self._ever = 0.0, 0, False
+        self._peak, self._n_above = 0.0, 0
+
+    def scale_action(self, action: np.ndarray) -> np.ndarray:
+        """Normalised ``[-1, 1]`` action (clipped) -> native action (float64)."""
+        a = np.clip(np.asarray(action, dtype=np.float64).reshape(self.task_spec.act_dim), -1, 1)
+        return self.native_low + 0.5 * (a + 1.0) * (self.native_high - self.native_low)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is None and self._first_seed is not None:
+            seed = self._first_seed
+        self._first_seed = None
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._reset_stats()
+        return np.asarray(obs, dtype=np.float32), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(self.scale_action(action))
+        spec = self.task_spec
+        reward = float(reward)
+        self._ret += reward
+        self._len += 1
+        self._ever = self._ever or bool(info["success"])
+        if spec.has_force:
+            f = float(info["contact_force"])
+            self._peak = max(self._peak, f)
+            self._n_above += int(f > spec.force_threshold)
+        terminated = bool(terminated)
+        truncated = bool(truncated) or (not terminated and self._len >= spec.max_steps)
+        if terminated or truncated:
+            info["episode_metrics"] = {
+                "return": self._ret,
+                "length": self._len,
+                "success": bool(info["success"]),
+                "ever_success": self._ever,
+                "peak_force": self._peak if spec.has_force else None,
+                "frac_force_above": self._n_above / self._len if spec.has_force else None,
+            }
+        return np.asarray(obs, dtype=np.float32), reward, terminated, truncated, info
+
+
+def make_env(
+    task: str, seed: int | None = 0, render_mode: str | None = None, *, render_size: int = 128
+) -> TaskEnv:
+    """A :class:`TaskEnv` for ``task`` (a key of :data:`TASKS`).
+
+    ``seed`` seeds the first ``reset()`` (when called without a seed) and the spaces.
+    ``render_mode``: ``None`` or ``"rgb_array"`` (``render_size`` square frames).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    return TaskEnv(_make_native(task, render_mode, render_size), TASKS[task], seed=seed)
+
+
+def make_vec_env(
+    task: str,
+    n: int = 8,
+    seed: int = 0,
+    autoreset_mode: gym.vector.AutoresetMode = gym.vector.AutoresetMode.NEXT_STEP,
+) -> gym.vector.SyncVectorEnv:
+    """``n`` in-process copies of :func:`make_env` (env ``i`` seeded ``seed + i``).
+
+    gymnasium's default ``NEXT_STEP`` autoreset: the step after an episode ends returns
+    the new episode's first observation (reward 0; ignore that transition). Episode
+    metrics arrive as ``info["episode_metrics"]`` with ``info["_episode_metrics"]`` masks.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    fns = [lambda i=i: make_env(task, seed=seed + i) for i in range(n)]
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode)
+
+
+def render_frames(
+    task: str,
+    policy_fn: Callable[[np.ndarray], np.ndarray],
+    seed: int,
+    steps: int,
+    size: int = 128,
+) -> list[np.ndarray] | None:
+    """RGB frames ``[size, size, 3]`` uint8 of one episode of ``policy_fn`` on ``task``:
+    the reset state, then one frame per step (at most ``steps``; stops at episode end).
+
+    Returns ``None`` (and logs why) when no OpenGL backend works; on headless Linux the
+    module selects ``MUJOCO_GL=egl`` when it is unset and mujoco was not yet imported.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    try:
+        env = make_env(task, seed=seed, render_mode="rgb_array", render_size=size)
+        obs, _ = env.reset(seed=seed)
+        first = env.render()
+    except Exception as exc:  # any GL failure: missing libs, no display, bad MUJOCO_GL
+        logger.warning(
+            "render_frames: no working OpenGL backend for MuJoCo (MUJOCO_GL=%r): %s: %s. "
+            "Headless Linux needs libEGL (MUJOCO_GL=egl) or libOSMesa (MUJOCO_GL=osmesa).",
+            os.environ.get("MUJOCO_GL"),
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    frames = [np.asarray(first, dtype=np.uint8)]
+    if hasattr(policy_fn, "reset"):
+        policy_fn.reset()
+    try:
+        for _ in range(steps):
+            obs, _, terminated, truncated, _ = env.step(policy_fn(obs))
+            frames.append(np.asarray(env.render(), dtype=np.uint8))
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+    return frames
