@@ -30,11 +30,11 @@ Tasks:
   bimodal, so a unimodal (MSE) policy that averages them stays near the start and fails.
 * ``contour`` -- our scene ``robots/contour.xml``: a spherical end effector on position
   servos must press on a rigid cylinder and slide over its arc from A to B. Success: four
-  checkpoints on the arc visited in order, in contact, then within 0.02 m of B while in contact
-  (force >= 0.5 N). Nominal pressing force 5 N;
-  ``force_threshold`` = 8 N (60 % above nominal, the analogue of PAC-ACT's 60 N on a real
-  arm). Careful contact stays near 5 N; slamming into the surface or dragging fast and
-  deep gives spikes of 15-50 N.
+  checkpoints on the arc visited in order without losing contact, then within 0.02 m of B
+  while in contact (force >= 0.5 N). Nominal pressing force 5 N; ``force_threshold`` = 8 N (60 %
+  above nominal, the analogue of PAC-ACT's 60 N on a real arm). Careful contact stays
+  near 5-6 N; slamming into the surface or dragging fast and deep gives 20-40 N spikes,
+  random setpoints over 100 N.
 
 Typical use::
 
@@ -269,15 +269,16 @@ class ContourEnv(_MjcfEnv):
     vertical, y ``~ U(-0.06, 0.06)`` each; the effector starts at rest 5 cm above A. Four
     checkpoints lie evenly on the arc between them (angle and y interpolated); they are
     visited in order: the next one counts when the effector passes within 0.03 m of it
-    while in contact.
+    while in contact, and a control step without contact resets the count to zero.
     Observation (11): effector position (3), velocity (3), contact force (1, N), B (3),
-    fraction of checkpoints visited (1, ``progress``). ``distance``: effector centre to B (the centre's
-    position when touching the surface at B). ``contact_force``: peak over the 10 physics
-    substeps of ``|sum of mj_contactForce|`` over the effector's contacts (N).
+    fraction of checkpoints visited (1, ``info["progress"]``). ``distance``: effector
+    centre to B (the centre's position when touching the surface at B).
+    ``contact_force``: peak over the 10 physics substeps of ``|sum of mj_contactForce|``
+    over the effector's contacts (N); ``in_contact``: that force >= 0.5 N.
     Reward: ``-distance - 0.1 max(0, force - 8 N) / 5 N - 0.05 [no contact]
     + 0.25 [per newly visited checkpoint] + 1 [success]``.
     Success (terminates): every checkpoint visited and within 0.02 m of B while in contact
-    (force >= 0.5 N) -- the contour was followed, not jumped over.
+    (force >= 0.5 N) -- the contour was followed in contact, not jumped over.
     """
 
     scene = "contour"
@@ -319,20 +320,25 @@ class ContourEnv(_MjcfEnv):
 
     def _obs(self) -> np.ndarray:
         d = self.data
-        return np.concatenate([d.qpos, d.qvel, [self.force], self.point_b, [self.n_visited / CONTOUR.n_checkpoints]])
+        progress = self.n_visited / CONTOUR.n_checkpoints
+        return np.concatenate([d.qpos, d.qvel, [self.force], self.point_b, [progress]])
 
     def _measure(self) -> dict[str, Any]:
+        """Step info; also advances the checkpoint counter (call once per state)."""
         c, pos = CONTOUR, self.data.qpos
         dist = float(np.linalg.norm(pos - self.point_b))
         in_contact = self.force >= c.contact_min_force
+        if not in_contact:  # contact lost for a whole control step: start over
+            self.n_visited = 0
         while (
             in_contact
             and self.n_visited < c.n_checkpoints
             and np.linalg.norm(self.checkpoints[self.n_visited] - pos) < c.checkpoint_radius
         ):
             self.n_visited += 1
+        done = self.n_visited == c.n_checkpoints
         return {
-            "success": bool(dist < c.success_radius and in_contact and self.n_visited == c.n_checkpoints),
+            "success": bool(dist < c.success_radius and in_contact and done),
             "distance": dist,
             "contact_force": self.force,
             "in_contact": bool(in_contact),
@@ -500,8 +506,8 @@ def _make_native(task: str, render_mode: str | None, render_size: int) -> gym.En
 class TaskEnv(gym.Wrapper):
     """The common task interface (see the module docstring) over a native env.
 
-    ``task_spec`` is the task's :class:`TaskSpec`; ``native_low`` / ``native_high`` are the native action bounds that ``-1`` / ``+1``
-    map to.
+    ``task_spec`` is the task's :class:`TaskSpec`; ``native_low`` / ``native_high`` are
+    the native action bounds that ``-1`` / ``+1`` map to (see :meth:`scale_action`).
     """
 
     def __init__(self, env: gym.Env, spec: TaskSpec, seed: int | None = None) -> None:
@@ -592,6 +598,9 @@ def make_vec_env(
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode)
 
 
+_render_failure: str | None = None  # why rendering failed in this process (then never retried)
+
+
 def render_frames(
     task: str,
     policy_fn: Callable[[np.ndarray], np.ndarray],
@@ -602,24 +611,36 @@ def render_frames(
     """RGB frames ``[size, size, 3]`` uint8 of one episode of ``policy_fn`` on ``task``:
     the reset state, then one frame per step (at most ``steps``; stops at episode end).
 
-    Returns ``None`` (and logs why) when no OpenGL backend works; on headless Linux the
-    module selects ``MUJOCO_GL=egl`` when it is unset and mujoco was not yet imported.
+    Returns ``None`` (and logs why) when no OpenGL backend works -- after the first
+    failure, without trying again. On headless Linux this module selects ``MUJOCO_GL=egl``
+    when it is unset, libEGL exists and mujoco was not yet imported.
     """
+    global _render_failure
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
-    try:
-        env = make_env(task, seed=seed, render_mode="rgb_array", render_size=size)
-        obs, _ = env.reset(seed=seed)
-        first = env.render()
-    except Exception as exc:  # any GL failure: missing libs, no display, bad MUJOCO_GL
+    backend = os.environ.get("MUJOCO_GL", "").lower()
+    if _render_failure is None and sys.platform.startswith("linux") and backend in ("", "glfw"):
+        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            _render_failure = "glfw needs a display and there is none"
+    env = None
+    if _render_failure is None:
+        try:
+            env = make_env(task, seed=seed, render_mode="rgb_array", render_size=size)
+            obs, _ = env.reset(seed=seed)
+            first = env.render()
+        except Exception as exc:  # any GL failure: missing libraries, bad MUJOCO_GL
+            _render_failure = f"{type(exc).__name__}: {exc}"
+    if _render_failure is not None:
+        # MuJoCo may abort the process on a second failed GL context: never retry.
         logger.warning(
-            "render_frames: no working OpenGL backend for MuJoCo (MUJOCO_GL=%r): %s: %s. "
-            "Headless Linux needs libEGL (MUJOCO_GL=egl) or libOSMesa (MUJOCO_GL=osmesa).",
+            "render_frames: no working OpenGL backend for MuJoCo (MUJOCO_GL=%r): %s. "
+            "Headless Linux needs libEGL (MUJOCO_GL=egl) or libOSMesa (MUJOCO_GL=osmesa), "
+            "set before mujoco is first imported.",
             os.environ.get("MUJOCO_GL"),
-            type(exc).__name__,
-            exc,
+            _render_failure,
         )
         return None
+    assert env is not None
     frames = [np.asarray(first, dtype=np.uint8)]
     if hasattr(policy_fn, "reset"):
         policy_fn.reset()

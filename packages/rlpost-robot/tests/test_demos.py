@@ -1,0 +1,176 @@
+import sys
+
+import numpy as np
+import pytest
+
+from rlpost.robot.demos import (
+    Episode,
+    collect_demos,
+    collect_episodes,
+    load_lerobot_dataset,
+    make_expert,
+    write_lerobot_dataset,
+)
+from rlpost.robot.envs import TASKS
+
+
+class RandomPolicy:
+    def __init__(self, act_dim, seed=0):
+        self.act_dim, self.rng = act_dim, np.random.default_rng(seed)
+
+    def __call__(self, obs):
+        return self.rng.uniform(-1, 1, self.act_dim)
+
+
+def _rate(eps):
+    return float(np.mean([e.success for e in eps]))
+
+
+# episodes per policy: enough for a wide margin, few enough for < 30 s in all
+N_EPISODES = {"reacher": 16, "multimodal_reach": 16, "contour": 12, "pusher": 12}
+# Pusher-v5's nearly massless puck makes pushing slow: far pucks cannot be brought in
+MIN_GOOD = {"reacher": 0.8, "multimodal_reach": 0.8, "contour": 0.8, "pusher": 0.5}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_good_expert_beats_poor_beats_random(task):
+    n = N_EPISODES[task]
+    good = _rate(collect_episodes(task, make_expert(task, "good", seed=1), n, seed=10))
+    poor = _rate(collect_episodes(task, make_expert(task, "poor", seed=1), n, seed=10))
+    rand = _rate(collect_episodes(task, RandomPolicy(TASKS[task].act_dim), n, seed=10))
+    assert good >= MIN_GOOD[task], (good, poor, rand)
+    assert good >= poor + 0.4, (good, poor, rand)
+    assert poor >= rand - 0.1, (good, poor, rand)
+
+
+def test_collect_episodes_records_consistent_episodes():
+    class Counting:
+        def __init__(self):
+            self.resets = 0
+
+        def reset(self):
+            self.resets += 1
+
+        def __call__(self, obs):
+            return np.full(3, 2.0)  # out of range: recorded clipped
+
+    pol = Counting()
+    eps = collect_episodes("contour", pol, n_episodes=3, seed=0, quality="poor")
+    assert pol.resets == 3 and len(eps) == 3
+    spec = TASKS["contour"]
+    for ep in eps:
+        t = len(ep)
+        assert isinstance(ep, Episode) and ep.task == "contour" and ep.quality == "poor"
+        assert ep.obs.shape == (t + 1, spec.obs_dim) and ep.obs.dtype == np.float32
+        assert ep.actions.shape == (t, spec.act_dim) and ep.actions.dtype == np.float32
+        assert ep.rewards.shape == (t,) and ep.rewards.dtype == np.float32
+        assert np.all(ep.actions == 1.0)
+        assert ep.metrics["length"] == t
+        assert ep.metrics["return"] == pytest.approx(float(ep.rewards.sum()), rel=1e-5)
+        assert ep.success == ep.metrics["success"] == bool(ep.step_success[-1])
+        assert ep.contact_force.shape == (t,)
+        assert ep.metrics["peak_force"] == pytest.approx(float(ep.contact_force.max()), rel=1e-5)
+
+
+def test_collect_episodes_is_deterministic_and_batched_matches_sequential():
+    class Linear:  # deterministic, batched, per-env stateless
+        def reset(self, env_ids=None):
+            pass
+
+        def __call__(self, obs):
+            obs = np.asarray(obs)
+            return np.tanh(obs[..., 4:6] - obs[..., 0:2])
+
+    a = collect_episodes("multimodal_reach", Linear(), n_episodes=5, seed=3)
+    b = collect_episodes("multimodal_reach", Linear(), n_episodes=5, seed=3, n_envs=3)
+    c = collect_episodes("multimodal_reach", Linear(), n_episodes=5, seed=4)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x.obs, y.obs)
+        np.testing.assert_array_equal(x.actions, y.actions)
+        assert x.seed == y.seed and x.metrics == y.metrics
+    assert not np.array_equal(a[0].obs[0], c[0].obs[0])
+    with pytest.raises(ValueError, match="reset"):
+        collect_episodes("reacher", make_expert("reacher"), n_episodes=2, n_envs=2)
+
+
+def test_multimodal_good_demos_are_bimodal_and_their_average_fails():
+    demos = collect_demos("multimodal_reach", n_good=20, n_poor=0, seed=0)
+    reached = []
+    for ep in demos:
+        assert ep.success and ep.quality == "good"
+        goals = ep.obs[-1, 4:8].reshape(2, 2)
+        reached.append(int(np.argmin(np.linalg.norm(goals - ep.obs[-1, :2], axis=1))))
+    assert min(np.bincount(reached, minlength=2)) >= 5  # both goals, in both directions
+
+    class AverageOfModes:  # what an MSE policy fitted to the good demos converges to
+        def __call__(self, obs):
+            v = 2.5 * (obs[4:6] - obs[:2]) + 2.5 * (obs[6:8] - obs[:2])
+            return np.clip(v, -1, 1)
+
+    assert _rate(collect_episodes("multimodal_reach", AverageOfModes(), 10, seed=1)) == 0.0
+
+
+def test_contour_poor_demos_spike_the_force_and_good_ones_do_not():
+    demos = collect_demos("contour", n_good=6, n_poor=6, seed=0)
+    thr = TASKS["contour"].force_threshold
+    good = [e.metrics["peak_force"] for e in demos if e.quality == "good"]
+    poor = [e.metrics["peak_force"] for e in demos if e.quality == "poor"]
+    assert len(good) == len(poor) == 6
+    assert max(good) < thr < min(poor)
+    assert np.median(poor) > 2 * np.median(good)
+    frac = {
+        q: np.mean([e.metrics["frac_force_above"] for e in demos if e.quality == q])
+        for q in ("good", "poor")
+    }
+    assert frac["good"] < 0.05 < frac["poor"]
+
+
+def test_collect_demos_is_a_labelled_deterministic_mix():
+    a = collect_demos("reacher", n_good=3, n_poor=2, seed=7)
+    b = collect_demos("reacher", n_good=3, n_poor=2, seed=7)
+    assert [e.quality for e in a] == ["good"] * 3 + ["poor"] * 2
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x.obs, y.obs)
+        np.testing.assert_array_equal(x.actions, y.actions)
+
+
+def test_make_expert_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="valid tasks"):
+        make_expert("nope")
+    with pytest.raises(ValueError, match="quality"):
+        make_expert("reacher", quality="great")
+
+
+def test_lerobot_dataset_round_trip(tmp_path):
+    pytest.importorskip("lerobot")
+    demos = collect_demos("contour", n_good=1, n_poor=1, seed=0)
+    root = write_lerobot_dataset(demos, tmp_path / "contour_demos", task="contour")
+    assert (root / "meta" / "info.json").exists()
+    back = load_lerobot_dataset(root)
+    assert len(back) == len(demos)
+    for x, y in zip(demos, back, strict=True):
+        np.testing.assert_array_equal(x.obs, y.obs)
+        np.testing.assert_array_equal(x.actions, y.actions)
+        np.testing.assert_array_equal(x.rewards, y.rewards)
+        np.testing.assert_array_equal(x.step_success, y.step_success)
+        np.testing.assert_array_equal(x.contact_force, y.contact_force)
+        assert (x.success, x.terminated, x.quality, y.task) == (
+            y.success,
+            y.terminated,
+            y.quality,
+            "contour",
+        )
+        for k in ("length", "success", "ever_success"):
+            assert x.metrics[k] == y.metrics[k]
+        for k in ("return", "peak_force", "frac_force_above"):
+            assert x.metrics[k] == pytest.approx(y.metrics[k], rel=1e-5)
+    with pytest.raises(FileExistsError):  # LeRobotDataset.create needs a fresh root
+        write_lerobot_dataset(demos, root, task="contour")
+
+
+def test_lerobot_missing_gives_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "lerobot.datasets.lerobot_dataset", None)
+    with pytest.raises(ImportError, match=r"pip install 'rlpost-robot\[lerobot\]'"):
+        write_lerobot_dataset([], tmp_path / "x", task="reacher")
+    with pytest.raises(ImportError, match="lerobot"):
+        load_lerobot_dataset(tmp_path / "x")
