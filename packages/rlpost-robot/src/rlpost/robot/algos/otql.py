@@ -61,13 +61,13 @@ class OTQLConfig:
     """Integration steps of the acting policy during fine-tuning."""
     gamma: float = 0.99
     expectile: float = 0.7
-    beta: float = 2.0
+    beta: float = 1.0
     weight_clip: float = 20.0
     k_samples: int = 8
-    ot_coef: float = 1.0
+    ot_coef: float = 0.25
     data_coef: float = 1.0
     coupling: Literal["ot", "independent"] = "ot"
-    updates_per_round: int = 40
+    updates_per_round: int = 20
     critic_pretrain_steps: int = 1000
     batch_size: int = 128
     critic_lr: float = 3e-4
