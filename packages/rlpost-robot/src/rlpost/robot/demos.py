@@ -505,6 +505,9 @@ def _lerobot_dataset_cls() -> Any:
         raise ImportError(
             "LeRobotDataset I/O needs lerobot: pip install 'rlpost-robot[lerobot]'"
         ) from exc
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # one "Map" bar per saved episode otherwise
     return LeRobotDataset
 
 
