@@ -10,14 +10,13 @@ result at once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from rlpost.core.io.cache import default_cache_dir, publish_directory
+from rlpost.core.io.cache import cache_entry, merge_params, publish_directory
 
 #: Bump when a recipe changes in a way that invalidates cached builds.
 ROBOT_VERSION = 1
@@ -35,17 +34,8 @@ BC_DEFAULTS: dict[str, Any] = {
 
 
 def _folder(kind: str, task: str, recipe: dict[str, Any], cache_dir: Any) -> Path:
-    key = json.dumps({"task": task, **recipe, "version": ROBOT_VERSION}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "robot" / f"{kind}-{task}-{digest}"
-
-
-def _merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise TypeError(f"unknown parameters {sorted(unknown)}; valid: {sorted(defaults)}")
-    return {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    key = {"task": task, **recipe, "version": ROBOT_VERSION}
+    return cache_entry("robot", f"{kind}-{task}", key, cache_dir)
 
 
 def build_demo_dataset(
@@ -57,7 +47,7 @@ def build_demo_dataset(
     """
     from rlpost.robot.demos import collect_demos, write_lerobot_dataset
 
-    recipe = _merge(DEMO_DEFAULTS, params)
+    recipe = merge_params(DEMO_DEFAULTS, params)
     target = _folder("demos", task, recipe, cache_dir)
     if (target / "demos_info.json").is_file() and not force:
         return target
@@ -100,8 +90,8 @@ def build_bc_policy(
     from rlpost.robot.policies.bc import make_chunks, train_bc
     from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
 
-    recipe = _merge(BC_DEFAULTS, params)
-    demo_recipe = _merge(DEMO_DEFAULTS, demos or {})
+    recipe = merge_params(BC_DEFAULTS, params)
+    demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
     target = _folder("bc", task, {**recipe, "demos": demo_recipe}, cache_dir)
     if (target / "bc_info.json").is_file() and not force:
         return target

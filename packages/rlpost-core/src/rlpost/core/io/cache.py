@@ -8,12 +8,15 @@ into place, so an interrupted build never leaves a half-written entry.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def default_cache_dir() -> Path:
@@ -57,3 +60,20 @@ def publish_directory(
             return target
         raise
     return target
+
+
+def cache_entry(domain: str, name: str, recipe: dict[str, Any], cache_dir: Any = None) -> Path:
+    """``<cache>/<domain>/<name>-<hash>``: the folder of a build whose inputs are ``recipe``
+    (JSON-able; include a version number so that recipe changes invalidate old builds)."""
+    key = json.dumps(recipe, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / domain / f"{name}-{digest}"
+
+
+def merge_params(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with the non-None ``given`` values; unknown names raise."""
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown parameters {sorted(unknown)}; valid: {sorted(defaults)}")
+    return {**defaults, **{k: v for k, v in given.items() if v is not None}}

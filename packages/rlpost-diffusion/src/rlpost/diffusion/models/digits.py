@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -53,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from rlpost.core.io.cache import default_cache_dir, publish_directory
+from rlpost.core.io.cache import cache_entry, default_cache_dir, merge_params, publish_directory
 from rlpost.diffusion.models.base import Cond
 
 __all__ = [
@@ -501,17 +500,10 @@ def load_digits_classifier(path: str | os.PathLike) -> DigitsClassifier:
 
 
 def _hashed_path(cache_dir: str | os.PathLike | None, prefix: str, recipe: dict) -> Path:
-    key = json.dumps({**recipe, "version": DIGITS_VERSION}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "diffusion" / f"{prefix}-{digest}"
+    return cache_entry("diffusion", prefix, {**recipe, "version": DIGITS_VERSION}, cache_dir)
 
 
-def _merge(defaults: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(overrides) - set(defaults)
-    if unknown:
-        raise TypeError(f"unknown parameters {sorted(unknown)}; valid: {sorted(defaults)}")
-    return {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+_merge = merge_params
 
 
 def base_path(cache_dir: str | os.PathLike | None = None, **params: Any) -> Path:
