@@ -58,6 +58,12 @@ def test_wheel_builds_and_ships_no_namespace_init(wheels, dist):
     assert MEMBERS[dist] + "__init__.py" in names
 
 
+def test_robot_wheel_ships_its_scenes(wheels):
+    names = set(zipfile.ZipFile(wheels["rlpost-robot"]).namelist())
+    for scene in ("multimodal_reach.xml", "contour.xml"):
+        assert f"rlpost/robot/robots/{scene}" in names, scene
+
+
 def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
     whl = zipfile.ZipFile(wheels["rlpost-core"])
     meta = Parser().parsestr(
