@@ -25,7 +25,7 @@ def test_expectile_loss_minimiser_is_the_expectile():
 
         opt.step(closure)
         # independent: the tau-expectile solves tau E[(q-v)+] = (1-tau) E[(v-q)+]
-        e = float(v)
+        e = float(v.detach())
         lhs = tau * (q - e).clamp_min(0).mean()
         rhs = (1 - tau) * (e - q).clamp_min(0).mean()
         assert float(lhs) == pytest.approx(float(rhs), abs=1e-4)
