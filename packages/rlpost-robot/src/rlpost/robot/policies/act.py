@@ -1,0 +1,173 @@
+"""lerobot's Action Chunking Transformer (ACT) behind our chunk-policy interface.
+
+``ActChunkPolicy`` wraps ``lerobot.policies.act.ACTPolicy`` (lerobot extra) so that the
+rest of the domain (``ChunkController``, ``evaluate_policy``, PAC-ACT) uses it like
+:class:`~rlpost.robot.policies.flow.FlowChunkPolicy`: ``sample(obs [B, D]) -> [B, H, A]``.
+The flat observation vector is split into lerobot's ``observation.state`` and
+``observation.environment_state`` by the task's ``TaskSpec.env_obs`` (a state-only ACT
+needs the environment state: lerobot rejects a config without images or it).
+Normalisation runs through lerobot's own pre / post processor pipelines
+(``make_pre_post_processors``) with mean / std statistics of the demonstrations, the
+environment state included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+def _lerobot():
+    try:
+        from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
+        from lerobot.policies.act.configuration_act import ACTConfig
+        from lerobot.policies.act.modeling_act import ACTPolicy
+        from lerobot.policies.factory import make_pre_post_processors
+    except ImportError as exc:  # pragma: no cover - the dev environment has lerobot
+        raise ImportError("ACT needs lerobot: pip install 'rlpost-robot[lerobot]'") from exc
+    return (
+        FeatureType,
+        NormalizationMode,
+        PolicyFeature,
+        ACTConfig,
+        ACTPolicy,
+        make_pre_post_processors,
+    )
+
+
+def _stats(x: np.ndarray) -> dict[str, np.ndarray]:
+    return {
+        "mean": x.mean(0).astype(np.float32),
+        "std": np.maximum(x.std(0), 1e-3).astype(np.float32),
+        "min": x.min(0).astype(np.float32),
+        "max": x.max(0).astype(np.float32),
+    }
+
+
+class ActChunkPolicy(nn.Module):
+    """An ``ACTPolicy`` with our ``sample`` / ``cfg.horizon`` interface.
+
+    ``env_idx``: indices of the observation vector that are the environment state.
+    ``stats``: lerobot-format statistics (``{"observation.state": {"mean": ..., ...}, ...}``).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        env_idx: tuple[int, ...],
+        horizon: int = 8,
+        stats: dict[str, dict[str, np.ndarray]] | None = None,
+        dim_model: int = 64,
+        n_layers: int = 1,
+        use_vae: bool = True,
+    ):
+        super().__init__()
+        FeatureType, NormalizationMode, PolicyFeature, ACTConfig, ACTPolicy, make_pp = _lerobot()
+        if not env_idx:
+            raise ValueError("a state-only ACT needs at least one environment-state entry")
+        self.env_idx = tuple(env_idx)
+        self.state_idx = tuple(i for i in range(obs_dim) if i not in set(env_idx))
+        self.cfg = _Cfg(obs_dim, act_dim, horizon)
+        config = ACTConfig(
+            input_features={
+                "observation.state": PolicyFeature(FeatureType.STATE, (len(self.state_idx),)),
+                "observation.environment_state": PolicyFeature(
+                    FeatureType.ENV, (len(self.env_idx),)
+                ),
+            },
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (act_dim,))},
+            chunk_size=horizon,
+            n_action_steps=horizon,
+            dim_model=dim_model,
+            n_heads=4,
+            dim_feedforward=2 * dim_model,
+            n_encoder_layers=n_layers,
+            n_decoder_layers=n_layers,
+            n_vae_encoder_layers=n_layers,
+            latent_dim=16,
+            use_vae=use_vae,
+            device="cpu",
+            push_to_hub=False,
+            pretrained_backbone_weights=None,
+            normalization_mapping={
+                "STATE": NormalizationMode.MEAN_STD,
+                "ENV": NormalizationMode.MEAN_STD,
+                "ACTION": NormalizationMode.MEAN_STD,
+                "VISUAL": NormalizationMode.MEAN_STD,
+            },
+        )
+        self.act = ACTPolicy(config)
+        self.stats = stats
+        self.pre, self.post = make_pp(config, dataset_stats=stats)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.act.parameters()).device
+
+    # ------------------------------------------------------------------ batches
+    def _obs(self, obs: Tensor) -> dict[str, Tensor]:
+        return {
+            "observation.state": obs[:, list(self.state_idx)],
+            "observation.environment_state": obs[:, list(self.env_idx)],
+        }
+
+    def loss(self, obs: Tensor, chunks: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """ACT's training loss (L1 on the chunk + KL of its CVAE) on a batch."""
+        batch = self.pre({**self._obs(obs), "action": chunks})
+        batch["action_is_pad"] = ~mask.bool()
+        loss, info = self.act.forward(batch)
+        return loss, {k: float(v) for k, v in info.items()}
+
+    @torch.no_grad()
+    def sample(self, obs: Tensor, n_steps: int | None = None, **_: Any) -> Tensor:
+        """A chunk ``[B, H, A]`` in action units (``n_steps`` is ignored: ACT is one pass)."""
+        self.act.eval()
+        chunk = self.act.predict_action_chunk(self.pre(self._obs(obs)))
+        return self.post(chunk).clamp(-1, 1)
+
+
+class _Cfg:
+    def __init__(self, obs_dim: int, act_dim: int, horizon: int):
+        self.obs_dim, self.act_dim, self.horizon = obs_dim, act_dim, horizon
+
+
+def act_stats(episodes: Any, env_idx: tuple[int, ...]) -> dict[str, dict[str, np.ndarray]]:
+    """lerobot-format mean / std / min / max statistics of demonstration episodes."""
+    obs = np.concatenate([np.asarray(e.obs[:-1]) for e in episodes])
+    act = np.concatenate([np.asarray(e.actions) for e in episodes])
+    state_idx = [i for i in range(obs.shape[1]) if i not in set(env_idx)]
+    return {
+        "observation.state": _stats(obs[:, state_idx]),
+        "observation.environment_state": _stats(obs[:, list(env_idx)]),
+        "action": _stats(act),
+    }
+
+
+def train_act_bc(
+    policy: ActChunkPolicy,
+    obs: Tensor,
+    chunks: Tensor,
+    mask: Tensor,
+    steps: int = 2000,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Behaviour cloning of ACT on ``make_chunks`` arrays; returns the losses."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(policy.act.get_optim_params(), lr=lr, weight_decay=1e-4)
+    policy.act.train()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(obs), (batch_size,), generator=g)
+        loss, _ = policy.loss(obs[idx], chunks[idx], mask[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    policy.act.eval()
+    return losses
