@@ -62,6 +62,7 @@ def test_robot_wheel_ships_its_scenes(wheels):
     names = set(zipfile.ZipFile(wheels["rlpost-robot"]).namelist())
     for scene in ("multimodal_reach.xml", "contour.xml"):
         assert f"rlpost/robot/robots/{scene}" in names, scene
+    assert "rlpost/robot/recipes/otql_multimodal_reach.yaml" in names
 
 
 def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):

@@ -42,3 +42,29 @@ def test_tasks_and_bad_task(capsys):
     assert main(["tasks"]) == 0
     assert "contour" in capsys.readouterr().out
     assert main(["build-base", "--task", "walker"]) == 2
+
+
+def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    small = [
+        "otql.episodes=2",
+        "otql.envs=2",
+        "otql.updates_per_round=2",
+        "otql.critic_pretrain_steps=5",
+        "policy.bc_steps=20",
+        "policy.hidden=32",
+        "demos.n_good=2",
+        "demos.n_poor=2",
+        "run.eval_episodes=2",
+        "run.eval_steps=[1]",
+        "run.progress=false",
+        f"run.dir={run}",
+    ]
+    assert main(["train", "--config", "otql_reacher", *small]) == 0
+    assert (run / "metrics.jsonl").read_text().count("\n") == 1  # one OTQL round
+    assert (run / "config.yaml").is_file() and (run / "policy" / "config.json").is_file()
+    capsys.readouterr()
+    assert main(["train", "--config", "otql_reacher", "task=walker"]) == 2
+    assert "task" in capsys.readouterr().err
+    assert main(["train", "--config", "otql_reacher", "otql.coupling=sinkhorn"]) == 2

@@ -27,10 +27,11 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    x = range(len(STEPS))
+    steps = result.get("steps", STEPS)
+    x = range(len(steps))
     for off, key, label in ((-0.2, "before", "BC"), (0.2, "after", "after OTQL")):
-        axes[0].bar([i + off for i in x], [result[key][str(n)] for n in STEPS], 0.4, label=label)
-    axes[0].set_xticks(list(x), [f"{n} steps" for n in STEPS])
+        axes[0].bar([i + off for i in x], [result[key][str(n)] for n in steps], 0.4, label=label)
+    axes[0].set_xticks(list(x), [f"{n} steps" for n in steps])
     axes[0].set_ylabel("success rate")
     axes[0].set_ylim(0, 1)
     axes[0].set_title("success vs integration steps", fontsize=10)
@@ -83,6 +84,38 @@ def run_demo(
     progress: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
+    """The shipped ``otql_<task>`` recipe (or ``otql_multimodal_reach`` with the task
+    replaced) with the given overrides; see :func:`train_from_config`."""
+    from rlpost.robot.config import load_config, recipe_path
+
+    name = f"otql_{task}"
+    try:
+        path = recipe_path(name)
+        overrides = []
+    except FileNotFoundError:
+        path, overrides = recipe_path("otql_multimodal_reach"), [f"task={task}"]
+    overrides += [
+        f"run.dir={out}",
+        f"otql.episodes={episodes}",
+        f"run.eval_episodes={eval_episodes}",
+        f"run.progress={progress}",
+        f"run.seed={seed}",
+    ]
+    if bc_steps:
+        overrides.append(f"policy.bc_steps={bc_steps}")
+    return train_from_config(load_config(path, overrides))
+
+
+def train_from_config(cfg: Any) -> dict[str, Any]:
+    """Build / load the demonstrations and the BC policy, evaluate, fine-tune, evaluate.
+
+    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per OTQL round),
+    ``success.png``, ``rollout.png`` (when a renderer works), ``policy/``, ``demo.json``.
+    """
+    import torch
+    import yaml
+
+    from rlpost.core.io.metrics import MetricsLogger
     from rlpost.robot.algos.otql import OTQLConfig, evaluate_policy, run_otql
     from rlpost.robot.pretrain import (
         build_bc_policy,
@@ -91,32 +124,69 @@ def run_demo(
         load_demos,
     )
 
-    out = Path(out)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    out = Path(cfg.run.dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     t0 = time.perf_counter()
-    bc_kw = {"steps": bc_steps} if bc_steps else {}
-    policy = load_bc_policy(build_bc_policy(task, progress=progress, **bc_kw))
-    demos = load_demos(build_demo_dataset(task))
+    demo_kw = {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
+    bc_kw = {
+        "steps": cfg.policy.bc_steps,
+        "horizon": cfg.policy.horizon,
+        "hidden": cfg.policy.hidden,
+    }
+    policy = load_bc_policy(
+        build_bc_policy(cfg.task, progress=cfg.run.progress, demos=demo_kw, **bc_kw)
+    )
+    demos = load_demos(build_demo_dataset(cfg.task, **demo_kw))
     t_build = time.perf_counter() - t0
+    steps = tuple(cfg.run.eval_steps)
 
     def evaluate() -> dict[str, float]:
         return {
-            str(n): evaluate_policy(policy, task, eval_episodes, n, seed=10_000)["success"]
-            for n in STEPS
+            str(n): evaluate_policy(policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000)[
+                "success"
+            ]
+            for n in steps
         }
 
     before = evaluate()
     t1 = time.perf_counter()
-    cfg = OTQLConfig(episodes=episodes, seed=seed)
-    history = run_otql(policy, task, demos, cfg, progress=progress)["history"]
+    o = cfg.otql
+    ocfg = OTQLConfig(
+        episodes=o.episodes,
+        envs=o.envs,
+        beta=o.beta,
+        ot_coef=o.ot_coef,
+        data_coef=o.data_coef,
+        coupling=o.coupling,
+        k_samples=o.k_samples,
+        updates_per_round=o.updates_per_round,
+        critic_pretrain_steps=o.critic_pretrain_steps,
+        seed=cfg.run.seed,
+    )
+    logger = MetricsLogger(out, tensorboard=False)
+    try:
+        history = run_otql(
+            policy,
+            cfg.task,
+            demos,
+            ocfg,
+            log=lambda row: logger.log(row["episodes"], row),
+            progress=cfg.run.progress,
+        )["history"]
+    finally:
+        logger.close()
     t_train = time.perf_counter() - t1
     policy.eval()
     after = evaluate()
     policy.save(out / "policy")
     result = {
-        "task": task,
-        "episodes": episodes,
-        "eval_episodes": eval_episodes,
+        "task": cfg.task,
+        "episodes": o.episodes,
+        "eval_episodes": cfg.run.eval_episodes,
+        "steps": list(steps),
         "demo_success": sum(d.success for d in demos) / len(demos),
         "before": before,
         "after": after,
@@ -125,7 +195,7 @@ def run_demo(
         "seconds_otql": round(t_train, 1),
     }
     _plot(result, out / "success.png")
-    result["rollout_note"] = _frame_strip(task, policy, out / "rollout.png", seed=10_000)
+    result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
     (out / "demo.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -136,7 +206,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"OTQL budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
         f"{'integration steps':<20}{'BC':>8}{'after OTQL':>12}",
     ]
-    for n in STEPS:
+    for n in result.get("steps", STEPS):
         lines.append(f"{n:<20}{result['before'][str(n)]:>8.2f}{result['after'][str(n)]:>12.2f}")
     lines.append(
         f"time: build/load {result['seconds_build']:.0f} s, OTQL {result['seconds_otql']:.0f} s"

@@ -2,6 +2,7 @@
 
 rlpost-robot demo                              # OTQL fine-tunes a BC flow policy (multimodal_reach)
 rlpost-robot demo --task reacher --episodes 60
+rlpost-robot train --config otql_reacher otql.episodes=40 run.dir=runs/x
 rlpost-robot build-base --task contour         # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
 """
@@ -27,6 +28,16 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print(format_table(result))
     print(f"plot: {args.out}/success.png")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlpost.robot.config import load_config, recipe_path
+    from rlpost.robot.demo import format_table, train_from_config
+
+    cfg = load_config(recipe_path(args.config), args.overrides)
+    print(format_table(train_from_config(cfg)))
+    print(f"run: {cfg.run.dir} (metrics.jsonl, success.png, policy/)")
     return 0
 
 
@@ -67,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--eval-episodes", type=int, default=100)
     d.add_argument("--bc-steps", type=int, default=None, help="BC steps (default: the recipe's)")
     d.set_defaults(fn=_demo)
+    t = sub.add_parser("train", help="run a recipe (OTQL) with key=value overrides")
+    t.add_argument("--config", required=True, help="YAML path or shipped recipe name")
+    t.add_argument("overrides", nargs="*", help="e.g. otql.episodes=40 run.dir=runs/x")
+    t.set_defaults(fn=_train)
     b = sub.add_parser("build-base", help="build (or find) the demo set and BC policy of a task")
     b.add_argument("--task", default="multimodal_reach")
     b.add_argument("--force", action="store_true")
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # ConfigError is a ValueError
         print(f"rlpost-robot: {exc}", file=sys.stderr)
         return 2
 

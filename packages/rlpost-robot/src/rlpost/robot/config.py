@@ -1,0 +1,89 @@
+"""Typed config of a robot post-training run (``rlpost-robot train --config <recipe>``).
+
+Defaults <- YAML recipe <- ``key.sub=value`` overrides, validated at load by
+:func:`rlpost.core.io.config.load_validated` (errors name the dotted field).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rlpost.core.io.config import ConfigError, load_validated
+
+__all__ = ["Config", "ConfigError", "load_config", "recipe_path"]
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyConfig(_Strict):
+    kind: Literal["flow"] = "flow"
+    horizon: int = Field(4, ge=1)
+    hidden: int = Field(256, ge=8)
+    bc_steps: int = Field(3000, ge=1)
+
+
+class DemoConfig(_Strict):
+    n_good: int = Field(10, ge=0)
+    n_poor: int = Field(30, ge=0)
+
+
+class OTQLSection(_Strict):
+    episodes: int = Field(60, ge=1)
+    envs: int = Field(4, ge=1)
+    beta: float = Field(1.0, gt=0)
+    ot_coef: float = Field(0.25, ge=0)
+    data_coef: float = Field(1.0, ge=0)
+    coupling: Literal["ot", "independent"] = "ot"
+    k_samples: int = Field(8, ge=1)
+    updates_per_round: int = Field(20, ge=1)
+    critic_pretrain_steps: int = Field(1000, ge=0)
+
+
+class RunConfig(_Strict):
+    dir: str = "runs/robot"
+    seed: int = 0
+    eval_episodes: int = Field(100, ge=1)
+    eval_steps: list[int] = [10, 3, 1]
+    progress: bool = True
+    threads: int | None = Field(None, ge=1)
+
+
+class Config(_Strict):
+    task: str = "multimodal_reach"
+    algo: Literal["otql"] = "otql"
+    policy: PolicyConfig = PolicyConfig()
+    demos: DemoConfig = DemoConfig()
+    otql: OTQLSection = OTQLSection()
+    run: RunConfig = RunConfig()
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from rlpost.robot.envs import TASKS
+
+        if v not in TASKS:
+            raise ValueError(f"must be one of {sorted(TASKS)}, got {v!r}")
+        return v
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    return load_validated(Config, path, overrides)
+
+
+def recipe_path(name_or_path: str) -> Path:
+    """A YAML path as given, or the shipped recipe of that name (``.yaml`` optional)."""
+    given = Path(name_or_path)
+    if given.is_file():
+        return given
+    shipped = RECIPES_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"no file {name_or_path!r} and no shipped recipe; {names}")

@@ -1,0 +1,18 @@
+import pytest
+
+from rlpost.robot.config import RECIPES_DIR, ConfigError, load_config, recipe_path
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_every_shipped_recipe_validates(name):
+    cfg = load_config(recipe_path(name))
+    assert cfg.task in name and cfg.algo == "otql"
+
+
+def test_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"otql\.beta"):
+        load_config(None, ["otql.beta=-1"])
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_config(None, ["otql.lr=1"])
+    with pytest.raises(FileNotFoundError, match="otql_reacher"):
+        recipe_path("nope")
