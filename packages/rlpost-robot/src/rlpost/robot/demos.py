@@ -34,6 +34,7 @@ Typical use::
 
 from __future__ import annotations
 
+import abc
 import inspect
 import math
 import os
@@ -97,7 +98,7 @@ def _derive(seed: int, *keys: int) -> int:
 # ------------------------------------------------------------------ experts
 
 
-class Expert:
+class Expert(abc.ABC):
     """Base scripted controller: ``expert(obs) -> action in [-1, 1]``; ``reset()`` starts an
     episode (draws the episode's goal choice / bias / noise from the expert's own RNG)."""
 
@@ -109,11 +110,12 @@ class Expert:
         self.rng = np.random.default_rng(seed)
         self.reset()
 
+    @abc.abstractmethod
     def reset(self) -> None:
         """Start a new episode."""
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def __call__(self, obs: np.ndarray) -> np.ndarray: ...
 
 
 class _ReacherExpert(Expert):

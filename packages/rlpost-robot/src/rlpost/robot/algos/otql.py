@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost.robot.nets import mlp
 from rlpost.robot.policies.flow import FlowChunkPolicy
 
 # ------------------------------------------------------------------------- config
@@ -148,24 +149,14 @@ def chunk_transitions(
 # -------------------------------------------------------------------------- critic
 
 
-def _mlp(inp: int, hidden: int, out: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(inp, hidden),
-        nn.SiLU(),
-        nn.Linear(hidden, hidden),
-        nn.SiLU(),
-        nn.Linear(hidden, out),
-    )
-
-
 class ChunkCritic(nn.Module):
     """Twin ``Q(s, a_chunk)`` and ``V(s)`` over normalised observations (IQL)."""
 
     def __init__(self, obs_dim: int, chunk_dim: int, hidden: int = 256):
         super().__init__()
-        self.q1 = _mlp(obs_dim + chunk_dim, hidden)
-        self.q2 = _mlp(obs_dim + chunk_dim, hidden)
-        self.v = _mlp(obs_dim, hidden)
+        self.q1 = mlp(obs_dim + chunk_dim, 1, hidden)
+        self.q2 = mlp(obs_dim + chunk_dim, 1, hidden)
+        self.v = mlp(obs_dim, 1, hidden)
         self.register_buffer("obs_mean", torch.zeros(obs_dim))
         self.register_buffer("obs_std", torch.ones(obs_dim))
 
@@ -318,7 +309,7 @@ def evaluate_policy(
     from rlpost.robot.policies.bc import ChunkController
 
     ctrl = ChunkController(policy, execute=execute or policy.cfg.horizon, n_steps=n_steps)
-    eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed)
+    eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed, n_envs=min(envs, episodes))
     out = {
         "success": float(np.mean([e.success for e in eps])),
         "return": float(np.mean([e.metrics["return"] for e in eps])),
@@ -361,7 +352,7 @@ def run_otql(
         n = min(cfg.envs, cfg.episodes - used)
         ctrl = ChunkController(policy, execute=H, n_steps=cfg.sample_steps)
         policy.eval()
-        eps = collect_episodes(task, ctrl, n_episodes=n, seed=cfg.seed * 100_003 + used)
+        eps = collect_episodes(task, ctrl, n_episodes=n, seed=cfg.seed * 100_003 + used, n_envs=n)
         policy.train()
         used += n
         buf = buf.extend(chunk_transitions(eps, H, H, cfg.gamma))

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost.robot.nets import mlp
+
 # ------------------------------------------------------------------------------ data
 
 
@@ -89,16 +91,6 @@ def window_states(pred: Tensor, window: int = 16) -> Tensor:
 # ----------------------------------------------------------------------------- agent
 
 
-def _mlp(inp: int, out: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(inp, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, out),
-    )
-
-
 @dataclass(frozen=True)
 class ResidualRLConfig:
     window: int = 16
@@ -119,9 +111,9 @@ class ResidualAgent(nn.Module):
     def __init__(self, state_dim: int, dims: int, cfg: ResidualRLConfig):
         super().__init__()
         self.cfg = cfg
-        self.actor = _mlp(state_dim, dims, cfg.hidden)
-        self.q1 = _mlp(state_dim + dims, 1, cfg.hidden)
-        self.q2 = _mlp(state_dim + dims, 1, cfg.hidden)
+        self.actor = mlp(state_dim, dims, cfg.hidden, nn.ReLU)
+        self.q1 = mlp(state_dim + dims, 1, cfg.hidden, nn.ReLU)
+        self.q2 = mlp(state_dim + dims, 1, cfg.hidden, nn.ReLU)
         self.register_buffer("s_mean", torch.zeros(state_dim))
         self.register_buffer("s_std", torch.ones(state_dim))
 
