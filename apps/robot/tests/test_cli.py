@@ -68,3 +68,33 @@ def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, ca
     assert main(["train", "--config", "otql_reacher", "task=walker"]) == 2
     assert "task" in capsys.readouterr().err
     assert main(["train", "--config", "otql_reacher", "otql.coupling=sinkhorn"]) == 2
+
+
+def _small_run(tmp_path, algo: str) -> list[str]:
+    common = ["demos.n_good=2", "demos.n_poor=2", "run.eval_episodes=2", "run.progress=false"]
+    per_algo = {
+        "pac_act": [
+            "pac_act.episodes=2",
+            "pac_act.envs=2",
+            "pac_act.updates_per_round=2",
+            "pac_act.critic_pretrain_steps=2",
+            "policy.bc_steps=10",
+            "policy.dim_model=16",
+        ],
+        "craft": ["craft.episodes=4", "craft.envs=2", "policy.bc_steps=20", "policy.hidden=32"],
+    }
+    return [*common, *per_algo[algo], f"run.dir={tmp_path / algo}"]
+
+
+def test_train_pac_act_and_craft_recipes(tmp_path, monkeypatch, capsys):
+    """PAC-ACT (ACT on contour, force metrics) and CRAFT recipes end to end at toy size."""
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    assert main(["train", "--config", "pac_act_contour", *_small_run(tmp_path, "pac_act")]) == 0
+    text = capsys.readouterr().out
+    assert "after PAC-ACT" in text and "peak contact force" in text
+    assert '"kind": "act"' in (tmp_path / "pac_act" / "policy" / "config.json").read_text()
+    craft = _small_run(tmp_path, "craft")
+    assert main(["train", "--config", "craft_multimodal_reach", *craft]) == 0
+    assert "after CRAFT" in capsys.readouterr().out
+    assert (tmp_path / "craft" / "metrics.jsonl").read_text().count("\n") == 2  # two rounds
+    assert main(["train", "--config", "craft_multimodal_reach", "policy.kind=flow"]) == 2

@@ -6,7 +6,14 @@ from rlpost.robot.config import RECIPES_DIR, ConfigError, load_config, recipe_pa
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_validates(name):
     cfg = load_config(recipe_path(name))
-    assert cfg.task in name and cfg.algo == "otql"
+    assert cfg.task in name and name.startswith(cfg.algo)
+
+
+def test_algo_needs_its_policy_kind():
+    with pytest.raises(ConfigError, match=r"policy\.kind='act'"):
+        load_config(None, ["algo=pac_act"])
+    cfg = load_config(None, ["algo=pac_act", "policy.kind=act", "task=contour"])
+    assert cfg.pac_act.prior_coef > 0
 
 
 def test_errors_name_the_field():

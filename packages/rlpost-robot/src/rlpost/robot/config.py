@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlpost.core.io.config import ConfigError, load_validated
 
@@ -23,9 +23,14 @@ class _Strict(BaseModel):
 
 
 class PolicyConfig(_Strict):
-    kind: Literal["flow"] = "flow"
+    kind: Literal["flow", "act", "gaussian"] = "flow"
+    """``flow``: our flow-matching chunk policy; ``act``: lerobot's ACT (lerobot extra);
+    ``gaussian``: a Gaussian chunk policy (log-probabilities for policy gradients)."""
     horizon: int = Field(4, ge=1)
     hidden: int = Field(256, ge=8)
+    """MLP width (``flow`` and ``gaussian``)."""
+    dim_model: int = Field(64, ge=8)
+    """ACT transformer width (``act`` only)."""
     bc_steps: int = Field(3000, ge=1)
 
 
@@ -46,6 +51,36 @@ class OTQLSection(_Strict):
     critic_pretrain_steps: int = Field(1000, ge=0)
 
 
+class PACACTSection(_Strict):
+    episodes: int = Field(160, ge=1)
+    envs: int = Field(8, ge=1)
+    explore_std: float = Field(0.02, ge=0)
+    q_coef: float = Field(2.5, ge=0)
+    prior_coef: float = Field(10.0, ge=0)
+    prior_mix: float = Field(0.5, ge=0, le=1)
+    force_excess_coef: float = Field(0.1, ge=0)
+    force_violation_coef: float = Field(0.02, ge=0)
+    updates_per_round: int = Field(50, ge=1)
+    critic_pretrain_steps: int = Field(500, ge=0)
+    actor_lr: float = Field(3e-5, gt=0)
+
+
+class CRAFTSection(_Strict):
+    episodes: int = Field(320, ge=1)
+    envs: int = Field(16, ge=1)
+    group: int = Field(8, ge=2)
+    mode: Literal["craft", "real", "proxy"] = "craft"
+    proxy: str = "kinematic"
+    residual_coef: float = Field(1.0, ge=0)
+    kl_coef: float = Field(0.1, ge=0)
+    kl_forward: float = Field(1.0, ge=0)
+    kl_reverse: float = Field(0.0, ge=0)
+    ema_decay: float = Field(0.9, ge=0, lt=1)
+    gae_lambda: float = Field(0.9, ge=0, le=1)
+    lr: float = Field(3e-4, gt=0)
+    updates_per_round: int = Field(4, ge=1)
+
+
 class RunConfig(_Strict):
     dir: str = "runs/robot"
     seed: int = 0
@@ -57,11 +92,23 @@ class RunConfig(_Strict):
 
 class Config(_Strict):
     task: str = "multimodal_reach"
-    algo: Literal["otql"] = "otql"
+    algo: Literal["otql", "pac_act", "craft"] = "otql"
     policy: PolicyConfig = PolicyConfig()
     demos: DemoConfig = DemoConfig()
     otql: OTQLSection = OTQLSection()
+    pac_act: PACACTSection = PACACTSection()
+    craft: CRAFTSection = CRAFTSection()
     run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _algo_policy(self) -> Config:
+        need = {"otql": "flow", "pac_act": "act", "craft": "gaussian"}[self.algo]
+        if self.policy.kind != need:
+            raise ValueError(
+                f"algo {self.algo!r} fine-tunes a policy.kind={need!r} policy, "
+                f"got policy.kind={self.policy.kind!r}"
+            )
+        return self
 
     @field_validator("task")
     @classmethod

@@ -1,4 +1,5 @@
-"""The ``rlpost-robot demo`` job: OTQL fine-tunes a BC flow policy from its own experience.
+"""The ``rlpost-robot demo`` job (OTQL fine-tunes a BC flow policy from its own experience)
+and ``rlpost-robot train --config`` (any recipe: OTQL on a flow policy, PAC-ACT on ACT).
 
 1. Builds (or loads from the cache) the suboptimal demonstration set of ``task`` (10 good
    + 30 poor scripted episodes, a LeRobotDataset) and the BC flow policy cloned from it.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 STEPS = (10, 3, 1)
+_ALGO_NAMES = {"otql": "OTQL", "pac_act": "PAC-ACT", "craft": "CRAFT"}
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -26,22 +28,37 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    name = _ALGO_NAMES[result.get("algo", "otql")]
+    hist = result["history"]
+    force = bool(hist) and "peak_force" in hist[0]
+    fig, axes = plt.subplots(1, 3 if force else 2, figsize=(13.5 if force else 9, 3.4))
     steps = result.get("steps", STEPS)
     x = range(len(steps))
-    for off, key, label in ((-0.2, "before", "BC"), (0.2, "after", "after OTQL")):
+    for off, key, label in ((-0.2, "before", "BC"), (0.2, "after", f"after {name}")):
         axes[0].bar([i + off for i in x], [result[key][str(n)] for n in steps], 0.4, label=label)
-    axes[0].set_xticks(list(x), [f"{n} steps" for n in steps])
+    if result.get("policy", "flow") == "flow":
+        axes[0].set_xticks(list(x), [f"{n} steps" for n in steps])
+        axes[0].set_title("success vs integration steps", fontsize=10)
+    else:
+        axes[0].set_xticks([], [])
+        axes[0].set_title(f"success ({result.get('policy')} policy)", fontsize=10)
     axes[0].set_ylabel("success rate")
     axes[0].set_ylim(0, 1)
-    axes[0].set_title("success vs integration steps", fontsize=10)
     axes[0].legend(fontsize=8)
-    hist = result["history"]
-    axes[1].plot([h["episodes"] for h in hist], [h["online_success"] for h in hist], "o-", ms=3)
+    eps = [h["episodes"] for h in hist]
+    axes[1].plot(eps, [h["online_success"] for h in hist], "o-", ms=3)
     axes[1].set_xlabel("online episodes")
     axes[1].set_ylabel("success of the collected episodes")
     axes[1].set_ylim(0, 1.05)
-    axes[1].set_title("during fine-tuning (10 steps)", fontsize=10)
+    axes[1].set_title("during fine-tuning (exploring)", fontsize=10)
+    if force:
+        axes[2].plot(eps, [h["peak_force"] for h in hist], "o-", ms=3, color="C3")
+        axes[2].set_xlabel("online episodes")
+        axes[2].set_ylabel("mean peak contact force (N)", color="C3")
+        twin = axes[2].twinx()
+        twin.plot(eps, [h["frac_force_above"] for h in hist], "s--", ms=3, color="C2")
+        twin.set_ylabel("fraction of steps above threshold", color="C2")
+        axes[2].set_title("force safety during fine-tuning", fontsize=10)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -116,13 +133,8 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     import yaml
 
     from rlpost.core.io.metrics import MetricsLogger
-    from rlpost.robot.algos.otql import OTQLConfig, evaluate_policy, run_otql
-    from rlpost.robot.pretrain import (
-        build_bc_policy,
-        build_demo_dataset,
-        load_bc_policy,
-        load_demos,
-    )
+    from rlpost.robot.algos.otql import evaluate_policy
+    from rlpost.robot.pretrain import build_demo_dataset, load_bc_policy, load_demos
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -131,51 +143,23 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     t0 = time.perf_counter()
     demo_kw = {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
-    bc_kw = {
-        "steps": cfg.policy.bc_steps,
-        "horizon": cfg.policy.horizon,
-        "hidden": cfg.policy.hidden,
-    }
-    policy = load_bc_policy(
-        build_bc_policy(cfg.task, progress=cfg.run.progress, demos=demo_kw, **bc_kw)
-    )
+    policy = load_bc_policy(_build_policy(cfg, demo_kw))
     demos = load_demos(build_demo_dataset(cfg.task, **demo_kw))
     t_build = time.perf_counter() - t0
-    steps = tuple(cfg.run.eval_steps)
+    # ACT decodes a chunk in one pass: integration steps only matter for the flow policy
+    steps = tuple(cfg.run.eval_steps) if cfg.policy.kind == "flow" else (1,)
 
-    def evaluate() -> dict[str, float]:
+    def evaluate() -> dict[str, dict[str, float]]:
         return {
-            str(n): evaluate_policy(policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000)[
-                "success"
-            ]
+            str(n): evaluate_policy(policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000)
             for n in steps
         }
 
     before = evaluate()
     t1 = time.perf_counter()
-    o = cfg.otql
-    ocfg = OTQLConfig(
-        episodes=o.episodes,
-        envs=o.envs,
-        beta=o.beta,
-        ot_coef=o.ot_coef,
-        data_coef=o.data_coef,
-        coupling=o.coupling,
-        k_samples=o.k_samples,
-        updates_per_round=o.updates_per_round,
-        critic_pretrain_steps=o.critic_pretrain_steps,
-        seed=cfg.run.seed,
-    )
     logger = MetricsLogger(out, tensorboard=False)
     try:
-        history = run_otql(
-            policy,
-            cfg.task,
-            demos,
-            ocfg,
-            log=lambda row: logger.log(row["episodes"], row),
-            progress=cfg.run.progress,
-        )["history"]
+        history = _fine_tune(cfg, policy, demos, lambda row: logger.log(row["episodes"], row))
     finally:
         logger.close()
     t_train = time.perf_counter() - t1
@@ -184,15 +168,19 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     policy.save(out / "policy")
     result = {
         "task": cfg.task,
-        "episodes": o.episodes,
+        "algo": cfg.algo,
+        "policy": cfg.policy.kind,
+        "episodes": getattr(cfg, cfg.algo).episodes,
         "eval_episodes": cfg.run.eval_episodes,
         "steps": list(steps),
         "demo_success": sum(d.success for d in demos) / len(demos),
-        "before": before,
-        "after": after,
+        "before": {k: v["success"] for k, v in before.items()},
+        "after": {k: v["success"] for k, v in after.items()},
+        "before_metrics": before,
+        "after_metrics": after,
         "history": history,
         "seconds_build": round(t_build, 1),
-        "seconds_otql": round(t_train, 1),
+        "seconds_train": round(t_train, 1),
     }
     _plot(result, out / "success.png")
     result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
@@ -200,16 +188,74 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     return result
 
 
+def _build_policy(cfg: Any, demo_kw: dict[str, int]) -> Path:
+    """The cached BC policy folder of the run's policy kind."""
+    from rlpost.robot.pretrain import build_act_policy, build_bc_policy, build_gaussian_policy
+
+    p = cfg.policy
+    if p.kind == "act":
+        return build_act_policy(
+            cfg.task, demos=demo_kw, steps=p.bc_steps, horizon=p.horizon, dim_model=p.dim_model
+        )
+    if p.kind == "gaussian":
+        return build_gaussian_policy(
+            cfg.task, demos=demo_kw, steps=p.bc_steps, horizon=p.horizon, hidden=p.hidden
+        )
+    return build_bc_policy(
+        cfg.task,
+        progress=cfg.run.progress,
+        demos=demo_kw,
+        steps=p.bc_steps,
+        horizon=p.horizon,
+        hidden=p.hidden,
+    )
+
+
+def _fine_tune(cfg: Any, policy: Any, demos: list[Any], log: Any) -> list[dict[str, Any]]:
+    """Run the configured algorithm in place on ``policy``; returns its per-round history."""
+    if cfg.algo == "pac_act":
+        from rlpost.robot.algos.pac_act import PACACTConfig, run_pac_act
+
+        acfg = PACACTConfig(**cfg.pac_act.model_dump(), seed=cfg.run.seed)
+        return run_pac_act(policy, cfg.task, demos, acfg, log=log, progress=cfg.run.progress)[
+            "history"
+        ]
+    if cfg.algo == "craft":
+        from rlpost.robot.algos.craft import CRAFTConfig, run_craft
+
+        ccfg = CRAFTConfig(**cfg.craft.model_dump(), seed=cfg.run.seed)
+        return run_craft(policy, cfg.task, ccfg, log=log, progress=cfg.run.progress)["history"]
+    from rlpost.robot.algos.otql import OTQLConfig, run_otql
+
+    ocfg = OTQLConfig(**cfg.otql.model_dump(), seed=cfg.run.seed)
+    return run_otql(policy, cfg.task, demos, ocfg, log=log, progress=cfg.run.progress)["history"]
+
+
 def format_table(result: dict[str, Any]) -> str:
+    name = _ALGO_NAMES[result.get("algo", "otql")]
     lines = [
         f"task {result['task']}: demonstrations succeed {result['demo_success']:.0%}; "
-        f"OTQL budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
-        f"{'integration steps':<20}{'BC':>8}{'after OTQL':>12}",
+        f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
     ]
-    for n in result.get("steps", STEPS):
-        lines.append(f"{n:<20}{result['before'][str(n)]:>8.2f}{result['after'][str(n)]:>12.2f}")
+    if result.get("policy", "flow") == "flow":
+        lines.append(f"{'integration steps':<20}{'BC':>8}{'after ' + name:>12}")
+        for n in result.get("steps", STEPS):
+            b, a = result["before"][str(n)], result["after"][str(n)]
+            lines.append(f"{n:<20}{b:>8.2f}{a:>12.2f}")
+    else:
+        b, a = (result[k][str(result["steps"][0])] for k in ("before_metrics", "after_metrics"))
+        bc = "BC (ACT)" if result.get("policy") == "act" else "BC"
+        lines.append(f"{'':<26}{bc:>10}{'after ' + name:>16}")
+        rows = [("success", "success", "{:.2f}"), ("return", "return", "{:.2f}")]
+        if "peak_force" in b:
+            rows += [
+                ("peak contact force (N)", "peak_force", "{:.1f}"),
+                ("steps above threshold", "frac_force_above", "{:.1%}"),
+            ]
+        for label, key, fmt in rows:
+            lines.append(f"{label:<26}{fmt.format(b[key]):>10}{fmt.format(a[key]):>16}")
     lines.append(
-        f"time: build/load {result['seconds_build']:.0f} s, OTQL {result['seconds_otql']:.0f} s"
+        f"time: build/load {result['seconds_build']:.0f} s, {name} {result['seconds_train']:.0f} s"
     )
     lines.append(result["rollout_note"])
     return "\n".join(lines)

@@ -156,6 +156,7 @@ class _ContourConst:
     nominal_force: float = 5.0  # N
     force_threshold: float = 8.0  # N (60 % above nominal)
     contact_min_force: float = 0.5  # N: "in contact"
+    no_contact_penalty: float = 0.3  # per control step without contact
     success_radius: float = 0.02  # m
     n_checkpoints: int = 4  # evenly spaced on the arc strictly between A and B
     checkpoint_radius: float = 0.03  # m: a checkpoint is visited within this, in contact
@@ -275,7 +276,7 @@ class ContourEnv(_MjcfEnv):
     centre to B (the centre's position when touching the surface at B).
     ``contact_force``: peak over the 10 physics substeps of ``|sum of mj_contactForce|``
     over the effector's contacts (N); ``in_contact``: that force >= 0.5 N.
-    Reward: ``-distance - 0.1 max(0, force - 8 N) / 5 N - 0.05 [no contact]
+    Reward: ``-distance - 0.1 max(0, force - 8 N) / 5 N - 0.3 [no contact]
     + 0.25 [per newly visited checkpoint] + 1 [success]``.
     Success (terminates): every checkpoint visited and within 0.02 m of B while in contact
     (force >= 0.5 N) -- the contour was followed in contact, not jumped over.
@@ -382,7 +383,7 @@ class ContourEnv(_MjcfEnv):
         reward = (
             -info["distance"]
             - 0.1 * max(0.0, peak - c.force_threshold) / c.nominal_force
-            - (0.0 if info["in_contact"] else 0.05)
+            - (0.0 if info["in_contact"] else c.no_contact_penalty)
             + 0.25 * (self.n_visited - n_visited)
             + (1.0 if info["success"] else 0.0)
         )

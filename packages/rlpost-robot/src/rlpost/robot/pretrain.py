@@ -2,7 +2,9 @@
 
 ``build_demo_dataset(task)`` records the scripted good + poor demonstration mix of
 :func:`rlpost.robot.demos.collect_demos` as a local ``LeRobotDataset`` (lerobot extra);
-``build_bc_policy(task)`` behaviour-clones a :class:`FlowChunkPolicy` on it. Both are
+``build_bc_policy(task)`` behaviour-clones a :class:`FlowChunkPolicy` on it,
+``build_act_policy(task)`` lerobot's ACT (lerobot extra) and ``build_gaussian_policy(task)``
+the Gaussian chunk policy of CRAFT. All are
 cached under ``<cache>/robot/`` in folders named by a hash of their recipe, written
 atomically (``rlpost.core.io.cache.publish_directory``); a second call returns the cached
 result at once.
@@ -19,7 +21,7 @@ from typing import Any
 from rlpost.core.io.cache import cache_entry, merge_params, publish_directory
 
 #: Bump when a recipe changes in a way that invalidates cached builds.
-ROBOT_VERSION = 1
+ROBOT_VERSION = 2
 
 DEMO_DEFAULTS: dict[str, Any] = {"n_good": 10, "n_poor": 30, "seed": 0}
 BC_DEFAULTS: dict[str, Any] = {
@@ -74,6 +76,49 @@ def load_demos(path: str | os.PathLike) -> list[Any]:
     return load_lerobot_dataset(Path(path) / "dataset")
 
 
+def _build_policy(
+    kind: str,
+    task: str,
+    recipe: dict[str, Any],
+    demos: dict[str, Any] | None,
+    cache_dir: str | os.PathLike | None,
+    force: bool,
+    fit: Any,
+) -> Path:
+    """Cached behaviour cloning: ``fit(episodes, spec, folder) -> (samples, losses)`` trains
+    a ``kind`` policy on the demonstration set and saves it into ``folder``."""
+    import torch
+
+    from rlpost.robot.envs import TASKS
+
+    demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
+    target = _folder(
+        "bc" if kind == "flow" else kind, task, {**recipe, "demos": demo_recipe}, cache_dir
+    )
+    if (target / "bc_info.json").is_file() and not force:
+        return target
+    demo_dir = build_demo_dataset(task, cache_dir, **demo_recipe)
+
+    def write(tmp: Path) -> None:
+        t0 = time.perf_counter()
+        episodes = load_demos(demo_dir)
+        with torch.random.fork_rng():
+            torch.manual_seed(recipe["seed"])
+            samples, losses = fit(episodes, TASKS[task], tmp / "policy")
+        info = {
+            "task": task,
+            "kind": kind,
+            **recipe,
+            "demos": str(demo_dir),
+            "samples": samples,
+            "final_loss": float(sum(losses[-50:]) / len(losses[-50:])),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        (tmp / "bc_info.json").write_text(json.dumps(info, indent=1))
+
+    return publish_directory(target, "bc_info.json", write, force)
+
+
 def build_bc_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
@@ -84,62 +129,126 @@ def build_bc_policy(
 ) -> Path:
     """Behaviour-clone a flow policy on ``task``'s demonstration set; returns its folder
     (``policy/`` loadable with :func:`load_bc_policy`, ``bc_info.json``)."""
-    import torch
-
-    from rlpost.robot.envs import TASKS
     from rlpost.robot.policies.bc import make_chunks, train_bc
     from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
 
-    recipe = merge_params(BC_DEFAULTS, params)
-    demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
-    target = _folder("bc", task, {**recipe, "demos": demo_recipe}, cache_dir)
-    if (target / "bc_info.json").is_file() and not force:
-        return target
-    demo_dir = build_demo_dataset(task, cache_dir, **demo_recipe)
+    r = merge_params(BC_DEFAULTS, params)
 
-    def write(tmp: Path) -> None:
-        t0 = time.perf_counter()
-        episodes = load_demos(demo_dir)
-        spec = TASKS[task]
-        with torch.random.fork_rng():
-            torch.manual_seed(recipe["seed"])
-            pi = FlowChunkPolicy(
-                FlowPolicyConfig(
-                    obs_dim=spec.obs_dim,
-                    act_dim=spec.act_dim,
-                    horizon=recipe["horizon"],
-                    hidden=recipe["hidden"],
-                    n_blocks=recipe["n_blocks"],
-                )
+    def fit(episodes: list[Any], spec: Any, folder: Path) -> tuple[int, list[float]]:
+        pi = FlowChunkPolicy(
+            FlowPolicyConfig(
+                obs_dim=spec.obs_dim,
+                act_dim=spec.act_dim,
+                horizon=r["horizon"],
+                hidden=r["hidden"],
+                n_blocks=r["n_blocks"],
             )
-            obs, chunks, mask = make_chunks(episodes, recipe["horizon"])
-            losses = train_bc(
-                pi,
-                obs,
-                chunks,
-                mask,
-                steps=recipe["steps"],
-                batch_size=recipe["batch_size"],
-                lr=recipe["lr"],
-                seed=recipe["seed"],
-                progress=progress,
-            )
-        pi.save(tmp / "policy")
-        info = {
-            "task": task,
-            **recipe,
-            "demos": str(demo_dir),
-            "samples": int(obs.shape[0]),
-            "final_loss": float(sum(losses[-50:]) / len(losses[-50:])),
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
-        (tmp / "bc_info.json").write_text(json.dumps(info, indent=1))
+        )
+        obs, chunks, mask = make_chunks(episodes, r["horizon"])
+        kw = {k: r[k] for k in ("steps", "batch_size", "lr", "seed")}
+        losses = train_bc(pi, obs, chunks, mask, progress=progress, **kw)
+        pi.save(folder)
+        return int(obs.shape[0]), losses
 
-    return publish_directory(target, "bc_info.json", write, force)
+    return _build_policy("flow", task, r, demos, cache_dir, force, fit)
+
+
+ACT_DEFAULTS: dict[str, Any] = {
+    "horizon": 8,
+    "dim_model": 64,
+    "n_layers": 1,
+    "steps": 2000,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "seed": 0,
+}
+
+
+def build_act_policy(
+    task: str,
+    cache_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    demos: dict[str, Any] | None = None,
+    **params: Any,
+) -> Path:
+    """Behaviour-clone lerobot's ACT (lerobot extra) on ``task``'s demonstration set;
+    returns its folder (``policy/`` loadable with :func:`load_bc_policy`, ``bc_info.json``)."""
+    from rlpost.robot.policies.act import ActChunkPolicy, act_stats, train_act_bc
+    from rlpost.robot.policies.bc import make_chunks
+
+    r = merge_params(ACT_DEFAULTS, params)
+
+    def fit(episodes: list[Any], spec: Any, folder: Path) -> tuple[int, list[float]]:
+        pi = ActChunkPolicy(
+            spec.obs_dim,
+            spec.act_dim,
+            spec.env_obs,
+            horizon=r["horizon"],
+            stats=act_stats(episodes, spec.env_obs),
+            dim_model=r["dim_model"],
+            n_layers=r["n_layers"],
+        )
+        obs, chunks, mask = make_chunks(episodes, r["horizon"])
+        kw = {k: r[k] for k in ("steps", "batch_size", "lr", "seed")}
+        losses = train_act_bc(pi, obs, chunks, mask, **kw)
+        pi.save(folder)
+        return int(obs.shape[0]), losses
+
+    return _build_policy("act", task, r, demos, cache_dir, force, fit)
+
+
+GAUSSIAN_DEFAULTS: dict[str, Any] = {
+    "horizon": 4,
+    "hidden": 256,
+    "init_std": 0.2,
+    "steps": 2000,
+    "batch_size": 256,
+    "lr": 1e-3,
+    "seed": 0,
+}
+
+
+def build_gaussian_policy(
+    task: str,
+    cache_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    demos: dict[str, Any] | None = None,
+    **params: Any,
+) -> Path:
+    """Behaviour-clone the mean of a Gaussian chunk policy (for CRAFT) on ``task``'s
+    demonstration set; returns its folder (loadable with :func:`load_bc_policy`)."""
+    from rlpost.robot.policies.bc import make_chunks
+    from rlpost.robot.policies.gaussian import GaussianChunkPolicy, train_gaussian_bc
+
+    r = merge_params(GAUSSIAN_DEFAULTS, params)
+
+    def fit(episodes: list[Any], spec: Any, folder: Path) -> tuple[int, list[float]]:
+        pi = GaussianChunkPolicy(
+            spec.obs_dim, spec.act_dim, r["horizon"], r["hidden"], init_std=r["init_std"]
+        )
+        obs, chunks, mask = make_chunks(episodes, r["horizon"])
+        kw = {k: r[k] for k in ("steps", "batch_size", "lr", "seed")}
+        losses = train_gaussian_bc(pi, obs, chunks, mask, **kw)
+        pi.save(folder)
+        return int(obs.shape[0]), losses
+
+    return _build_policy("gaussian", task, r, demos, cache_dir, force, fit)
 
 
 def load_bc_policy(path: str | os.PathLike):
-    """The :class:`FlowChunkPolicy` of a :func:`build_bc_policy` folder (safetensors only)."""
+    """The policy of a :func:`build_bc_policy` (:class:`FlowChunkPolicy`),
+    :func:`build_act_policy` (:class:`ActChunkPolicy`) or :func:`build_gaussian_policy`
+    (:class:`GaussianChunkPolicy`) folder (safetensors + JSON only)."""
+    folder = Path(path) / "policy"
+    kind = json.loads((folder / "config.json").read_text()).get("kind", "flow")
+    if kind == "act":
+        from rlpost.robot.policies.act import ActChunkPolicy
+
+        return ActChunkPolicy.load(folder)
+    if kind == "gaussian":
+        from rlpost.robot.policies.gaussian import GaussianChunkPolicy
+
+        return GaussianChunkPolicy.load(folder)
     from rlpost.robot.policies.flow import FlowChunkPolicy
 
-    return FlowChunkPolicy.load(Path(path) / "policy")
+    return FlowChunkPolicy.load(folder)

@@ -3,7 +3,10 @@
 rlpost-robot demo                              # OTQL fine-tunes a BC flow policy (multimodal_reach)
 rlpost-robot demo --task reacher --episodes 60
 rlpost-robot train --config otql_reacher otql.episodes=40 run.dir=runs/x
-rlpost-robot build-base --task contour         # (re)build a demo set + BC policy in the cache
+rlpost-robot train --config pac_act_contour        # PAC-ACT on lerobot ACT, force safety
+rlpost-robot train --config craft_multimodal_reach # CRAFT closed-loop policy gradient
+rlpost-robot recipes                           # list the shipped recipes
+rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
 """
 
@@ -41,11 +44,25 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_base(args: argparse.Namespace) -> int:
-    from rlpost.robot.pretrain import build_bc_policy, build_demo_dataset
+def _recipes(_: argparse.Namespace) -> int:
+    from rlpost.robot.config import RECIPES_DIR, load_config
 
-    print(build_demo_dataset(args.task, force=args.force))
-    print(build_bc_policy(args.task, force=args.force))
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        cfg = load_config(path)
+        print(f"{path.stem:<26} {cfg.algo:<8} {cfg.policy.kind:<9} {cfg.task}")
+    return 0
+
+
+def _build_base(args: argparse.Namespace) -> int:
+    from rlpost.robot import pretrain
+
+    build = {
+        "flow": pretrain.build_bc_policy,
+        "act": pretrain.build_act_policy,
+        "gaussian": pretrain.build_gaussian_policy,
+    }[args.kind]
+    print(pretrain.build_demo_dataset(args.task, force=args.force))
+    print(build(args.task, force=args.force))
     return 0
 
 
@@ -78,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--eval-episodes", type=int, default=100)
     d.add_argument("--bc-steps", type=int, default=None, help="BC steps (default: the recipe's)")
     d.set_defaults(fn=_demo)
-    t = sub.add_parser("train", help="run a recipe (OTQL) with key=value overrides")
+    t = sub.add_parser("train", help="run a recipe (OTQL, PAC-ACT, CRAFT) with key=value overrides")
     t.add_argument("--config", required=True, help="YAML path or shipped recipe name")
     t.add_argument("overrides", nargs="*", help="e.g. otql.episodes=40 run.dir=runs/x")
     t.set_defaults(fn=_train)
+    sub.add_parser("recipes", help="list the shipped recipes").set_defaults(fn=_recipes)
     b = sub.add_parser("build-base", help="build (or find) the demo set and BC policy of a task")
     b.add_argument("--task", default="multimodal_reach")
+    b.add_argument("--kind", choices=["flow", "act", "gaussian"], default="flow")
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=_build_base)
     sub.add_parser("tasks", help="list the tasks").set_defaults(fn=_tasks)

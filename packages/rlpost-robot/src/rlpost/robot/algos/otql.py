@@ -310,14 +310,23 @@ def evaluate_policy(
 
     ctrl = ChunkController(policy, execute=execute or policy.cfg.horizon, n_steps=n_steps)
     eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed, n_envs=min(envs, episodes))
-    out = {
+    return {
         "success": float(np.mean([e.success for e in eps])),
         "return": float(np.mean([e.metrics["return"] for e in eps])),
+        **force_stats(eps),
     }
-    forces = [e.metrics.get("peak_force") for e in eps if e.metrics.get("peak_force") is not None]
-    if forces:
-        out["peak_force"] = float(np.mean(forces))
-    return out
+
+
+def force_stats(episodes: Sequence[Any]) -> dict[str, float]:
+    """Mean per-episode peak contact force (N) and fraction of steps above the task's
+    force threshold; empty for tasks without force."""
+    peaks = [e.metrics.get("peak_force") for e in episodes]
+    if not peaks or any(p is None for p in peaks):
+        return {}
+    return {
+        "peak_force": float(np.mean(peaks)),
+        "frac_force_above": float(np.mean([e.metrics["frac_force_above"] for e in episodes])),
+    }
 
 
 def run_otql(
@@ -395,6 +404,7 @@ __all__ = [
     "chunk_transitions",
     "evaluate_policy",
     "expectile_loss",
+    "force_stats",
     "ot_couple",
     "run_otql",
     "straightness",

@@ -13,6 +13,8 @@ environment state included.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,15 @@ class ActChunkPolicy(nn.Module):
         use_vae: bool = True,
     ):
         super().__init__()
+        self.init_kwargs = {
+            "obs_dim": obs_dim,
+            "act_dim": act_dim,
+            "env_idx": list(env_idx),
+            "horizon": horizon,
+            "dim_model": dim_model,
+            "n_layers": n_layers,
+            "use_vae": use_vae,
+        }
         FeatureType, NormalizationMode, PolicyFeature, ACTConfig, ACTPolicy, make_pp = _lerobot()
         if not env_idx:
             raise ValueError("a state-only ACT needs at least one environment-state entry")
@@ -103,6 +114,9 @@ class ActChunkPolicy(nn.Module):
         self.act = ACTPolicy(config)
         self.stats = stats
         self.pre, self.post = make_pp(config, dataset_stats=stats)
+        a = (stats or {}).get("action", {})
+        self.register_buffer("act_mean", torch.as_tensor(a.get("mean", np.zeros(act_dim))).float())
+        self.register_buffer("act_std", torch.as_tensor(a.get("std", np.ones(act_dim))).float())
 
     @property
     def device(self) -> torch.device:
@@ -122,12 +136,61 @@ class ActChunkPolicy(nn.Module):
         loss, info = self.act.forward(batch)
         return loss, {k: float(v) for k, v in info.items()}
 
+    def normalized_obs(self, obs: Tensor) -> dict[str, Tensor]:
+        """lerobot's normalised ``observation.state`` / ``observation.environment_state``."""
+        return self.pre(self._obs(obs))
+
+    def normalize_actions(self, chunks: Tensor) -> Tensor:
+        return (chunks - self.act_mean) / self.act_std
+
+    def mean_chunk(self, obs: Tensor) -> Tensor:
+        """ACT's chunk ``[B, H, A]`` in action units, differentiable (zero CVAE latent, no
+        dropout, not clipped): the mean of the PAC-ACT actor."""
+        self.act.eval()
+        out, _ = self.act.model(self.normalized_obs(obs))
+        return out * self.act_std + self.act_mean
+
     @torch.no_grad()
     def sample(self, obs: Tensor, n_steps: int | None = None, **_: Any) -> Tensor:
         """A chunk ``[B, H, A]`` in action units (``n_steps`` is ignored: ACT is one pass)."""
         self.act.eval()
-        chunk = self.act.predict_action_chunk(self.pre(self._obs(obs)))
+        chunk = self.act.predict_action_chunk(self.normalized_obs(obs))
         return self.post(chunk).clamp(-1, 1)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path_dir: str | Path) -> Path:
+        """``model.safetensors`` (ACT weights) + ``config.json`` (shape and demo statistics)."""
+        from safetensors.torch import save_file
+
+        path = Path(path_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path / "model.safetensors"))
+        stats = {
+            key: {k: np.asarray(v).tolist() for k, v in d.items()}
+            for key, d in (self.stats or {}).items()
+        }
+        meta = {"kind": "act", **self.init_kwargs, "stats": stats}
+        (path / "config.json").write_text(json.dumps(meta, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path_dir: str | Path) -> ActChunkPolicy:
+        """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle)."""
+        from safetensors.torch import load_file
+
+        path = Path(path_dir)
+        meta = json.loads((path / "config.json").read_text())
+        if meta.pop("kind", None) != "act":
+            raise ValueError(f"{path} does not hold an ACT policy (config.json kind != 'act')")
+        stats = {
+            key: {k: np.asarray(v, dtype=np.float32) for k, v in d.items()}
+            for key, d in meta.pop("stats").items()
+        }
+        meta["env_idx"] = tuple(meta["env_idx"])
+        pi = cls(**meta, stats=stats or None)
+        pi.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        return pi.eval()
 
 
 class _Cfg:

@@ -1,0 +1,348 @@
+"""PAC-ACT (catalog 004-10): chunk-level actor-critic post-training of a pretrained ACT.
+
+The abstract names three parts; each is one piece below.
+
+1. **Chunk-level policy optimisation.** The decision is a whole action chunk
+   ``a_{t:t+H}`` executed open loop: the MDP step is a chunk, its reward
+   ``R = sum_{i<H} gamma^i r_{t+i}`` and the next state ``s_{t+H}``
+   (:func:`~rlpost.robot.algos.otql.chunk_transitions`). The actor is deterministic,
+   ``mu_theta(s) = ACT(s)`` (zero CVAE latent), explored with Gaussian noise on the chunk;
+   the critic is a TD3-style twin ``Q(s, a_{t:t+H})`` with a target actor and target
+   smoothing noise. Actor objective (our reading; the abstract gives no formula):
+
+       L_actor = -alpha * Q_1(s, mu_theta(s)) / mean|Q_1| + lambda * L_prior
+
+2. **ACT-transferred actor-critic.** :class:`ActCritic`'s observation encoder is a copy of
+   the pretrained ACT's transformer encoder with its state / environment-state
+   projections and position embeddings (the latent token fixed at the zero-latent input
+   ACT uses at inference); twin MLP heads read its three output tokens and the
+   normalised chunk. The critic starts from features that already parse the task.
+
+3. **Hybrid behaviour-prior constraint.** Two terms keep the policy near its pretrained
+   action distribution:
+
+       L_prior = m * E_{s ~ replay} ||(mu_theta(s) - mu_0(s)) / sigma_a||^2
+               + (1 - m) * L_ACT(demonstrations)
+
+   an anchor to the frozen pretrained actor ``mu_0`` on the states the policy visits (the
+   KL between the equal-variance Gaussian exploration policies, up to a constant) and
+   ACT's own behaviour-cloning loss on the demonstration set. ``lambda = 0`` is the
+   unconstrained actor-critic baseline.
+
+**Force safety.** :func:`force_safety_rewards` adds, per step,
+``-c_exc * max(0, F - F_thr) / F_nom - c_viol * [F > F_thr]`` to the task reward, from the
+per-step contact force the contact tasks record.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlpost.robot.algos.otql import chunk_transitions, force_stats
+from rlpost.robot.nets import mlp
+from rlpost.robot.policies.act import ActChunkPolicy
+
+STATE, ENV = "observation.state", "observation.environment_state"
+
+
+@dataclass(frozen=True)
+class PACACTConfig:
+    episodes: int = 160
+    """Online interaction budget (episodes summed over the parallel envs)."""
+    envs: int = 8
+    gamma: float = 0.99
+    explore_std: float = 0.02
+    """Std of the Gaussian exploration noise on every chunk entry (action units)."""
+    q_coef: float = 2.5
+    """alpha: weight of the normalised Q term of the actor loss."""
+    prior_coef: float = 10.0
+    """lambda: weight of the hybrid behaviour-prior constraint (0: unconstrained)."""
+    prior_mix: float = 0.5
+    """m: share of the anchor to the pretrained actor (the rest is demonstration BC)."""
+    force_excess_coef: float = 0.1
+    force_violation_coef: float = 0.02
+    updates_per_round: int = 50
+    critic_pretrain_steps: int = 500
+    policy_delay: int = 2
+    batch_size: int = 128
+    critic_lr: float = 3e-4
+    actor_lr: float = 3e-5
+    hidden: int = 256
+    target_tau: float = 0.01
+    target_noise: float = 0.05
+    target_noise_clip: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prior_mix <= 1.0:
+            raise ValueError(f"prior_mix must be in [0, 1], got {self.prior_mix}")
+        for name in ("explore_std", "prior_coef", "q_coef", "force_excess_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.policy_delay < 1:
+            raise ValueError(f"policy_delay must be >= 1, got {self.policy_delay}")
+
+
+# ------------------------------------------------------------------ force safety
+
+
+def force_safety_rewards(
+    rewards: np.ndarray,
+    forces: np.ndarray,
+    threshold: float,
+    nominal: float,
+    excess_coef: float,
+    violation_coef: float,
+) -> np.ndarray:
+    """Task reward plus the force-safety terms (per step, forces in N)."""
+    f = np.asarray(forces, dtype=np.float32)
+    excess = np.maximum(0.0, f - threshold) / nominal
+    return (
+        np.asarray(rewards, np.float32) - excess_coef * excess - violation_coef * (f > threshold)
+    ).astype(np.float32)
+
+
+def shaped_episodes(episodes: Sequence[Any], task: str, cfg: PACACTConfig) -> list[Any]:
+    """Copies of ``episodes`` whose rewards carry the force-safety terms (unchanged for
+    tasks without force)."""
+    from rlpost.robot.envs import CONTOUR, TASKS
+
+    spec = TASKS[task]
+    if not spec.has_force:
+        return list(episodes)
+    out = []
+    for ep in episodes:
+        if ep.contact_force is None:
+            raise ValueError(f"a {task} episode has no per-step contact_force record")
+        r = force_safety_rewards(
+            ep.rewards,
+            ep.contact_force,
+            spec.force_threshold,
+            CONTOUR.nominal_force,
+            cfg.force_excess_coef,
+            cfg.force_violation_coef,
+        )
+        out.append(dataclasses.replace(ep, rewards=r))
+    return out
+
+
+# -------------------------------------------------------------------------- critic
+
+
+class ActCritic(nn.Module):
+    """Twin chunk critic ``Q(s, a_{t:t+H})`` on a copy of the pretrained ACT's encoder.
+
+    Inputs are lerobot-normalised observations (``ActChunkPolicy.normalized_obs``) and
+    normalised chunks (``ActChunkPolicy.normalize_actions``).
+    """
+
+    def __init__(self, policy: ActChunkPolicy, hidden: int = 256):
+        super().__init__()
+        m = policy.act.model
+        self.state_proj = copy.deepcopy(m.encoder_robot_state_input_proj)
+        self.env_proj = copy.deepcopy(m.encoder_env_state_input_proj)
+        # ACT feeds latent = 0 at inference: its latent token is the projection's bias
+        self.latent_token = nn.Parameter(m.encoder_latent_input_proj.bias.detach().clone())
+        self.pos = nn.Parameter(m.encoder_1d_feature_pos_embed.weight.detach().clone())
+        self.encoder = copy.deepcopy(m.encoder)
+        d, pc = self.latent_token.numel(), policy.cfg
+        inp = 3 * d + pc.horizon * pc.act_dim
+        self.q1, self.q2 = mlp(inp, 1, hidden), mlp(inp, 1, hidden)
+        self.requires_grad_(True)
+        self.eval()  # no dropout in the critic; gradients still flow
+
+    def features(self, nobs: dict[str, Tensor]) -> Tensor:
+        s = nobs[STATE]
+        tokens = torch.stack(
+            [self.latent_token.expand(s.shape[0], -1), self.state_proj(s), self.env_proj(nobs[ENV])]
+        )  # [3, B, D]
+        out = self.encoder(tokens, pos_embed=self.pos[:, None, :])
+        return out.transpose(0, 1).flatten(1)
+
+    def q(self, nobs: dict[str, Tensor], nchunk: Tensor) -> tuple[Tensor, Tensor]:
+        x = torch.cat([self.features(nobs), nchunk.flatten(1)], dim=1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+# -------------------------------------------------------------------------- learner
+
+
+class PACACT:
+    """Critic and actor updates of PAC-ACT (see the module docstring)."""
+
+    def __init__(self, policy: ActChunkPolicy, cfg: PACACTConfig):
+        self.cfg, self.policy = cfg, policy
+        self.prior = copy.deepcopy(policy).requires_grad_(False).eval()
+        self.target_pi = copy.deepcopy(policy).requires_grad_(False).eval()
+        self.critic = ActCritic(policy, cfg.hidden)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.q_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
+        self.pi_opt = torch.optim.Adam(policy.act.parameters(), lr=cfg.actor_lr)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.n_critic = 0
+
+    def _q_in(self, chunk: Tensor) -> Tensor:
+        return self.policy.normalize_actions(chunk.clamp(-1, 1))
+
+    def critic_step(self, b: dict[str, Tensor]) -> dict[str, float]:
+        c, pi = self.cfg, self.policy
+        with torch.no_grad():
+            na = self.target_pi.mean_chunk(b["next_obs"])
+            eps = torch.randn(na.shape, generator=self.gen) * c.target_noise
+            na = na + eps.clamp(-c.target_noise_clip, c.target_noise_clip)
+            tq = torch.minimum(*self.target.q(pi.normalized_obs(b["next_obs"]), self._q_in(na)))
+            y = b["returns"] + b["discount"] * tq
+        q1, q2 = self.critic.q(pi.normalized_obs(b["obs"]), self._q_in(b["chunks"]))
+        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.q_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.critic.parameters(), 10.0)
+        self.q_opt.step()
+        self.n_critic += 1
+        with torch.no_grad():
+            for p, tp in zip(self.critic.parameters(), self.target.parameters(), strict=True):
+                tp.lerp_(p, c.target_tau)
+        return {"q_loss": loss.item(), "q_mean": q1.mean().item()}
+
+    def prior_terms(self, obs: Tensor, demo: dict[str, Tensor] | None) -> dict[str, Tensor]:
+        """The two parts of the hybrid behaviour-prior constraint (see the module docs)."""
+        mu = self.policy.mean_chunk(obs)
+        with torch.no_grad():
+            mu0 = self.prior.mean_chunk(obs)
+        anchor = ((mu - mu0) / self.policy.act_std).pow(2).mean()
+        bc = torch.zeros(())
+        if demo is not None:
+            self.policy.act.train()
+            bc, _ = self.policy.loss(demo["obs"], demo["chunks"], demo["mask"])
+            self.policy.act.eval()
+        return {"mu": mu, "anchor": anchor, "bc": bc}
+
+    def actor_step(self, b: dict[str, Tensor], demo: dict[str, Tensor] | None) -> dict[str, float]:
+        c, pi = self.cfg, self.policy
+        use_prior = c.prior_coef > 0
+        terms = self.prior_terms(b["obs"], demo if use_prior and c.prior_mix < 1 else None)
+        q = self.critic.q(pi.normalized_obs(b["obs"]), self._q_in(terms["mu"]))[0]
+        lam = c.q_coef / q.abs().mean().detach().clamp_min(1e-6)
+        loss = -(lam * q).mean()
+        if use_prior:
+            prior = c.prior_mix * terms["anchor"] + (1 - c.prior_mix) * terms["bc"]
+            loss = loss + c.prior_coef * prior
+        self.pi_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(pi.act.parameters(), 1.0)
+        self.pi_opt.step()
+        with torch.no_grad():
+            for p, tp in zip(pi.act.parameters(), self.target_pi.act.parameters(), strict=True):
+                tp.lerp_(p, c.target_tau)
+        return {
+            "actor_loss": loss.item(),
+            "anchor": terms["anchor"].item(),
+            "bc": float(terms["bc"].detach()),
+        }
+
+
+class _Explorer:
+    """Chunk sampler for :class:`~rlpost.robot.policies.bc.ChunkController`: the actor's
+    chunk plus Gaussian noise."""
+
+    def __init__(self, policy: ActChunkPolicy, std: float, generator: torch.Generator):
+        self.policy, self.std, self.gen = policy, std, generator
+        self.cfg, self.device = policy.cfg, policy.device
+
+    @torch.no_grad()
+    def sample(self, obs: Tensor, **_: Any) -> Tensor:
+        mu = self.policy.mean_chunk(obs)
+        return (mu + self.std * torch.randn(mu.shape, generator=self.gen)).clamp(-1, 1)
+
+
+# -------------------------------------------------------------------------- the loop
+
+
+def run_pac_act(
+    policy: ActChunkPolicy,
+    task: str,
+    demos: Sequence[Any],
+    cfg: PACACTConfig,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune ``policy`` in place on ``task`` with ``cfg.episodes`` online episodes.
+
+    Critic warm-up on the (force-shaped) demonstrations, then rounds of: collect
+    ``cfg.envs`` exploring episodes, add their chunk transitions, run
+    ``updates_per_round`` critic updates and every ``policy_delay``-th an actor update.
+    Returns the per-round history (online success, peak force, force exceedances).
+    """
+    from tqdm.auto import tqdm
+
+    from rlpost.robot.demos import collect_episodes
+    from rlpost.robot.policies.bc import ChunkController, make_chunks
+
+    torch.manual_seed(cfg.seed)
+    H = policy.cfg.horizon
+    learner = PACACT(policy, cfg)
+    buf = chunk_transitions(shaped_episodes(demos, task, cfg), H, H, cfg.gamma)
+    d_obs, d_chunks, d_mask = make_chunks(demos, H)
+
+    def demo_batch() -> dict[str, Tensor]:
+        idx = torch.randint(len(d_obs), (cfg.batch_size,), generator=learner.gen)
+        return {"obs": d_obs[idx], "chunks": d_chunks[idx], "mask": d_mask[idx]}
+
+    for _ in range(cfg.critic_pretrain_steps):
+        learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
+    history, used, t0 = [], 0, time.perf_counter()
+    bar = tqdm(total=cfg.episodes, disable=not progress, desc="pac-act episodes")
+    while used < cfg.episodes:
+        n = min(cfg.envs, cfg.episodes - used)
+        ctrl = ChunkController(_Explorer(policy, cfg.explore_std, learner.gen), execute=H)
+        eps = collect_episodes(task, ctrl, n_episodes=n, seed=cfg.seed * 100_003 + used, n_envs=n)
+        used += n
+        buf = buf.extend(chunk_transitions(shaped_episodes(eps, task, cfg), H, H, cfg.gamma))
+        m: dict[str, float] = {}
+        n_actor = 0
+        for i in range(cfg.updates_per_round):
+            b = buf.sample(cfg.batch_size, learner.gen)
+            for k, v in learner.critic_step(b).items():
+                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+            if i % cfg.policy_delay == 0:
+                n_actor += 1
+                for k, v in learner.actor_step(b, demo_batch()).items():
+                    m[k] = m.get(k, 0.0) + v
+        for k in ("actor_loss", "anchor", "bc"):
+            m[k] = m.get(k, 0.0) / max(n_actor, 1)
+        row = {
+            "episodes": used,
+            "online_success": float(np.mean([e.success for e in eps])),
+            **force_stats(eps),
+            "buffer": len(buf),
+            "seconds": time.perf_counter() - t0,
+            **m,
+        }
+        history.append(row)
+        if log is not None:
+            log(row)
+        bar.update(n)
+        bar.set_postfix(success=f"{row['online_success']:.2f}")
+    bar.close()
+    policy.eval()
+    return {"history": history, "config": asdict(cfg)}
+
+
+__all__ = [
+    "PACACT",
+    "ActCritic",
+    "PACACTConfig",
+    "force_safety_rewards",
+    "run_pac_act",
+    "shaped_episodes",
+]
