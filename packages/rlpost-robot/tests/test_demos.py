@@ -32,8 +32,8 @@ N_EPISODES = {"reacher": 16, "multimodal_reach": 16, "contour": 12, "pusher": 12
 MIN_GOOD = {"reacher": 0.8, "multimodal_reach": 0.8, "contour": 0.8, "pusher": 0.5}
 
 
-@pytest.mark.parametrize("task", sorted(TASKS))
-def test_good_expert_beats_poor_beats_random(task):
+@pytest.mark.parametrize("task", sorted(t for t in TASKS if TASKS[t].base is None))
+def test_good_expert_beats_poor_beats_random(task):  # (image variants share these experts)
     n = N_EPISODES[task]
     good = _rate(collect_episodes(task, make_expert(task, "good", seed=1), n, seed=10))
     poor = _rate(collect_episodes(task, make_expert(task, "poor", seed=1), n, seed=10))

@@ -108,7 +108,7 @@ def test_sample_uses_n_steps_euler_steps_on_uniform_grid(n_steps):
     obs, _, noise, _ = _batch(3, pi)
     calls = []
     orig = pi.velocity
-    pi.velocity = lambda o, a, s: calls.append(float(s)) or orig(o, a, s)
+    pi.velocity = lambda o, a, s, c=None: calls.append(float(s)) or orig(o, a, s, c)
     out = pi.sample(obs, n_steps=n_steps, noise=noise)
     assert out.shape == (3, 4, 2) and not out.requires_grad
     assert calls == pytest.approx([1 - i / n_steps for i in range(n_steps)])
@@ -132,7 +132,7 @@ def test_sample_default_steps_clamp_and_generator_determinism():
     assert (a1[..., 1] <= 0.2).all() and (a1[..., 1] == 0.2).any()
     spy = []
     orig = pi.velocity
-    pi.velocity = lambda o, a, s: spy.append(1) or orig(o, a, s)
+    pi.velocity = lambda o, a, s, c=None: spy.append(1) or orig(o, a, s, c)
     pi.sample(obs)
     assert len(spy) == 2  # cfg.n_steps
 

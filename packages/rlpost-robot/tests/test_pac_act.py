@@ -154,3 +154,30 @@ def test_config_validation():
         PACACTConfig(prior_mix=1.5)
     with pytest.raises(ValueError, match="explore_std"):
         PACACTConfig(explore_std=-1)
+
+
+def test_advantage_demo_weights_prefer_chunks_the_critic_values(contour_act):
+    pi, _, obs = contour_act
+    learner = PACACT(pi, PACACTConfig(hidden=16, demo_weighting="advantage", demo_beta=2.0))
+
+    class _Down(torch.nn.Module):  # Q prefers small actions
+        def q(self, nobs, nchunk):
+            v = -nchunk.abs().flatten(1).sum(1)
+            return v, v
+
+    learner.target = _Down()
+    chunks = torch.zeros(32, 4, 3)
+    chunks[16:] = 0.8  # large actions: lower Q
+    demo = {"obs": obs[:32], "chunks": chunks, "mask": torch.ones(32, 4, dtype=torch.bool)}
+    w = learner.demo_weights(demo)
+    assert abs(float(w.mean()) - 1.0) < 1e-5 and float(w.max()) <= 20.0 / float(w.mean()) + 1e-4
+    assert float(w[:16].min()) > float(w[16:].max())
+    # the weighted ACT loss with unit weights is the same two terms as lerobot's
+    ones = torch.ones(32)
+    torch.manual_seed(0)
+    pi.act.train()
+    weighted, _ = pi.loss(demo["obs"], chunks, demo["mask"], weights=ones)
+    torch.manual_seed(0)
+    plain, _ = pi.loss(demo["obs"], chunks, demo["mask"])
+    pi.act.eval()
+    torch.testing.assert_close(weighted, plain, rtol=1e-4, atol=1e-5)

@@ -357,9 +357,10 @@ _EXPERTS: dict[str, type[Expert]] = {
 def make_expert(task: str, quality: str = "good", seed: int = 0) -> Expert:
     """Scripted controller for ``task`` (see the module docstring); ``seed`` drives its
     per-episode choices (goal, bias, noise)."""
-    if task not in _EXPERTS:
+    base = TASKS[task].base if task in TASKS and TASKS[task].base else task
+    if base not in _EXPERTS:  # image variants use their base task's expert (state first)
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(_EXPERTS)}")
-    return _EXPERTS[task](quality, seed)
+    return _EXPERTS[base](quality, seed)
 
 
 # ------------------------------------------------------------------ collection

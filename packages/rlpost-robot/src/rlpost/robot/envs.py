@@ -46,7 +46,7 @@ Typical use::
 
 from __future__ import annotations
 
-import ctypes.util
+import dataclasses
 import logging
 import math
 import os
@@ -56,29 +56,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-
-def _default_gl_backend() -> None:
-    """Headless Linux: pick EGL for MuJoCo rendering unless the user chose a backend.
-
-    MuJoCo reads ``MUJOCO_GL`` once, when it is first imported, so this runs before
-    ``import mujoco``; it does nothing with a display, without libEGL, or when mujoco was
-    imported already.
-    """
-    if (
-        "MUJOCO_GL" not in os.environ
-        and sys.platform.startswith("linux")
-        and not os.environ.get("DISPLAY")
-        and "mujoco" not in sys.modules
-        and ctypes.util.find_library("EGL")
-    ):
-        os.environ["MUJOCO_GL"] = "egl"
-
-
-_default_gl_backend()
-
-import gymnasium as gym  # noqa: E402
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
+import gymnasium as gym
+import mujoco
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +102,10 @@ class TaskSpec:
     obs_names: tuple[str, ...] = field(default=(), repr=False)
     env_obs: tuple[int, ...] = field(default=(), repr=False)
     description: str = field(default="", repr=False)
+    image_shape: tuple[int, int, int] | None = None
+    """``(H, W, C)`` of the camera image appended (flattened, 0-255) to the state."""
+    base: str | None = field(default=None, repr=False)
+    """For an image variant: the state task it renders (same dynamics and experts)."""
 
 
 def _xyz(prefix: str) -> tuple[str, ...]:
@@ -157,6 +141,8 @@ class _ContourConst:
     force_threshold: float = 8.0  # N (60 % above nominal)
     contact_min_force: float = 0.5  # N: "in contact"
     no_contact_penalty: float = 0.3  # per control step without contact
+    checkpoint_bonus: float = 0.25  # per newly visited checkpoint
+    success_bonus: float = 1.0
     success_radius: float = 0.02  # m
     n_checkpoints: int = 4  # evenly spaced on the arc strictly between A and B
     checkpoint_radius: float = 0.03  # m: a checkpoint is visited within this, in contact
@@ -384,8 +370,8 @@ class ContourEnv(_MjcfEnv):
             -info["distance"]
             - 0.1 * max(0.0, peak - c.force_threshold) / c.nominal_force
             - (0.0 if info["in_contact"] else c.no_contact_penalty)
-            + 0.25 * (self.n_visited - n_visited)
-            + (1.0 if info["success"] else 0.0)
+            + c.checkpoint_bonus * (self.n_visited - n_visited)
+            + (c.success_bonus if info["success"] else 0.0)
         )
         return self._obs(), reward, info["success"], False, info
 
@@ -490,9 +476,52 @@ TASKS: dict[str, TaskSpec] = {
     ),
 }
 
+#: side of the square camera image of the ``*_pixels`` tasks
+PIXELS = 32
+
+
+def _pixel_variant(base: str) -> TaskSpec:
+    b = TASKS[base]
+    shape = (PIXELS, PIXELS, 3)
+    return dataclasses.replace(
+        b,
+        name=f"{base}_pixels",
+        obs_dim=b.obs_dim + PIXELS * PIXELS * 3,
+        obs_names=(*b.obs_names, *(f"pixel{i}" for i in range(PIXELS * PIXELS * 3))),
+        description=f"{b.description}; plus a {PIXELS}x{PIXELS} RGB camera image",
+        image_shape=shape,
+        base=base,
+    )
+
+
+TASKS["multimodal_reach_pixels"] = _pixel_variant("multimodal_reach")
+
+
+class _PixelObs(gym.Wrapper):
+    """Appends the flattened ``rgb_array`` render (uint8 values as floats) to the state."""
+
+    def __init__(self, env: gym.Env, spec: TaskSpec) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (spec.obs_dim,), np.float64)
+
+    def _with_pixels(self, obs: np.ndarray) -> np.ndarray:
+        return np.concatenate([obs, np.asarray(self.env.render(), np.float64).ravel()])
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._with_pixels(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with_pixels(obs), reward, terminated, truncated, info
+
 
 def _make_native(task: str, render_mode: str | None, render_size: int) -> gym.Env:
     spec = TASKS[task]
+    if spec.base is not None:  # image variant: the base task rendered at PIXELS x PIXELS
+        if render_mode is not None:
+            raise ValueError(f"{task} renders its own camera; use {spec.base} to render frames")
+        return _PixelObs(_make_native(spec.base, "rgb_array", PIXELS), spec)
     if task in ("reacher", "pusher"):
         kwargs: dict[str, Any] = {"max_episode_steps": spec.max_steps, "render_mode": render_mode}
         if render_mode == "rgb_array":

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlpost.core.io.cache import cache_entry, merge_params, publish_directory
 
 #: Bump when a recipe changes in a way that invalidates cached builds.
@@ -119,6 +121,11 @@ def _build_policy(
     return publish_directory(target, "bc_info.json", write, force)
 
 
+def spec_pixels(spec: Any) -> int:
+    """Number of image entries at the end of a task's observation (0 without a camera)."""
+    return 0 if spec.image_shape is None else int(np.prod(spec.image_shape))
+
+
 def build_bc_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
@@ -128,13 +135,21 @@ def build_bc_policy(
     **params: Any,
 ) -> Path:
     """Behaviour-clone a flow policy on ``task``'s demonstration set; returns its folder
-    (``policy/`` loadable with :func:`load_bc_policy`, ``bc_info.json``)."""
+    (``policy/`` loadable with :func:`load_bc_policy`, ``bc_info.json``). On an image
+    task (``TaskSpec.image_shape``) the policy sees the robot's own state entries and the
+    camera image, not the world-state entries (``TaskSpec.env_obs``)."""
     from rlpost.robot.policies.bc import make_chunks, train_bc
     from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
 
     r = merge_params(BC_DEFAULTS, params)
 
     def fit(episodes: list[Any], spec: Any, folder: Path) -> tuple[int, list[float]]:
+        image: dict[str, Any] = {}
+        if spec.image_shape is not None:  # the world (goals, objects) is seen in the image
+            robot = tuple(
+                i for i in range(spec.obs_dim - spec_pixels(spec)) if i not in spec.env_obs
+            )
+            image = {"image_shape": spec.image_shape, "state_idx": robot}
         pi = FlowChunkPolicy(
             FlowPolicyConfig(
                 obs_dim=spec.obs_dim,
@@ -142,6 +157,7 @@ def build_bc_policy(
                 horizon=r["horizon"],
                 hidden=r["hidden"],
                 n_blocks=r["n_blocks"],
+                **image,
             )
         )
         obs, chunks, mask = make_chunks(episodes, r["horizon"])

@@ -41,7 +41,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,6 +69,10 @@ class PACACTConfig:
     """lambda: weight of the hybrid behaviour-prior constraint (0: unconstrained)."""
     prior_mix: float = 0.5
     """m: share of the anchor to the pretrained actor (the rest is demonstration BC)."""
+    demo_weighting: Literal["uniform", "advantage"] = "uniform"
+    """Demonstration BC weights: uniform, or ``exp(beta A / std(A))`` (clipped at 20,
+    mean 1) with the critic's advantage of the demonstrated chunk over the actor's."""
+    demo_beta: float = 1.0
     force_excess_coef: float = 0.1
     force_violation_coef: float = 0.02
     updates_per_round: int = 50
@@ -222,10 +226,23 @@ class PACACT:
         anchor = ((mu - mu0) / self.policy.act_std).pow(2).mean()
         bc = torch.zeros(())
         if demo is not None:
+            w = self.demo_weights(demo) if self.cfg.demo_weighting == "advantage" else None
             self.policy.act.train()
-            bc, _ = self.policy.loss(demo["obs"], demo["chunks"], demo["mask"])
+            bc, _ = self.policy.loss(demo["obs"], demo["chunks"], demo["mask"], weights=w)
             self.policy.act.eval()
         return {"mu": mu, "anchor": anchor, "bc": bc}
+
+    @torch.no_grad()
+    def demo_weights(self, demo: dict[str, Tensor]) -> Tensor:
+        """``clip(exp(beta A / std A), 20)`` normalised to mean 1, with
+        ``A = min Q(s, a_demo) - min Q(s, mu(s))`` from the target critic."""
+        pi, obs = self.policy, demo["obs"]
+        nobs = pi.normalized_obs(obs)
+        q_demo = torch.minimum(*self.target.q(nobs, self._q_in(demo["chunks"])))
+        q_pi = torch.minimum(*self.target.q(nobs, self._q_in(pi.mean_chunk(obs))))
+        adv = q_demo - q_pi
+        w = torch.exp(self.cfg.demo_beta * adv / adv.std().clamp_min(1e-6)).clamp(max=20.0)
+        return w / w.mean()
 
     def actor_step(self, b: dict[str, Tensor], demo: dict[str, Tensor] | None) -> dict[str, float]:
         c, pi = self.cfg, self.policy

@@ -129,12 +129,26 @@ class ActChunkPolicy(nn.Module):
             "observation.environment_state": obs[:, list(self.env_idx)],
         }
 
-    def loss(self, obs: Tensor, chunks: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """ACT's training loss (L1 on the chunk + KL of its CVAE) on a batch."""
+    def loss(
+        self, obs: Tensor, chunks: Tensor, mask: Tensor, weights: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, float]]:
+        """ACT's training loss (L1 on the normalised chunk + ``kl_weight`` x the KL of its
+        CVAE) on a batch. Without ``weights``, lerobot's own ``ACTPolicy.forward``; with
+        per-sample ``weights [B]`` (detached), the same two terms per sample, weighted."""
         batch = self.pre({**self._obs(obs), "action": chunks})
         batch["action_is_pad"] = ~mask.bool()
-        loss, info = self.act.forward(batch)
-        return loss, {k: float(v) for k, v in info.items()}
+        if weights is None:
+            loss, info = self.act.forward(batch)
+            return loss, {k: float(v) for k, v in info.items()}
+        a_hat, (mu, log_var) = self.act.model(batch)
+        valid = mask.to(a_hat.dtype)[..., None].expand_as(a_hat)
+        l1 = ((batch["action"] - a_hat).abs() * valid).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
+        per = l1
+        if mu is not None:
+            kld = (-0.5 * (1 + log_var - mu.pow(2) - log_var.exp())).sum(-1)
+            per = per + self.act.config.kl_weight * kld
+        w = weights.detach().to(per.dtype)
+        return (w * per).mean(), {"l1_loss": float(l1.mean().detach())}
 
     def normalized_obs(self, obs: Tensor) -> dict[str, Tensor]:
         """lerobot's normalised ``observation.state`` / ``observation.environment_state``."""

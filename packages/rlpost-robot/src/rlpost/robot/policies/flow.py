@@ -65,8 +65,22 @@ class FlowPolicyConfig:
     act_low: Bound = -1.0
     act_high: Bound = 1.0
     time_dim: int = 32
+    image_shape: tuple[int, int, int] | None = None
+    """``(H, W, C)``: the last ``H W C`` observation entries are an image (0-255)."""
+    state_idx: tuple[int, ...] | None = None
+    """State entries the policy conditions on (``None``: all of them)."""
+    image_features: int = 64
 
     def __post_init__(self) -> None:
+        for name in ("image_shape", "state_idx"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, None if v is None else tuple(int(x) for x in v))
+        if self.image_shape is not None and (
+            len(self.image_shape) != 3 or self.n_pixels >= self.obs_dim
+        ):
+            raise ValueError(f"image_shape {self.image_shape} does not fit obs_dim {self.obs_dim}")
+        if self.state_idx is not None and any(not 0 <= i < self.state_dim for i in self.state_idx):
+            raise ValueError(f"state_idx must index the {self.state_dim} state entries")
         for name in ("obs_mean", "obs_std"):
             object.__setattr__(self, name, _floats(getattr(self, name)))
         for name in ("act_low", "act_high"):
@@ -84,6 +98,15 @@ class FlowPolicyConfig:
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != self.act_dim:
                 raise ValueError(f"{name} has {len(v)} entries, act_dim is {self.act_dim}")
+
+    @property
+    def n_pixels(self) -> int:
+        return 0 if self.image_shape is None else math.prod(self.image_shape)
+
+    @property
+    def state_dim(self) -> int:
+        """Observation entries before the image."""
+        return self.obs_dim - self.n_pixels
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (tuples become lists)."""
@@ -122,17 +145,49 @@ def _bound_buffer(b: Bound, act_dim: int, default: float) -> Tensor:
     return torch.as_tensor(b, dtype=torch.float32).expand(act_dim).clone()
 
 
-class FlowChunkPolicy(nn.Module):
-    """Residual MLP velocity field over ``[normalised obs, flat a_sigma, sinusoidal(sigma)]``.
+class ImageEncoder(nn.Module):
+    """Small CNN: ``[B, H, W, C]`` pixels (0-255) -> ``[B, features]``. Three stride-2
+    3x3 convolutions (16, 32, 32 channels) with SiLU, flattened, one linear layer."""
 
-    The output layer is zero-initialised, so a fresh policy has ``v = 0`` and samples its
-    (clamped) noise.
+    def __init__(self, shape: tuple[int, int, int], features: int) -> None:
+        super().__init__()
+        h, w, c = shape
+        self.shape = shape
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 16, 3, stride=2, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1),
+            nn.SiLU(),
+        )
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, c, h, w)).numel()
+        self.proj = nn.Sequential(nn.Flatten(), nn.Linear(n, features), nn.SiLU())
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x = pixels.reshape(-1, *self.shape).permute(0, 3, 1, 2) / 255.0 - 0.5
+        return self.proj(self.conv(x))
+
+
+class FlowChunkPolicy(nn.Module):
+    """Residual MLP velocity field over ``[condition, flat a_sigma, sinusoidal(sigma)]``.
+
+    The condition is the normalised observation (the ``state_idx`` entries when set) and,
+    with ``image_shape``, the :class:`ImageEncoder` features of the image carried in the
+    observation's last entries. The output layer is zero-initialised, so a fresh policy
+    has ``v = 0`` and samples its (clamped) noise.
     """
 
     def __init__(self, cfg: FlowPolicyConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        d_in = cfg.obs_dim + cfg.horizon * cfg.act_dim + cfg.time_dim
+        n_state = cfg.state_dim if cfg.state_idx is None else len(cfg.state_idx)
+        self.image = None
+        if cfg.image_shape is not None:
+            self.image = ImageEncoder(cfg.image_shape, cfg.image_features)
+            n_state += cfg.image_features
+        d_in = n_state + cfg.horizon * cfg.act_dim + cfg.time_dim
         self.inp = nn.Linear(d_in, cfg.hidden)
         self.blocks = nn.Sequential(*[_Block(cfg.hidden) for _ in range(cfg.n_blocks)])
         self.out = nn.Sequential(
@@ -179,16 +234,27 @@ class FlowChunkPolicy(nn.Module):
 
     # ------------------------------------------------------------------ model
 
-    def velocity(self, obs: Tensor, a_sigma: Tensor, sigma: Tensor | float) -> Tensor:
-        """``v(o, a_sigma, sigma)``: obs ``[B, D]``, a_sigma ``[B, H, A]``, sigma ``[B]`` or scalar."""
+    def condition(self, obs: Tensor) -> Tensor:
+        """The observation features the velocity field is conditioned on ``[B, F]``."""
+        cfg = self.cfg
+        sd = cfg.state_dim
+        state = (obs[:, :sd] - self.obs_mean[:sd]) / self.obs_std[:sd]
+        if cfg.state_idx is not None:
+            state = state[:, list(cfg.state_idx)]
+        if self.image is None:
+            return state
+        return torch.cat([state, self.image(obs[:, sd:])], dim=1)
+
+    def velocity(
+        self, obs: Tensor, a_sigma: Tensor, sigma: Tensor | float, cond: Tensor | None = None
+    ) -> Tensor:
+        """``v(o, a_sigma, sigma)``: obs ``[B, D]``, a_sigma ``[B, H, A]``, sigma ``[B]`` or
+        scalar; ``cond`` (:meth:`condition` of ``obs``) skips recomputing the features."""
         b = a_sigma.shape[0]
         sigma = torch.as_tensor(sigma, dtype=a_sigma.dtype, device=a_sigma.device).expand(b)
+        c = self.condition(obs) if cond is None else cond
         x = torch.cat(
-            [
-                self.normalize_obs(obs).to(a_sigma.dtype),
-                a_sigma.reshape(b, -1),
-                sinusoidal(sigma, self.cfg.time_dim),
-            ],
+            [c.to(a_sigma.dtype), a_sigma.reshape(b, -1), sinusoidal(sigma, self.cfg.time_dim)],
             dim=1,
         )
         return self.out(self.blocks(self.inp(x))).view_as(a_sigma)
@@ -199,9 +265,9 @@ class FlowChunkPolicy(nn.Module):
         if n < 1:
             raise ValueError(f"n_steps must be >= 1, got {n}")
         sigmas = torch.linspace(1.0, 0.0, n + 1, device=noise.device, dtype=noise.dtype)
-        x = noise
+        x, cond = noise, self.condition(obs)
         for i in range(n):
-            x = x + (sigmas[i + 1] - sigmas[i]) * self.velocity(obs, x, sigmas[i])
+            x = x + (sigmas[i + 1] - sigmas[i]) * self.velocity(obs, x, sigmas[i], cond)
         return x
 
     @torch.no_grad()
