@@ -34,9 +34,7 @@ time), so runs do not share RNG or threads.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import mean_std, print_table, run_pool, write_result
 
 METHODS_A = ["flow_grpo", "ram", "dance_grpo", "slas", "awm", "rwr"]
 NG_METHODS = ["ram", "flow_grpo", "awm"]
@@ -186,16 +184,9 @@ def main() -> None:
     jobs.sort(key=lambda j: (order.get(j["method"], 2), -j["steps"]))
     print(f"{len(jobs)} runs on {args.workers} workers ...", flush=True)
     t0 = time.perf_counter()
-    results = []
-    with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
-        for fut in cf.as_completed([ex.submit(run_job, j) for j in jobs]):
-            r = fut.result()
-            results.append(r)
-            print(
-                f"  done {Path(r['dir']).name:<28} {r['seconds']:6.0f} s "
-                f"[{len(results)}/{len(jobs)}, {time.perf_counter() - t0:5.0f} s]",
-                flush=True,
-            )
+    results = run_pool(
+        run_job, jobs, args.workers, lambda r: f"{Path(r['dir']).name:<28} {r['seconds']:6.0f} s"
+    )
 
     def get(part, method, reward, seed):
         return next(

@@ -24,8 +24,6 @@ method) at 10, 3 and 1 integration steps. Runs are separate processes with one t
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import mean_std, print_table, run_pool, write_result
 
 METHODS = {
     "bc": None,
@@ -103,17 +101,15 @@ def main() -> None:
         for s in (args.seeds if METHODS[m] is not None else args.seeds[:1])
     ]
     t0 = time.perf_counter()
-    results = []
-    with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
-        for fut in cf.as_completed([ex.submit(run_job, j) for j in jobs]):
-            r = fut.result()
-            results.append(r)
-            print(
-                f"  done {r['task']:<17} {r['method']:<5} seed {r['seed']}  "
-                + "  ".join(f"@{n}: {r[f'success@{n}']:.2f}" for n in STEPS)
-                + f"  [{len(results)}/{len(jobs)}, {time.perf_counter() - t0:.0f} s]",
-                flush=True,
-            )
+    results = run_pool(
+        run_job,
+        jobs,
+        args.workers,
+        lambda r: (
+            f"{r['task']:<17} {r['method']:<5} seed {r['seed']}  "
+            + "  ".join(f"@{n}: {r[f'success@{n}']:.2f}" for n in STEPS)
+        ),
+    )
     rows = []
     for task in args.tasks:
         for m in METHODS:

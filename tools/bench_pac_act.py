@@ -27,8 +27,6 @@ fraction of control steps whose force exceeds the 8 N threshold (60 % above the 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import mean_std, print_table, run_pool, write_result
 
 TASK = "contour"
 METHODS = {
@@ -101,17 +99,15 @@ def main() -> None:
         for s in (args.seeds if METHODS[m] is not None else args.seeds[:1])
     ]
     t0 = time.perf_counter()
-    results = []
-    with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
-        for fut in cf.as_completed([ex.submit(run_job, j) for j in jobs]):
-            r = fut.result()
-            results.append(r)
-            print(
-                f"  done {r['method']:<16} seed {r['seed']}  success {r['success']:.2f}  "
-                f"peak {r['peak_force']:.1f} N  above {r['frac_force_above']:.1%}  "
-                f"[{len(results)}/{len(jobs)}, {time.perf_counter() - t0:.0f} s]",
-                flush=True,
-            )
+    results = run_pool(
+        run_job,
+        jobs,
+        args.workers,
+        lambda r: (
+            f"{r['method']:<20} seed {r['seed']}  success {r['success']:.2f}  "
+            f"peak {r['peak_force']:.1f} N  above {r['frac_force_above']:.1%}"
+        ),
+    )
     rows = []
     for m in args.methods:
         rs = [r for r in results if r["method"] == m]

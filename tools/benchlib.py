@@ -216,3 +216,25 @@ def proc_status_mib(key: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+def run_pool(
+    fn: Any, jobs: Sequence[dict[str, Any]], workers: int, describe: Any
+) -> list[dict[str, Any]]:
+    """Run ``fn(job)`` for every job in ``workers`` spawned processes; print
+    ``describe(result)`` with progress as each finishes; return the results (finish order)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import time
+
+    t0 = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for fut in cf.as_completed([ex.submit(fn, j) for j in jobs]):
+            results.append(fut.result())
+            print(
+                f"  done {describe(results[-1])}  "
+                f"[{len(results)}/{len(jobs)}, {time.perf_counter() - t0:.0f} s]",
+                flush=True,
+            )
+    return results

@@ -73,7 +73,7 @@ def test_save_load_round_trip(contour_act, tmp_path):
     torch.testing.assert_close(back.sample(obs[:5]), pi.sample(obs[:5]))
     (tmp_path / "flow").mkdir()
     (tmp_path / "flow" / "config.json").write_text('{"kind": "flow"}')
-    with pytest.raises(ValueError, match="ACT"):
+    with pytest.raises(ValueError, match="not a 'act'"):
         ActChunkPolicy.load(tmp_path / "flow")
 
 

@@ -342,6 +342,7 @@ def run_craft(
             a_real = chunk_gae(b, v, v_final, cfg.gae_lambda)
             a_real = a_real / a_real.std().clamp_min(1e-6)
             proxy = counterfactual_advantages(b["scores"])
+            corr = torch.corrcoef(torch.stack([proxy[:, 0], a_real]))[0, 1]
             if cfg.mode == "real":
                 proxy = torch.zeros_like(proxy)
             scale = cfg.proxy_scale
@@ -378,9 +379,7 @@ def run_craft(
             "online_success": float(np.mean([f["success"] for f in finals])),
             "online_return": float(np.mean([f["return"] for f in finals])),
             "decisions": len(b["returns"]),
-            "proxy_real_corr": float(torch.corrcoef(torch.stack([proxy[:, 0], a_real]))[0, 1])
-            if cfg.mode != "real"
-            else 0.0,
+            "proxy_real_corr": float(corr) if cfg.mode != "real" else 0.0,
             "proxy_scale": float(scale),
             "surrogate": float(loss.detach()),
             "kl": float(kl.detach()),

@@ -13,13 +13,14 @@ environment state included.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from rlpost.robot.policies._io import read_policy, save_policy
 
 
 def _lerobot():
@@ -174,36 +175,23 @@ class ActChunkPolicy(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, path_dir: str | Path) -> Path:
         """``model.safetensors`` (ACT weights) + ``config.json`` (shape and demo statistics)."""
-        from safetensors.torch import save_file
-
-        path = Path(path_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / "model.safetensors"))
         stats = {
             key: {k: np.asarray(v).tolist() for k, v in d.items()}
             for key, d in (self.stats or {}).items()
         }
-        meta = {"kind": "act", **self.init_kwargs, "stats": stats}
-        (path / "config.json").write_text(json.dumps(meta, indent=1))
-        return path
+        return save_policy(self, path_dir, {"kind": "act", **self.init_kwargs, "stats": stats})
 
     @classmethod
     def load(cls, path_dir: str | Path) -> ActChunkPolicy:
         """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle)."""
-        from safetensors.torch import load_file
-
-        path = Path(path_dir)
-        meta = json.loads((path / "config.json").read_text())
-        if meta.pop("kind", None) != "act":
-            raise ValueError(f"{path} does not hold an ACT policy (config.json kind != 'act')")
+        meta, state = read_policy(path_dir, "act")
         stats = {
             key: {k: np.asarray(v, dtype=np.float32) for k, v in d.items()}
             for key, d in meta.pop("stats").items()
         }
         meta["env_idx"] = tuple(meta["env_idx"])
         pi = cls(**meta, stats=stats or None)
-        pi.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        pi.load_state_dict(state, strict=True)
         return pi.eval()
 
 

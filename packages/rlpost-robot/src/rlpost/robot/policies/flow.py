@@ -20,7 +20,6 @@ straightening it (OTQL) is what makes few steps sufficient.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -337,22 +336,16 @@ class FlowChunkPolicy(nn.Module):
 
     def save(self, path_dir: str | Path) -> Path:
         """Write ``model.safetensors`` (weights + normalisation) and ``config.json``."""
-        from safetensors.torch import save_file
+        from rlpost.robot.policies._io import save_policy
 
-        path = Path(path_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / "model.safetensors"))
-        (path / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
-        return path
+        return save_policy(self, path_dir, {"kind": "flow", **self.cfg.to_dict()})
 
     @classmethod
     def load(cls, path_dir: str | Path, device: str | torch.device = "cpu") -> FlowChunkPolicy:
         """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle)."""
-        from safetensors.torch import load_file
+        from rlpost.robot.policies._io import read_policy
 
-        path = Path(path_dir)
-        cfg = FlowPolicyConfig.from_dict(json.loads((path / "config.json").read_text()))
-        pi = cls(cfg)
-        pi.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        meta, state = read_policy(path_dir, "flow")
+        pi = cls(FlowPolicyConfig.from_dict(meta))
+        pi.load_state_dict(state, strict=True)
         return pi.to(device)

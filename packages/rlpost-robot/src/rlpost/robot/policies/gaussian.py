@@ -10,7 +10,6 @@ the action box), so the deterministic policy runs through
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.robot.nets import mlp
+from rlpost.robot.policies._io import read_policy, save_policy
 
 
 class _Cfg:
@@ -78,27 +78,15 @@ class GaussianChunkPolicy(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path_dir: str | Path) -> Path:
-        from safetensors.torch import save_file
-
-        path = Path(path_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / "model.safetensors"))
-        (path / "config.json").write_text(
-            json.dumps({"kind": "gaussian", **self.cfg.to_dict()}, indent=1)
-        )
-        return path
+        """``model.safetensors`` + ``config.json`` (kind ``gaussian``)."""
+        return save_policy(self, path_dir, {"kind": "gaussian", **self.cfg.to_dict()})
 
     @classmethod
     def load(cls, path_dir: str | Path) -> GaussianChunkPolicy:
-        from safetensors.torch import load_file
-
-        path = Path(path_dir)
-        meta = json.loads((path / "config.json").read_text())
-        if meta.pop("kind", None) != "gaussian":
-            raise ValueError(f"{path} does not hold a Gaussian chunk policy")
+        """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle)."""
+        meta, state = read_policy(path_dir, "gaussian")
         pi = cls(**meta)
-        pi.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        pi.load_state_dict(state, strict=True)
         return pi.eval()
 
 
