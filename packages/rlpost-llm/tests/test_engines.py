@@ -108,3 +108,55 @@ def test_vllm_engine_missing_gives_an_actionable_error():
             make_vllm_engine("some/path")
     else:  # a GPU environment with vLLM: covered by the gpu-marked tests
         assert callable(make_vllm_engine)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprobs_equal_the_logits_path_with_gradients(model_tok, temperature):
+    """The fused kernel path (decoder hidden states + LM-head weight) gives the same
+    log-probs, entropies and parameter gradients as the model's own logits."""
+    from rlpost.llm.policy import fused_head
+
+    m, tok = model_tok
+    assert fused_head(m) is not None  # Qwen2: plain tied linear head
+    torch.manual_seed(2)
+    b = HFEngine(m, tok).generate(
+        [ids(tok, "12+3="), ids(tok, "4+5=")], 2, SamplingParams(5, temperature)
+    )
+    sb = make_seq_batch(b.prompt_ids, b.completion_ids, b.mask, b.pad_id)
+    res = {}
+    for impl in ("fused", "logits"):
+        m.zero_grad(set_to_none=True)
+        lp, ent = completion_logprobs(m, sb, temperature, impl=impl)
+        ((lp * b.mask).sum() + 0.1 * (ent * b.mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        res[impl] = (lp * b.mask, ent * b.mask, grads)
+    m.zero_grad(set_to_none=True)
+    torch.testing.assert_close(res["fused"][0], res["logits"][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res["fused"][1], res["logits"][1], atol=1e-5, rtol=1e-5)
+    assert res["fused"][2].keys() == res["logits"][2].keys()
+    for name, g in res["fused"][2].items():
+        torch.testing.assert_close(g, res["logits"][2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
+    from rlpost.llm.policy import fused_head
+
+    m, tok = model_tok
+
+    class Capped(torch.nn.Module):  # e.g. Gemma-style logit soft-capping
+        config = type("C", (), {"final_logit_softcapping": 30.0})()
+
+        def __init__(self):
+            super().__init__()
+            self.inner = m
+
+        def get_decoder(self):
+            return m.get_decoder()
+
+        def get_output_embeddings(self):
+            return m.get_output_embeddings()
+
+    assert fused_head(Capped()) is None
+    sb = make_seq_batch([ids(tok, "1=")], torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2), 0)
+    with pytest.raises(ValueError, match="fused"):
+        completion_logprobs(Capped(), sb, impl="fused")

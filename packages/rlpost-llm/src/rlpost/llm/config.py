@@ -38,6 +38,10 @@ class ModelConfig(_Strict):
     "tiny-random": the same architecture, untrained (tests); else a local path or hub id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
+    logprob_impl: Literal["auto", "fused", "logits"] = "auto"
+    """How log-probs / entropy are computed from the model: ``fused`` (decoder hidden states
+    + LM-head weight through rlpost.kernels, no [B, L, V] logits), ``logits`` (the model's
+    logits, chunked), ``auto`` (fused when the head is a plain linear layer)."""
 
 
 class DataConfig(_Strict):

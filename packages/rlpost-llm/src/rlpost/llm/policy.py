@@ -100,21 +100,67 @@ def make_seq_batch(
     return SeqBatch(ids, attn, pos, completion_ids, P)
 
 
+def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
+    """``(decoder, lm_head weight)`` when the model's logits are exactly
+    ``decoder(...).last_hidden_state @ W^T`` (no head bias, soft-capping or logit scaling),
+    so the fused log-prob kernel applies; else ``None``."""
+    get_dec = getattr(model, "get_decoder", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    if get_dec is None or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return None
+    try:
+        decoder = get_dec()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (decoder, head.weight) if decoder is not None else None
+
+
 def completion_logprobs(
-    model: torch.nn.Module, sb: SeqBatch, temperature: float = 1.0, chunk_size: int = 1024
+    model: torch.nn.Module,
+    sb: SeqBatch,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    impl: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """log pi(y_t | x, y_<t) and the entropy of pi(. | x, y_<t) for every completion
-    position, ``[B, L]`` float32, at the sampling temperature (chunked over the vocab rows,
-    see :func:`rlpost.core.logprobs.logprobs_and_entropy`)."""
+    position, ``[B, L]`` float32, at the sampling temperature.
+
+    ``impl="fused"`` runs the decoder and feeds its last hidden states and the LM-head
+    weight to :func:`rlpost.kernels.ops.linear_logprob.linear_logprob_entropy` (Triton on
+    CUDA, a vocabulary-chunked torch path elsewhere): no ``[B, L, V]`` logits exist.
+    ``impl="logits"`` takes the model's logits and computes both chunked over the rows
+    (:func:`rlpost.core.logprobs.logprobs_and_entropy`). ``"auto"``: fused when
+    :func:`fused_head` accepts the model.
+    """
+    if impl not in ("auto", "fused", "logits"):
+        raise ValueError(f"impl must be auto, fused or logits, got {impl!r}")
     L = sb.targets.shape[1]
     dev = next(model.parameters()).device
-    out = model(
-        input_ids=sb.input_ids.to(dev),
-        attention_mask=sb.attention_mask.to(dev),
-        position_ids=sb.position_ids.to(dev),
-        logits_to_keep=L + 1,
-        use_cache=False,
-    )
+    inputs = {
+        "input_ids": sb.input_ids.to(dev),
+        "attention_mask": sb.attention_mask.to(dev),
+        "position_ids": sb.position_ids.to(dev),
+        "use_cache": False,
+    }
+    head = fused_head(model) if impl != "logits" else None
+    if impl == "fused" and head is None:
+        raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
+    if head is not None:
+        from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
+
+        decoder, weight = head
+        hidden = decoder(**inputs).last_hidden_state[:, sb.P - 1 : sb.P - 1 + L]  # [B, L, D]
+        B, _, D = hidden.shape
+        targets = sb.targets.to(dev)
+        logp, ent = linear_logprob_entropy(
+            hidden.reshape(B * L, D), weight, targets.reshape(-1), temperature
+        )
+        return logp.view(B, L), ent.view(B, L)
+    out = model(**inputs, logits_to_keep=L + 1)
     logits = out.logits[:, :-1]  # (B, L, V): position P-1+t predicts completion token t
     res = logprobs_and_entropy(
         logits, sb.targets.to(dev), chunk_size=chunk_size, temperature=temperature

@@ -279,7 +279,10 @@ class Trainer:
             sb = make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
             )
-            out[sl] = completion_logprobs(model, sb, self.sampling.temperature)[0] * batch.mask[sl]
+            lp = completion_logprobs(
+                model, sb, self.sampling.temperature, impl=self.cfg.model.logprob_impl
+            )[0]
+            out[sl] = lp * batch.mask[sl]
         return out
 
     def update(self, col: Collected) -> dict[str, float]:
@@ -318,7 +321,9 @@ class Trainer:
                 idx = mine[s : s + mbs]
                 sub = batch.select(idx) if len(idx) != len(batch) else batch
                 sb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id)
-                logp, ent = completion_logprobs(model, sb, self.sampling.temperature)
+                logp, ent = completion_logprobs(
+                    model, sb, self.sampling.temperature, impl=cfg.model.logprob_impl
+                )
                 m = mask[idx]
                 old = old_logp[idx] if old_logp is not None else logp.detach()
                 out = self.recipe.policy_loss(
