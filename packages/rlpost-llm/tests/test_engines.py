@@ -160,3 +160,29 @@ def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
     sb = make_seq_batch([ids(tok, "1=")], torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2), 0)
     with pytest.raises(ValueError, match="fused"):
         completion_logprobs(Capped(), sb, impl="fused")
+
+
+@pytest.mark.parametrize("impl", ["fused", "logits"])
+def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl):
+    """Groups packed as [prompt; r_1; ...; r_N] with a 4D mask give the same log-probs,
+    entropies and parameter gradients as one padded sequence per response."""
+    m, tok = model_tok
+    torch.manual_seed(3)
+    b = HFEngine(m, tok).generate(
+        [ids(tok, "12+3="), ids(tok, "4567+8=")], 3, SamplingParams(5, 1.0)
+    )
+    rows = [0, 1, 3, 4, 5]  # one group split: rows of a prompt need not all be present
+    sub = b.select(torch.tensor(rows))
+    res = {}
+    for pack in (False, True):
+        m.zero_grad(set_to_none=True)
+        sb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, pack=pack)
+        lp, ent = completion_logprobs(m, sb, 1.0, impl=impl)
+        ((lp * sub.mask).sum() + 0.1 * (ent * sub.mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        res[pack] = (lp * sub.mask, ent * sub.mask, grads)
+    m.zero_grad(set_to_none=True)
+    torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res[True][1], res[False][1], atol=1e-5, rtol=1e-5)
+    for name, g in res[True][2].items():
+        torch.testing.assert_close(g, res[False][2][name], atol=1e-5, rtol=1e-4, msg=name)

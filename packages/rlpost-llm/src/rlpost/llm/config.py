@@ -42,6 +42,10 @@ class ModelConfig(_Strict):
     """How log-probs / entropy are computed from the model: ``fused`` (decoder hidden states
     + LM-head weight through rlpost.kernels, no [B, L, V] logits), ``logits`` (the model's
     logits, chunked), ``auto`` (fused when the head is a plain linear layer)."""
+    pack_prompts: bool = False
+    """Pack the responses of a micro-batch that share a prompt into one sequence per prompt
+    (``[prompt; r_1; ...; r_N]`` with a 4D attention mask, rlpost.kernels shared_prompt):
+    the prompt is processed once instead of N times. Needs a model that accepts 4D masks."""
 
 
 class DataConfig(_Strict):

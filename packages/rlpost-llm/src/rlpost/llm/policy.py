@@ -7,6 +7,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -82,11 +83,20 @@ class SeqBatch:
     position_ids: Tensor
     targets: Tensor  # [B, L] completion tokens
     P: int
+    packed: Any = None  # rlpost.kernels.ops.shared_prompt.PackedGroups when packing
 
 
 def make_seq_batch(
-    prompt_ids: list[list[int]], completion_ids: Tensor, mask: Tensor, pad_id: int
+    prompt_ids: list[list[int]],
+    completion_ids: Tensor,
+    mask: Tensor,
+    pad_id: int,
+    pack: bool = False,
 ) -> SeqBatch:
+    """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
+    prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
+    :func:`rlpost.kernels.ops.shared_prompt.pack_groups`), which
+    :func:`completion_logprobs` then uses instead."""
     B, L = completion_ids.shape
     P = max(len(p) for p in prompt_ids)
     ids = torch.full((B, P + L), pad_id, dtype=torch.long)
@@ -97,7 +107,12 @@ def make_seq_batch(
     ids[:, P:] = completion_ids
     attn[:, P:] = mask.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
-    return SeqBatch(ids, attn, pos, completion_ids, P)
+    packed = None
+    if pack:
+        from rlpost.kernels.ops.shared_prompt import pack_groups
+
+        packed = pack_groups(prompt_ids, completion_ids, pad_id)
+    return SeqBatch(ids, attn, pos, completion_ids, P, packed)
 
 
 def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
@@ -140,29 +155,56 @@ def completion_logprobs(
         raise ValueError(f"impl must be auto, fused or logits, got {impl!r}")
     L = sb.targets.shape[1]
     dev = next(model.parameters()).device
+    head = fused_head(model) if impl != "logits" else None
+    if impl == "fused" and head is None:
+        raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
+    targets = sb.targets.to(dev)
+    if sb.packed is not None:
+        return _packed_logprobs(model, sb, head, targets, temperature, chunk_size)
     inputs = {
         "input_ids": sb.input_ids.to(dev),
         "attention_mask": sb.attention_mask.to(dev),
         "position_ids": sb.position_ids.to(dev),
         "use_cache": False,
     }
-    head = fused_head(model) if impl != "logits" else None
-    if impl == "fused" and head is None:
-        raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
     if head is not None:
         from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
 
         decoder, weight = head
         hidden = decoder(**inputs).last_hidden_state[:, sb.P - 1 : sb.P - 1 + L]  # [B, L, D]
         B, _, D = hidden.shape
-        targets = sb.targets.to(dev)
         logp, ent = linear_logprob_entropy(
             hidden.reshape(B * L, D), weight, targets.reshape(-1), temperature
         )
         return logp.view(B, L), ent.view(B, L)
     out = model(**inputs, logits_to_keep=L + 1)
     logits = out.logits[:, :-1]  # (B, L, V): position P-1+t predicts completion token t
-    res = logprobs_and_entropy(
-        logits, sb.targets.to(dev), chunk_size=chunk_size, temperature=temperature
-    )
+    res = logprobs_and_entropy(logits, targets, chunk_size=chunk_size, temperature=temperature)
+    return res.logp, res.entropy
+
+
+def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int):
+    """Shared-prompt packed forward: one sequence per prompt, 4D mask, gathered outputs."""
+    pk = sb.packed
+    dev = targets.device
+    dtype = next(model.parameters()).dtype
+    inputs = {
+        "input_ids": pk.input_ids.to(dev),
+        "attention_mask": pk.additive_mask(dtype).to(dev),
+        "position_ids": pk.position_ids.to(dev),
+        "use_cache": False,
+    }
+    B, L = targets.shape
+    idx = pk.gather.to(dev).reshape(-1)
+    if head is not None:
+        from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
+
+        decoder, weight = head
+        hidden = decoder(**inputs).last_hidden_state  # [G, T, D]
+        flat = hidden.reshape(-1, hidden.shape[-1])[idx]  # [B * L, D]
+        logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
+        return logp.view(B, L), ent.view(B, L)
+    logits = model(**inputs).logits
+    flat = logits.reshape(-1, logits.shape[-1])[idx].view(B, L, -1)
+    res = logprobs_and_entropy(flat, targets, chunk_size=chunk, temperature=temperature)
     return res.logp, res.entropy

@@ -277,7 +277,11 @@ class Trainer:
         for s in range(0, len(batch), mbs):
             sl = slice(s, s + mbs)
             sb = make_seq_batch(
-                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
+                batch.prompt_ids[sl],
+                batch.completion_ids[sl],
+                batch.mask[sl],
+                batch.pad_id,
+                pack=self.cfg.model.pack_prompts,
             )
             lp = completion_logprobs(
                 model, sb, self.sampling.temperature, impl=self.cfg.model.logprob_impl
@@ -320,7 +324,13 @@ class Trainer:
             for s in range(0, len(mine), mbs):
                 idx = mine[s : s + mbs]
                 sub = batch.select(idx) if len(idx) != len(batch) else batch
-                sb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id)
+                sb = make_seq_batch(
+                    sub.prompt_ids,
+                    sub.completion_ids,
+                    sub.mask,
+                    batch.pad_id,
+                    pack=cfg.model.pack_prompts,
+                )
                 logp, ent = completion_logprobs(
                     model, sb, self.sampling.temperature, impl=cfg.model.logprob_impl
                 )

@@ -1,0 +1,68 @@
+"""Shared-prompt attention (000-21, DualKV) and group packing equal the unpacked layout."""
+
+import torch
+import torch.nn.functional as F
+
+from rlpost.kernels.ops.shared_prompt import (
+    pack_group,
+    pack_groups,
+    packing_ratio,
+    shared_prompt_attention,
+)
+
+
+def test_shared_prompt_attention_equals_causal_attention_per_sequence():
+    g = torch.Generator().manual_seed(0)
+    N, H, P, R, d = 3, 2, 5, 4, 8
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    q_p, k_p, v_p = t(H, P, d), t(H, P, d), t(H, P, d)
+    q_r, k_r, v_r = t(N, H, R, d), t(N, H, R, d), t(N, H, R, d)
+    out_p, out_r = shared_prompt_attention(q_p, k_p, v_p, q_r, k_r, v_r)
+    gp, gr = torch.randn_like(out_p), torch.randn_like(out_r)
+    grads = torch.autograd.grad(
+        (out_p * gp).sum() + (out_r * gr).sum(), (q_p, k_p, v_p, q_r, k_r, v_r)
+    )
+
+    # the obvious layout: N full sequences [prompt; response_i], standard causal attention
+    def cat(a, b):
+        return torch.cat([a.expand(N, H, P, d), b], dim=2)
+
+    full = F.scaled_dot_product_attention(
+        cat(q_p, q_r), cat(k_p, k_r), cat(v_p, v_r), is_causal=True
+    )  # [N, H, P + R, d]
+    for i in range(N):
+        torch.testing.assert_close(full[i, :, :P], out_p)
+    torch.testing.assert_close(full[:, :, P:], out_r)
+    # the prompt's outputs are counted once in the shared layout: weight them once
+    loss = (full[0, :, :P] * gp).sum() + (full[:, :, P:] * gr).sum()
+    want = torch.autograd.grad(loss, (q_p, k_p, v_p, q_r, k_r, v_r))
+    for got, w in zip(grads, want, strict=True):
+        torch.testing.assert_close(got, w)
+
+
+def test_pack_group_layout():
+    ids, pos, allow = pack_group([7, 8, 9], torch.tensor([[1, 2], [3, 4]]))
+    assert ids.tolist() == [7, 8, 9, 1, 2, 3, 4]
+    assert pos.tolist() == [0, 1, 2, 3, 4, 3, 4]
+    assert allow[4].tolist() == [True, True, True, True, True, False, False]  # r1 token 2
+    assert allow[5].tolist() == [True, True, True, False, False, True, False]  # r2 token 1
+    assert allow[1].tolist() == [True, True, False, False, False, False, False]
+
+
+def test_pack_groups_gathers_the_predicting_positions():
+    pk = pack_groups([[5, 6], [9], [5, 6]], torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]), 0)
+    assert pk.tokens == [2 + 2 * 3, 1 + 3] and pk.input_ids.shape == (2, 8)
+    T = 8
+    # row 0: first token predicted by the prompt's last position (1), then by its own
+    assert pk.gather[0].tolist() == [1, 2, 3]
+    assert pk.gather[2].tolist() == [1, 5, 6]  # second response of the same prompt
+    assert pk.gather[1].tolist() == [T + 0, T + 1, T + 2]
+    assert pk.input_ids[0].tolist() == [5, 6, 1, 2, 3, 7, 8, 9]
+
+
+def test_packing_ratio():
+    assert packing_ratio(1, 256, 64) == 1.0
+    assert abs(packing_ratio(8, 256, 64) - 8 * 320 / (256 + 512)) < 1e-12
