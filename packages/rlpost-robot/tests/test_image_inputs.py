@@ -103,3 +103,12 @@ def test_bc_on_the_pixel_task_builds_an_image_policy(tmp_path):
     pi = load_bc_policy(folder)
     assert pi.cfg.image_shape == (32, 32, 3) and pi.cfg.state_idx == (0, 1, 2, 3)
     assert pi.image is not None
+
+
+def test_render_frames_on_the_pixel_task_shows_the_policy_camera():
+    if render_frames("multimodal_reach", lambda o: np.zeros(2), seed=0, steps=0) is None:
+        pytest.skip("no OpenGL backend for MuJoCo on this machine")
+    frames = render_frames("multimodal_reach_pixels", lambda o: np.zeros(2), seed=0, steps=2)
+    assert len(frames) == 3 and frames[0].shape == (32, 32, 3) and frames[0].dtype == np.uint8
+    # rendering still works afterwards (a failure would disable it for the process)
+    assert render_frames("multimodal_reach", lambda o: np.zeros(2), seed=0, steps=1) is not None

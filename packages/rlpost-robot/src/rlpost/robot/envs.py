@@ -631,6 +631,12 @@ def make_vec_env(
 _render_failure: str | None = None  # why rendering failed in this process (then never retried)
 
 
+def _camera(task: str, obs: np.ndarray) -> np.ndarray:
+    """The camera image carried at the end of an image task's observation."""
+    shape = TASKS[task].image_shape
+    return np.asarray(obs[-int(np.prod(shape)) :]).reshape(shape)
+
+
 def render_frames(
     task: str,
     policy_fn: Callable[[np.ndarray], np.ndarray],
@@ -640,6 +646,7 @@ def render_frames(
 ) -> list[np.ndarray] | None:
     """RGB frames ``[size, size, 3]`` uint8 of one episode of ``policy_fn`` on ``task``:
     the reset state, then one frame per step (at most ``steps``; stops at episode end).
+    On an image task the frames are the camera images of its observations (their size).
 
     Returns ``None`` (and logs why) when no OpenGL backend works -- after the first
     failure, without trying again. On headless Linux this module selects ``MUJOCO_GL=egl``
@@ -653,11 +660,15 @@ def render_frames(
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
             _render_failure = "glfw needs a display and there is none"
     env = None
+    camera = TASKS[task].image_shape is not None  # image task: frames are the policy's view
     if _render_failure is None:
         try:
-            env = make_env(task, seed=seed, render_mode="rgb_array", render_size=size)
+            if camera:
+                env = make_env(task, seed=seed)
+            else:
+                env = make_env(task, seed=seed, render_mode="rgb_array", render_size=size)
             obs, _ = env.reset(seed=seed)
-            first = env.render()
+            first = _camera(task, obs) if camera else env.render()
         except Exception as exc:  # any GL failure: missing libraries, bad MUJOCO_GL
             _render_failure = f"{type(exc).__name__}: {exc}"
     if _render_failure is not None:
@@ -677,7 +688,8 @@ def render_frames(
     try:
         for _ in range(steps):
             obs, _, terminated, truncated, _ = env.step(policy_fn(obs))
-            frames.append(np.asarray(env.render(), dtype=np.uint8))
+            frame = _camera(task, obs) if camera else env.render()
+            frames.append(np.asarray(frame, dtype=np.uint8))
             if terminated or truncated:
                 break
     finally:
