@@ -23,3 +23,12 @@ def test_errors_name_the_field():
         load_config(None, ["otql.lr=1"])
     with pytest.raises(FileNotFoundError, match="otql_reacher"):
         recipe_path("nope")
+
+
+def test_craft_proxy_is_checked_at_load():
+    with pytest.raises(ConfigError, match="counterfactual model"):
+        load_config(recipe_path("craft_multimodal_reach"), ["craft.proxy=oracle"])
+    with pytest.raises(ConfigError, match="counterfactual model"):
+        load_config(recipe_path("craft_multimodal_reach"), ["task=contour"])
+    cfg = load_config(recipe_path("craft_multimodal_reach"), ["task=contour", "craft.mode=real"])
+    assert cfg.craft.mode == "real"

@@ -108,6 +108,15 @@ class Config(_Strict):
                 f"algo {self.algo!r} fine-tunes a policy.kind={need!r} policy, "
                 f"got policy.kind={self.policy.kind!r}"
             )
+        if self.algo == "craft" and self.craft.mode != "real":
+            from rlpost.robot.algos.craft import PROXIES
+
+            have = sorted(PROXIES.get(self.task, {}))
+            if self.craft.proxy not in have:
+                raise ValueError(
+                    f"craft.proxy={self.craft.proxy!r} is not a counterfactual model of task "
+                    f"{self.task!r} (have {have}); use craft.mode=real or another task"
+                )
         return self
 
     @field_validator("task")
