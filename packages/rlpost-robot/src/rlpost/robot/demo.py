@@ -1,5 +1,6 @@
 """The ``rlpost-robot demo`` job (OTQL fine-tunes a BC flow policy from its own experience)
-and ``rlpost-robot train --config`` (any recipe: OTQL on a flow policy, PAC-ACT on ACT).
+and ``rlpost-robot train --config`` (any recipe: OTQL on a flow policy, PAC-ACT on ACT, CRAFT
+on a Gaussian chunk policy).
 
 1. Builds (or loads from the cache) the suboptimal demonstration set of ``task`` (10 good
    + 30 poor scripted episodes, a LeRobotDataset) and the BC flow policy cloned from it.
