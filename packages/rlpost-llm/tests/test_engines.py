@@ -186,3 +186,25 @@ def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl
     torch.testing.assert_close(res[True][1], res[False][1], atol=1e-5, rtol=1e-5)
     for name, g in res[True][2].items():
         torch.testing.assert_close(g, res[False][2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, monkeypatch):
+    """The packed forward of a transformers model goes through the shared-prompt attention
+    kernel op (not the dense 4D mask), and the model's attention setting is restored."""
+    import rlpost.kernels.ops.shared_prompt as sp
+    from rlpost.llm import packing
+
+    m, tok = model_tok
+    assert packing.supports_shared_attention(m)
+    calls = []
+    real = sp.shared_prompt_attention
+    monkeypatch.setattr(
+        sp, "shared_prompt_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    before = m.config._attn_implementation
+    comp = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    sb = make_seq_batch([ids(tok, "1+2=")] * 2, comp, torch.ones(2, 3), 0, pack=True)
+    with torch.no_grad():
+        completion_logprobs(m, sb, 1.0)
+    assert len(calls) == m.config.num_hidden_layers  # one packed row, every layer
+    assert m.config._attn_implementation == before

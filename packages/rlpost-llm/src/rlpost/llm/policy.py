@@ -185,26 +185,36 @@ def completion_logprobs(
 
 def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int):
     """Shared-prompt packed forward: one sequence per prompt, 4D mask, gathered outputs."""
+    from rlpost.llm.packing import shared_prompt_attention_mode, supports_shared_attention
+
     pk = sb.packed
     dev = targets.device
     dtype = next(model.parameters()).dtype
     inputs = {
         "input_ids": pk.input_ids.to(dev),
-        "attention_mask": pk.additive_mask(dtype).to(dev),
         "position_ids": pk.position_ids.to(dev),
         "use_cache": False,
     }
+    # transformers models: the shared-prompt attention function (no masked blocks are
+    # computed); others: the dense 4D mask
+    mode = contextlib.nullcontext()
+    if supports_shared_attention(model):
+        mode = shared_prompt_attention_mode(model, pk.layout)
+    else:
+        inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
     B, L = targets.shape
     idx = pk.gather.to(dev).reshape(-1)
     if head is not None:
         from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
 
         decoder, weight = head
-        hidden = decoder(**inputs).last_hidden_state  # [G, T, D]
+        with mode:
+            hidden = decoder(**inputs).last_hidden_state  # [G, T, D]
         flat = hidden.reshape(-1, hidden.shape[-1])[idx]  # [B * L, D]
         logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
         return logp.view(B, L), ent.view(B, L)
-    logits = model(**inputs).logits
+    with mode:
+        logits = model(**inputs).logits
     flat = logits.reshape(-1, logits.shape[-1])[idx].view(B, L, -1)
     res = logprobs_and_entropy(flat, targets, chunk_size=chunk, temperature=temperature)
     return res.logp, res.entropy

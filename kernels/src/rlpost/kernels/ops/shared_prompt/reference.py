@@ -60,13 +60,15 @@ class PackedGroups:
     """Packed groups, right-padded to ``T``: ``input_ids [G, T]``, ``position_ids [G, T]``,
     ``allow [G, T, T]`` (bool: query row may attend to key column), ``gather [B, L]``
     (flat index into ``G * T`` of the position whose output predicts each completion
-    token), ``tokens`` (real tokens per packed sequence)."""
+    token), ``tokens`` (real tokens per packed sequence), ``layout`` (``(P, N, L)`` of each
+    packed sequence: prompt length, responses, response length)."""
 
     input_ids: Tensor
     position_ids: Tensor
     allow: Tensor
     gather: Tensor
     tokens: list[int]
+    layout: list[tuple[int, int, int]]
 
     def additive_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[G, 1, T, T]``: 0 where allowed, the dtype's minimum elsewhere (HF 4D mask)."""
@@ -106,7 +108,7 @@ def pack_groups(prompt_ids: list[list[int]], completion_ids: Tensor, pad_id: int
     pos = torch.zeros(G, T, dtype=torch.long)
     allow = torch.eye(T, dtype=torch.bool).repeat(G, 1, 1)
     gather = torch.zeros(B, L, dtype=torch.long)
-    tokens = []
+    tokens, layout = [], []
     for g, (prompt, rows) in enumerate(packs):
         i, p, a = pack_group(prompt, completion_ids[rows])
         n = len(i)
@@ -116,7 +118,8 @@ def pack_groups(prompt_ids: list[list[int]], completion_ids: Tensor, pad_id: int
             s = P + j * L  # response j's first token; it is predicted by position P - 1
             gather[b] = g * T + torch.cat([torch.tensor([P - 1]), torch.arange(s, s + L - 1)])
         tokens.append(n)
-    return PackedGroups(ids, pos, allow, gather, tokens)
+        layout.append((P, len(rows), L))
+    return PackedGroups(ids, pos, allow, gather, tokens, layout)
 
 
 def packing_ratio(n: int, prompt_len: int, response_len: int) -> float:
