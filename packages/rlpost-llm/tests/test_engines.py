@@ -208,3 +208,28 @@ def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, mon
         completion_logprobs(m, sb, 1.0)
     assert len(calls) == m.config.num_hidden_layers  # one packed row, every layer
     assert m.config._attn_implementation == before
+
+
+def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok):
+    """PEFT-wrapped policies (and their adapter-free reference) pack the same way."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    m, tok = model_tok
+    torch.manual_seed(4)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    pm = get_peft_model(copy.deepcopy(m), lora)
+    comp = torch.randint(3, m.config.vocab_size, (3, 4))
+    prompts = [ids(tok, "12+3=")] * 3
+    out = {}
+    for pack in (False, True):
+        sb = make_seq_batch(prompts, comp, torch.ones(3, 4), tok.pad_token_id, pack=pack)
+        with torch.no_grad():
+            on = completion_logprobs(pm, sb, 1.0)[0]
+            with pm.disable_adapter():
+                off = completion_logprobs(pm, sb, 1.0)[0]
+        out[pack] = (on, off)
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=1e-5)
+    assert (out[True][0] - out[True][1]).abs().max() > 1e-3  # the adapters matter
