@@ -184,7 +184,8 @@ def completion_logprobs(
 
 
 def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int):
-    """Shared-prompt packed forward: one sequence per prompt, 4D mask, gathered outputs."""
+    """Shared-prompt packed forward: one sequence per prompt, the shared-prompt attention
+    function (or a dense 4D mask for non-transformers models), gathered outputs."""
     from rlpost.llm.packing import shared_prompt_attention_mode, supports_shared_attention
 
     pk = sb.packed
