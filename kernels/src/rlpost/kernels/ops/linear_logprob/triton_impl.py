@@ -121,6 +121,42 @@ def _dz_tile(z, rv, mask_v, y, log_z, ent, g_logp, g_ent, inv_t):
 
 
 @triton.jit
+def _dz_block(
+    h_ptr,
+    w_ptr,
+    y_ptr,
+    logz_ptr,
+    ent_ptr,
+    glogp_ptr,
+    gent_ptr,
+    rn,
+    rv,
+    mask_n,
+    mask_v,
+    D,
+    stride_h,
+    stride_w,
+    inv_t,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``d loss / d z`` of one (token block, vocabulary tile), logits recomputed; rows
+    outside the tokens are zero."""
+    y = tl.load(y_ptr + rn, mask=mask_n, other=0)
+    log_z = tl.load(logz_ptr + rn, mask=mask_n, other=0.0)
+    ent = tl.load(ent_ptr + rn, mask=mask_n, other=0.0)
+    g_logp = tl.load(glogp_ptr + rn, mask=mask_n, other=0.0)
+    g_ent = tl.load(gent_ptr + rn, mask=mask_n, other=0.0)
+    z = _logits_tile(
+        h_ptr, w_ptr, rn, rv, mask_n, mask_v, D, stride_h, stride_w, inv_t,
+        BLOCK_N, BLOCK_V, BLOCK_D,
+    )  # fmt: skip
+    dz = _dz_tile(z, rv, mask_v, y, log_z, ent, g_logp, g_ent, inv_t)
+    return tl.where(mask_n[:, None], dz, 0.0)
+
+
+@triton.jit
 def _bwd_dh(
     h_ptr,
     w_ptr,
@@ -142,30 +178,13 @@ def _bwd_dh(
 ):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
-    y = tl.load(y_ptr + rn, mask=mask_n, other=0)
-    log_z = tl.load(logz_ptr + rn, mask=mask_n, other=0.0)
-    ent = tl.load(ent_ptr + rn, mask=mask_n, other=0.0)
-    g_logp = tl.load(glogp_ptr + rn, mask=mask_n, other=0.0)
-    g_ent = tl.load(gent_ptr + rn, mask=mask_n, other=0.0)
     for v0 in range(0, V, BLOCK_V):
         rv = v0 + tl.arange(0, BLOCK_V)
         mask_v = rv < V
-        z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            rn,
-            rv,
-            mask_n,
-            mask_v,
-            D,
-            stride_h,
-            stride_w,
-            inv_t,
-            BLOCK_N,
-            BLOCK_V,
-            BLOCK_D,
-        )
-        dz = _dz_tile(z, rv, mask_v, y, log_z, ent, g_logp, g_ent, inv_t)
+        dz = _dz_block(
+            h_ptr, w_ptr, y_ptr, logz_ptr, ent_ptr, glogp_ptr, gent_ptr, rn, rv, mask_n,
+            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
         for d0 in range(0, D, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
             mask_d = rd < D
@@ -205,28 +224,10 @@ def _bwd_dw(
     for n0 in range(0, N, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         mask_n = rn < N
-        y = tl.load(y_ptr + rn, mask=mask_n, other=0)
-        log_z = tl.load(logz_ptr + rn, mask=mask_n, other=0.0)
-        ent = tl.load(ent_ptr + rn, mask=mask_n, other=0.0)
-        g_logp = tl.load(glogp_ptr + rn, mask=mask_n, other=0.0)
-        g_ent = tl.load(gent_ptr + rn, mask=mask_n, other=0.0)
-        z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            rn,
-            rv,
-            mask_n,
-            mask_v,
-            D,
-            stride_h,
-            stride_w,
-            inv_t,
-            BLOCK_N,
-            BLOCK_V,
-            BLOCK_D,
-        )
-        dz = _dz_tile(z, rv, mask_v, y, log_z, ent, g_logp, g_ent, inv_t)
-        dz = tl.where(mask_n[:, None], dz, 0.0)
+        dz = _dz_block(
+            h_ptr, w_ptr, y_ptr, logz_ptr, ent_ptr, glogp_ptr, gent_ptr, rn, rv, mask_n,
+            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
         for d0 in range(0, D, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
             mask_d = rd < D
