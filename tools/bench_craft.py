@@ -29,6 +29,7 @@ Success over ``--eval-episodes`` fresh episodes (seeds 10_000 + i) with the mean
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
 }
 
 
+@functools.cache
 def _recipe() -> Any:
     from rlpost.robot.config import load_config, recipe_path
 
@@ -56,10 +58,9 @@ def _recipe() -> Any:
 
 
 def _policy_folder() -> Path:
-    from rlpost.robot.pretrain import build_gaussian_policy
+    from rlpost.robot.demo import build_policy_for
 
-    p = _recipe().policy
-    return build_gaussian_policy(TASK, steps=p.bc_steps, horizon=p.horizon, hidden=p.hidden)
+    return build_policy_for(_recipe())
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

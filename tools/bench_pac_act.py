@@ -27,6 +27,7 @@ fraction of control steps whose force exceeds the 8 N threshold (60 % above the 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ METHODS = {
 METRICS = ("success", "peak_force", "frac_force_above", "return")
 
 
+@functools.cache
 def _recipe() -> Any:
     from rlpost.robot.config import load_config, recipe_path
 
@@ -54,10 +56,9 @@ def _recipe() -> Any:
 
 
 def _policy_folder() -> Path:
-    from rlpost.robot.pretrain import build_act_policy
+    from rlpost.robot.demo import build_policy_for
 
-    p = _recipe().policy
-    return build_act_policy(TASK, steps=p.bc_steps, horizon=p.horizon, dim_model=p.dim_model)
+    return build_policy_for(_recipe())
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Shared-prompt attention (000-21, DualKV) and group packing equal the unpacked layout."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -85,11 +86,8 @@ def test_triton_kernels_match_the_reference_under_the_interpreter():
         assert max(errs) < 1e-5, (case, errs)  # both outputs and all six gradients
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_triton_on_cuda():
-    import pytest
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
     N, H, P, R, d = 8, 4, 256, 64, 64
 

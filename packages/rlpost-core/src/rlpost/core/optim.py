@@ -35,6 +35,7 @@ momentum SGD steps.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -116,15 +117,16 @@ def pion_filter(
     return x.reshape(shape).to(m.dtype)
 
 
-class _MatrixMomentum(torch.optim.Optimizer):
+class _MatrixMomentum(torch.optim.Optimizer, abc.ABC):
     def __init__(self, params, lr: float, momentum: float, nesterov: bool, weight_decay: float):
         if lr <= 0 or not 0 <= momentum < 1:
             raise ValueError(f"need lr > 0 and momentum in [0, 1), got {lr}, {momentum}")
         defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "wd": weight_decay}
         super().__init__(params, defaults)
 
+    @abc.abstractmethod
     def _direction(self, m: Tensor, group: dict) -> Tensor:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """The update direction of a matrix parameter from its momentum ``m``."""
 
     @torch.no_grad()
     def step(self, closure=None):

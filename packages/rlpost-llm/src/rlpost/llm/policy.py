@@ -167,19 +167,57 @@ def completion_logprobs(
         "position_ids": sb.position_ids.to(dev),
         "use_cache": False,
     }
+
+    def select_hidden(x: Tensor) -> Tensor:  # position P-1+t predicts completion token t
+        return x[:, sb.P - 1 : sb.P - 1 + L]
+
+    def select_logits(x: Tensor) -> Tensor:  # the model kept the last L + 1 positions
+        return x[:, :-1]
+
+    return _head_logprobs(
+        model,
+        inputs,
+        head,
+        (select_hidden, select_logits),
+        targets,
+        temperature,
+        chunk_size,
+        {"logits_to_keep": L + 1},
+    )
+
+
+def _head_logprobs(
+    model,
+    inputs: dict,
+    head,
+    selects,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    logits_kwargs: dict | None = None,
+    mode=None,
+) -> tuple[Tensor, Tensor]:
+    """One forward (inside ``mode``, a context manager), then log-probs / entropies
+    ``[B, L]`` of ``targets``: through the fused kernel op from the decoder's hidden states
+    when ``head`` (see :func:`fused_head`), else from the logits (called with
+    ``logits_kwargs``). ``selects = (for hidden states, for logits)`` pick the predicting
+    positions ``-> [B, L, ...]``."""
+    B, L = targets.shape
+    with mode or contextlib.nullcontext():
+        if head is not None:
+            decoder, weight = head
+            hidden = decoder(**inputs).last_hidden_state
+        else:
+            logits = model(**inputs, **(logits_kwargs or {})).logits
     if head is not None:
         from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
 
-        decoder, weight = head
-        hidden = decoder(**inputs).last_hidden_state[:, sb.P - 1 : sb.P - 1 + L]  # [B, L, D]
-        B, _, D = hidden.shape
-        logp, ent = linear_logprob_entropy(
-            hidden.reshape(B * L, D), weight, targets.reshape(-1), temperature
-        )
+        flat = selects[0](hidden).reshape(B * L, -1)
+        logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
         return logp.view(B, L), ent.view(B, L)
-    out = model(**inputs, logits_to_keep=L + 1)
-    logits = out.logits[:, :-1]  # (B, L, V): position P-1+t predicts completion token t
-    res = logprobs_and_entropy(logits, targets, chunk_size=chunk_size, temperature=temperature)
+    res = logprobs_and_entropy(
+        selects[1](logits), targets, chunk_size=chunk, temperature=temperature
+    )
     return res.logp, res.entropy
 
 
@@ -190,7 +228,6 @@ def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: fl
 
     pk = sb.packed
     dev = targets.device
-    dtype = next(model.parameters()).dtype
     inputs = {
         "input_ids": pk.input_ids.to(dev),
         "position_ids": pk.position_ids.to(dev),
@@ -198,24 +235,17 @@ def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: fl
     }
     # transformers models: the shared-prompt attention function (no masked blocks are
     # computed); others: the dense 4D mask
-    mode = contextlib.nullcontext()
+    mode = None
     if supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
     else:
+        dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
-    B, L = targets.shape
-    idx = pk.gather.to(dev).reshape(-1)
-    if head is not None:
-        from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
+    idx = pk.gather.to(dev)  # [B, L] flat positions of the packed rows
 
-        decoder, weight = head
-        with mode:
-            hidden = decoder(**inputs).last_hidden_state  # [G, T, D]
-        flat = hidden.reshape(-1, hidden.shape[-1])[idx]  # [B * L, D]
-        logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
-        return logp.view(B, L), ent.view(B, L)
-    with mode:
-        logits = model(**inputs).logits
-    flat = logits.reshape(-1, logits.shape[-1])[idx].view(B, L, -1)
-    res = logprobs_and_entropy(flat, targets, chunk_size=chunk, temperature=temperature)
-    return res.logp, res.entropy
+    def select(x: Tensor) -> Tensor:
+        return x.reshape(-1, x.shape[-1])[idx]
+
+    return _head_logprobs(
+        model, inputs, head, (select, select), targets, temperature, chunk, mode=mode
+    )

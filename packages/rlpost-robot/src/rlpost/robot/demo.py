@@ -143,9 +143,8 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     t0 = time.perf_counter()
-    demo_kw = {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
-    policy = load_bc_policy(_build_policy(cfg, demo_kw))
-    demos = load_demos(build_demo_dataset(cfg.task, **demo_kw))
+    policy = load_bc_policy(build_policy_for(cfg))
+    demos = load_demos(build_demo_dataset(cfg.task, **_demo_kw(cfg)))
     t_build = time.perf_counter() - t0
     # ACT decodes a chunk in one pass: integration steps only matter for the flow policy
     steps = tuple(cfg.run.eval_steps) if cfg.policy.kind == "flow" else (1,)
@@ -189,8 +188,14 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     return result
 
 
-def _build_policy(cfg: Any, demo_kw: dict[str, int]) -> Path:
-    """The cached BC policy folder of the run's policy kind."""
+def _demo_kw(cfg: Any) -> dict[str, int]:
+    return {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
+
+
+def build_policy_for(cfg: Any) -> Path:
+    """The cached BC policy folder of a run config (its task, demonstrations and policy
+    kind); built on first use."""
+    demo_kw = _demo_kw(cfg)
     from rlpost.robot.pretrain import build_act_policy, build_bc_policy, build_gaussian_policy
 
     p = cfg.policy
