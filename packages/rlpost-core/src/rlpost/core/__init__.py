@@ -17,7 +17,12 @@ registry                  input -> output                        module
 Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parameters.
 """
 
-from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput
+from rlpost.core.advantages import (
+    ADVANTAGES,
+    AdvantageInput,
+    AdvantageOutput,
+    TrainingDynamics,
+)
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput, AggregationOutput
 from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, kl_reward_penalty
 from rlpost.core.logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
@@ -79,6 +84,7 @@ __all__ = [
     "Recipe",
     "Registry",
     "RegistryError",
+    "TrainingDynamics",
     "entropy_from_logits",
     "get_preset",
     "group_stats",

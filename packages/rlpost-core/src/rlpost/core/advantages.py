@@ -15,6 +15,16 @@ Shapes: ``B`` responses, ``T`` response tokens, ``K`` reward components.
   see :func:`rlpost.core.kl.kl_reward_penalty`), added to the outcome reward that sits on
   each response's last valid token.
 * ``values``: ``[B, T]`` critic values V(s_t) for GAE.
+* ``logprobs``: optional ``[B, T]`` behaviour log-probs of the sampled tokens (EDO's
+  self-information bonus, Entrocraft's covariance rule).
+* ``features``: optional ``[B, D]`` per-response (or per-prompt) embeddings (BASIS's
+  cross-prompt value estimate, GCPO's semantic disagreement).
+* ``reward_mask``: optional ``[B, K]`` bool, which reward components apply to a response
+  (RDPO's active reward subspaces in multi-task batches); inactive entries are ignored.
+* ``turn_ids`` / ``turn_rewards``: optional ``[B, T]`` turn index of each token (-1: not a
+  policy token) and ``[B, U]`` per-turn intrinsic signals (A²TGPO's information gain).
+* ``dynamics``: optional :class:`TrainingDynamics` (progress, current and initial policy
+  entropy) for schedule-driven estimators (Entrocraft, FADE).
 """
 
 from __future__ import annotations
@@ -29,6 +39,27 @@ from rlpost.core.registry import NoParams, Registry
 
 
 @dataclass(frozen=True)
+class TrainingDynamics:
+    """Scalars of the training run that schedule-driven estimators read.
+
+    ``progress``: fraction of training done, in [0, 1]. ``entropy``: the current mean token
+    entropy of the policy (nats). ``initial_entropy``: the same at the start of training.
+    """
+
+    progress: float = 0.0
+    entropy: float | None = None
+    initial_entropy: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.progress <= 1.0:
+            raise ValueError(f"progress must be in [0, 1], got {self.progress}")
+        for name in ("entropy", "initial_entropy"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and v == v):
+                raise ValueError(f"{name} must be a finite entropy >= 0, got {v}")
+
+
+@dataclass(frozen=True)
 class AdvantageInput:
     rewards: Tensor
     group_ids: Tensor | None = None
@@ -36,23 +67,43 @@ class AdvantageInput:
     values: Tensor | None = None
     token_rewards: Tensor | None = None
     reward_weights: Tensor | None = None
+    logprobs: Tensor | None = None
+    features: Tensor | None = None
+    reward_mask: Tensor | None = None
+    turn_ids: Tensor | None = None
+    turn_rewards: Tensor | None = None
+    dynamics: TrainingDynamics | None = None
 
     def __post_init__(self) -> None:
         r = self.rewards
         if r.dim() not in (1, 2):
             raise ValueError(f"rewards must be [B] or [B, K], got shape {tuple(r.shape)}")
         B = r.shape[0]
-        for name in ("mask", "values", "token_rewards"):
+        for name in ("mask", "values", "token_rewards", "logprobs", "turn_ids"):
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != B):
                 raise ValueError(f"{name} must be [B={B}, T], got shape {tuple(t.shape)}")
+            if t is not None and self.mask is not None and t.shape != self.mask.shape:
+                raise ValueError(f"{name} shape {tuple(t.shape)} != mask {tuple(self.mask.shape)}")
+        for name in ("features", "turn_rewards"):
+            t = getattr(self, name)
+            if t is not None and (t.dim() != 2 or t.shape[0] != B):
+                raise ValueError(f"{name} must be [B={B}, D], got shape {tuple(t.shape)}")
+        if self.reward_mask is not None and (r.dim() != 2 or self.reward_mask.shape != r.shape):
+            raise ValueError(
+                f"reward_mask must match [B, K] rewards {tuple(r.shape)}, "
+                f"got {tuple(self.reward_mask.shape)}"
+            )
         if self.group_ids is not None and tuple(self.group_ids.shape) != (B,):
             raise ValueError(f"group_ids must be [B={B}], got {tuple(self.group_ids.shape)}")
         if self.reward_weights is not None and (
             r.dim() != 2 or self.reward_weights.shape != (r.shape[1],)
         ):
             raise ValueError("reward_weights must be [K] and rewards [B, K]")
-        if not torch.isfinite(r).all():
+        finite = torch.isfinite(r)
+        if self.reward_mask is not None:
+            finite = finite | ~self.reward_mask.bool()  # inactive entries may hold NaN
+        if not finite.all():
             raise ValueError("rewards contain NaN or inf")
 
 
@@ -60,6 +111,7 @@ class AdvantageInput:
 class AdvantageOutput:
     advantages: Tensor  # [B, T] when a mask was given, else [B]
     returns: Tensor | None = None  # [B, T] value targets (GAE)
+    clip_range: Tensor | None = None  # [B, T] per-token clip half-width (A²TGPO)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -73,6 +125,8 @@ def scalarize_rewards(inp: AdvantageInput) -> Tensor:
     r = inp.rewards
     if r.dim() == 1:
         return r.float()
+    if inp.reward_mask is not None:  # inactive components count as 0
+        r = torch.where(inp.reward_mask.bool(), r, torch.zeros_like(r))
     w = inp.reward_weights if inp.reward_weights is not None else torch.ones(r.shape[1])
     return r.float() @ w.to(r.device, torch.float32)
 
