@@ -8,6 +8,7 @@ from rlpost.core import (
     Choice,
     Preset,
     RegistryError,
+    TrainingDynamics,
     get_preset,
     kl_reward_penalty,
     register_preset,
@@ -30,6 +31,9 @@ def batch(seed=0):
     return mask, logp, old, ref, rollout, rewards, groups, values
 
 
+VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
+
+
 def step_inputs(preset: Preset, seed=0):
     mask, logp, old, ref, rollout, rewards, groups, values = batch(seed)
     recipe = preset.build()
@@ -38,8 +42,20 @@ def step_inputs(preset: Preset, seed=0):
         if preset.kl_in_reward
         else None
     )
+    if preset.advantage.name in VECTOR_REWARD:  # a second reward component
+        rewards = torch.stack([rewards, torch.linspace(0, 1, B)], 1)
     adv = recipe.advantages(
-        AdvantageInput(rewards, groups, mask, values=values, token_rewards=tr)
+        AdvantageInput(
+            rewards,
+            groups,
+            mask,
+            values=values,
+            token_rewards=tr,
+            # the optional inputs some seed estimators read
+            logprobs=old * mask,
+            features=torch.randn(B, 4, generator=torch.Generator().manual_seed(seed)),
+            dynamics=TrainingDynamics(progress=0.5, entropy=1.0, initial_entropy=1.2),
+        )
     ).advantages
     return recipe, mask, logp, old, ref, rollout, adv
 
@@ -104,7 +120,7 @@ def test_gspo_preset_is_sequence_level_objective():
 def test_register_duplicate_and_unknown_preset():
     with pytest.raises(RegistryError, match="already registered"):
         register_preset(get_preset("grpo"))
-    with pytest.raises(RegistryError, match="valid names: dapo, dr_grpo, grpo"):
+    with pytest.raises(RegistryError, match="valid names: basis, dapo, dr_grpo"):
         get_preset("gpro")
 
 

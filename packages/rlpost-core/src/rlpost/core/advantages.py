@@ -476,3 +476,181 @@ def soft_pair_grpo(inp: AdvantageInput, p: SoftPairParams) -> AdvantageOutput:
     if p.scale_by_std:
         adv = adv / (group_stats(adv, inp.group_ids).std + p.eps)
     return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
+
+
+@dataclass(frozen=True)
+class BASISParams:
+    ridge: float = 1.0  # lambda of the leave-one-out ridge regression of rewards on features
+    normalize_features: bool = True  # L2-normalise each feature row first
+    whiten: bool = False  # additionally batch-whiten the advantages (REINFORCE++-style)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.ridge <= 0:
+            raise ValueError(f"ridge must be > 0, got {self.ridge}")
+
+
+def loo_ridge_values(rewards: Tensor, features: Tensor | None, ridge: float) -> Tensor:
+    """Leave-one-out ridge predictions ``[B]`` of each reward from the *other* prompts.
+
+    Kernel form: X = [c 1, F] (an intercept column with c = 1e3, so the intercept is
+    practically unpenalised), K = X X^T, hat matrix H = K (K + ridge I)^-1, and the exact
+    leave-one-out prediction (yhat_i - H_ii y_i) / (1 - H_ii). Without features it is the
+    leave-one-out batch mean. Costs one B x B solve (float64).
+    """
+    y = rewards.to(torch.float64)
+    B = y.numel()
+    if B < 2:
+        return torch.zeros_like(rewards)
+    cols = [torch.full((B, 1), 1e3, dtype=torch.float64)]
+    if features is not None:
+        cols.append(features.to(torch.float64))
+    X = torch.cat(cols, 1)
+    K = X @ X.T
+    H = torch.linalg.solve(K + ridge * torch.eye(B, dtype=torch.float64), K).T  # K (K+lI)^-1
+    yhat = H @ y
+    h = H.diagonal().clamp(max=1 - 1e-9)
+    return ((yhat - h * y) / (1 - h)).to(rewards.dtype)
+
+
+@ADVANTAGES.register("basis", BASISParams)
+def basis(inp: AdvantageInput, p: BASISParams) -> AdvantageOutput:
+    """BASIS: one rollout per prompt, a value baseline pooled across the batch (catalog 000-02).
+
+    Critic-free: the value of prompt i is predicted from the *other* prompts of the batch
+    by ridge regression of their rewards on prompt features (``features`` ``[B, D]``, e.g.
+    the policy's mean-pooled prompt hidden state), evaluated leave-one-out so the baseline
+    never sees r_i (the gradient stays unbiased):
+
+        V_i = LOO-ridge(r_{-i} ~ [1, f_{-i}])(f_i),      A_i = r_i - V_i
+
+    Without features V_i is the leave-one-out batch mean (REINFORCE with a batch baseline).
+    ``whiten`` additionally standardises A over the batch as REINFORCE++ does. The
+    abstract states the aim (pool information across prompts with one rollout each); the
+    leave-one-out ridge regression on prompt features is our reading. Metric
+    ``value_fit_r2``: the fraction of reward variance the baseline explains.
+    """
+    r = response_rewards(inp)
+    f = inp.features
+    if f is not None and p.normalize_features:
+        f = f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    v = loo_ridge_values(r, f, p.ridge)
+    adv = r - v
+    if p.whiten:
+        adv = masked_whiten(adv, None, eps=p.eps)
+    var = r.var(unbiased=False).clamp_min(1e-12)
+    r2 = 1.0 - ((r - v) ** 2).mean() / var
+    return AdvantageOutput(
+        broadcast(adv, inp.mask), metrics={**_metrics(adv, r), "value_fit_r2": r2.item()}
+    )
+
+
+@dataclass(frozen=True)
+class GCPOParams:
+    w_min: float = 0.25  # clip range of the weights
+    w_max: float = 4.0
+    scale_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0 < self.w_min <= 1 <= self.w_max:
+            raise ValueError(f"need 0 < w_min <= 1 <= w_max, got {self.w_min}, {self.w_max}")
+
+
+def semantic_disagreement(features: Tensor, group_ids: Tensor | None) -> Tensor:
+    """u_i = 1 - cos(e_i, mean direction of i's group), ``[B]`` in [0, 2].
+
+    Geometry-aware uncertainty: it measures how far a response's embedding points from
+    its group's consensus direction (unit vectors, so the embedding norm, the anisotropic
+    part a token-entropy measure mixes in, plays no role).
+    """
+    e = features.float() / features.float().norm(dim=1, keepdim=True).clamp_min(1e-12)
+    g = group_stats(e[:, 0], group_ids).index
+    G = int(g.max()) + 1
+    centre = torch.zeros(G, e.shape[1]).index_add_(0, g, e)[g]
+    centre = centre / centre.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return 1.0 - (e * centre).sum(1)
+
+
+@ADVANTAGES.register("gcpo", GCPOParams)
+def gcpo(inp: AdvantageInput, p: GCPOParams) -> AdvantageOutput:
+    """GCPO, geometry-aware calibrated uncertainty weighting of GRPO (catalog 000-10).
+
+    1. Geometry-aware uncertainty u_i = :func:`semantic_disagreement` of the response
+       embeddings (``features`` ``[B, D]``).
+    2. Reward-based calibration: regress the learning-signal strength of each response's
+       group (its reward std s_g) on u over the batch by least squares; the calibrated
+       uncertainty is the prediction c_i = a + b u_i, i.e. uncertainty expressed as
+       expected signal strength (b < 0 when disagreement turns out to mark noise).
+    3. A_i = w_i A_i^GRPO with w_i = clip(c_i / mean(c), w_min, w_max), monotone in c.
+
+    If u is constant over the batch, b = 0, c is constant and w = 1: exactly GRPO. The
+    abstract names the ingredients (semantic disagreement, reward calibration, regulating
+    gradient variance); the regression-based calibration and ratio weights are our reading.
+    """
+    if inp.features is None:
+        raise ValueError("gcpo needs AdvantageInput.features (response embeddings [B, D])")
+    r = response_rewards(inp)
+    s = group_stats(r, inp.group_ids)
+    a = (r - s.mean) / (s.std + p.eps) if p.scale_by_std else r - s.mean  # GRPO
+    u = semantic_disagreement(inp.features, inp.group_ids).double()
+    signal = s.std.double()
+    du = u - u.mean()
+    var_u = (du**2).mean()
+    slope = torch.where(var_u > 1e-12, (du * (signal - signal.mean())).mean() / var_u, 0.0 * var_u)
+    c = (signal.mean() + slope * du).clamp_min(1e-6)
+    w = (c / c.mean()).clamp(p.w_min, p.w_max).float()
+    adv = w * a
+    return AdvantageOutput(
+        broadcast(adv, inp.mask),
+        metrics={
+            **_metrics(adv, r),
+            "gcpo_calibration_slope": float(slope),
+            "gcpo_weight_min": w.min().item(),
+            "gcpo_weight_max": w.max().item(),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class EDGRPOParams:
+    alpha: float = 0.05  # weight of the self-information bonus (nats per token)
+    scale_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+
+
+@ADVANTAGES.register("ed_grpo", EDGRPOParams)
+def ed_grpo(inp: AdvantageInput, p: EDGRPOParams) -> AdvantageOutput:
+    """ED-GRPO, exploration-driven GRPO (EDO, catalog 001-04).
+
+    Reward biasing towards exploration: each response's reward is biased by its
+    per-token self-information under the behaviour policy before the group
+    normalisation,
+
+        r'_i = r_i + alpha * (-(1/|y_i|) sum_t log pi_old(y_t)),     A = GRPO(r')
+
+    In expectation over samples the bonus term of the policy gradient is
+    alpha * E[-log pi(y) grad log pi(y)] = alpha * grad H(pi) (per token): an entropy
+    bonus carried by the reward, so it survives GRPO's normalisation and also separates
+    groups whose rewards are all equal (less likely correct answers gain). alpha = 0 is
+    GRPO exactly. Needs ``logprobs`` and ``mask``. The bonus form is our reading of
+    "reward-biasing style exploration objectives".
+    """
+    if inp.logprobs is None or inp.mask is None:
+        raise ValueError("ed_grpo needs AdvantageInput.logprobs and mask ([B, T])")
+    m = inp.mask.float()
+    nll = -(inp.logprobs.float().detach() * m).sum(1) / m.sum(1).clamp_min(1.0)
+    r = response_rewards(inp)
+    shaped = r + p.alpha * nll
+    s = group_stats(shaped, inp.group_ids)
+    adv = shaped - s.mean
+    if p.scale_by_std:
+        adv = adv / (s.std + p.eps)
+    return AdvantageOutput(
+        broadcast(adv, inp.mask),
+        metrics={**_metrics(adv, r), "ed_bonus_mean": (p.alpha * nll).mean().item()},
+    )

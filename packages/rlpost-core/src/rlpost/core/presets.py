@@ -71,18 +71,31 @@ class Recipe:
         entropy: Tensor | None = None,
         global_tokens: float | None = None,
         global_sequences: float | None = None,
+        clip_range: Tensor | None = None,
+        token_weights: Tensor | None = None,
     ) -> PolicyLoss:
         """Scalar loss of one micro-batch, shapes ``[B, T]`` (advantages ``[B]`` or ``[B, T]``).
 
         Pass ``global_tokens`` / ``global_sequences`` of the whole step's batch so that
         summing the micro-batch gradients reproduces the full-batch gradient.
+        ``clip_range``: per-token clip half-width (``AdvantageOutput.clip_range``), read by
+        objectives that take one (``ppo_clip_turn``) and ignored by the others.
+        ``token_weights``: detached per-token weights multiplying the correction weights,
+        so they scale the policy-gradient term only (not the KL or entropy terms); compute
+        them on the whole step's batch, then slice, to keep micro-batching exact.
         """
         p = self.preset
         rin = RatioInput(logp, old_logp, mask, rollout_logp)
         ratio = self.ratio(rin)
         corr = self.correction(rin)
+        if token_weights is not None and token_weights.shape != logp.shape:
+            raise ValueError(f"token_weights must be [B, T] {tuple(logp.shape)}, "
+                             f"got {tuple(token_weights.shape)}")
+        w = corr.weights if token_weights is None else corr.weights * token_weights.detach()
         obj = self.objective(
-            ObjectiveInput(logp, old_logp, advantages, corr.mask, ratio.log_ratio, corr.weights)
+            ObjectiveInput(
+                logp, old_logp, advantages, corr.mask, ratio.log_ratio, w, clip_range=clip_range
+            )
         )
         tok = obj.loss
         metrics = {**ratio.metrics, **corr.metrics, **obj.metrics}
@@ -292,5 +305,72 @@ register_preset(
         group_size=8,
         notes="single-stage length shaping inside GRPO; the abstract gives no hyper-parameters: "
         "alpha 0.2 and DAPO-style clipping are our defaults",
+    )
+)
+register_preset(
+    Preset(
+        name="icr",
+        paper="ICR: implicit compression regularisation (catalog 001-10)",
+        catalog_id="001-10",
+        advantage=Choice("icr", {"coef": 0.1}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        notes="GRPO plus a pull toward each group's shortest correct responses in the "
+        "overthinking regime; the abstract gives no hyper-parameters: coef 0.1 is ours",
+    )
+)
+register_preset(
+    Preset(
+        name="soft_pair_grpo",
+        paper="Pair-GRPO family: Soft-Pair-GRPO (catalog 001-14)",
+        catalog_id="001-14",
+        advantage=Choice("soft_pair_grpo"),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("seq_mean_token_mean"),
+        kl=Choice("k3"),
+        kl_coef=0.04,
+        group_size=8,
+        notes="pairwise win-rate advantages with GRPO's clipped surrogate and KL kept (the "
+        "abstract's 'retaining GRPO's clipped surrogate and KL-regularized structure')",
+    )
+)
+register_preset(
+    Preset(
+        name="basis",
+        paper="BASIS: single-rollout critic-free RL with a batch-pooled value estimate (catalog 000-02)",
+        catalog_id="000-02",
+        advantage=Choice("basis", {"ridge": 1.0}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("token_mean"),
+        group_size=1,
+        notes="one rollout per prompt; the trainer must pass prompt features (e.g. mean-pooled "
+        "prompt hidden states); ridge 1.0 is ours (the abstract gives no hyper-parameters)",
+    )
+)
+register_preset(
+    Preset(
+        name="gcpo",
+        paper="GCPO: geometry-aware calibrated policy optimisation (catalog 000-10)",
+        catalog_id="000-10",
+        advantage=Choice("gcpo", {"w_min": 0.25, "w_max": 4.0}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("seq_mean_token_mean"),
+        group_size=8,
+        notes="GRPO with uncertainty-calibrated weights; needs response embeddings as features; "
+        "weight clip [0.25, 4] is ours",
+    )
+)
+register_preset(
+    Preset(
+        name="ed_grpo",
+        paper="EDO: exploration-driven optimisation, ED-GRPO variant (catalog 001-04)",
+        catalog_id="001-04",
+        advantage=Choice("ed_grpo", {"alpha": 0.05}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("seq_mean_token_mean"),
+        group_size=8,
+        notes="GRPO on rewards biased by the per-token self-information of each response; "
+        "needs behaviour log-probs; alpha 0.05 is ours",
     )
 )
