@@ -17,6 +17,7 @@ registry                  input -> output                        module
 Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parameters.
 """
 
+from rlpost.core import entropy_shaping  # noqa: F401  (registers entrocraft, fade + presets)
 from rlpost.core.advantages import (
     ADVANTAGES,
     AdvantageInput,

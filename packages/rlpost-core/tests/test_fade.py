@@ -1,0 +1,162 @@
+"""FADE (catalog 004-21): sign x difficulty decomposition with an entropy-driven focal schedule."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlpost.core import ADVANTAGES, AdvantageInput, RegistryError, TrainingDynamics, get_preset
+from rlpost.core.entropy_shaping import fade_decompose, fade_phase
+
+S = math.sqrt(3) / 2  # GRPO advantage magnitude of [1, 1, 0, 0]: 0.5 / sqrt(1/3)
+
+
+def dyn(entropy, initial=2.0):
+    return TrainingDynamics(progress=0.5, entropy=entropy, initial_entropy=initial)
+
+
+def fade(rewards, groups, entropy, mask=None, **params):
+    inp = AdvantageInput(
+        torch.tensor(rewards, dtype=torch.float32),
+        torch.tensor(groups),
+        mask,
+        dynamics=dyn(entropy),
+    )
+    return ADVANTAGES.build("fade", **params)(inp)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_decomposition_sums_back_to_the_advantage(seed):
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(97, generator=g, dtype=torch.float64)
+    p = torch.rand(97, generator=g, dtype=torch.float64)
+    parts = fade_decompose(adv, p)
+    assert_close(sum(parts), adv, rtol=0, atol=1e-15)
+    assert (parts.pos_hard >= 0).all() and (parts.pos_easy >= 0).all()
+    assert (parts.neg_hard <= 0).all() and (parts.neg_easy <= 0).all()
+    assert_close(parts.pos_hard + parts.neg_hard, adv * (1 - p))  # the hard axis
+    assert_close(parts.pos_easy + parts.pos_hard, adv.clamp_min(0))  # the positive mass
+    with pytest.raises(ValueError, match=r"\[B\] adv and success_rate"):
+        fade_decompose(adv, p[:3])
+
+
+def test_phase_from_entropy_dynamics():
+    # e = clip((H0 - H) / (margin * H0), 0, 1), H0 = 2, margin 0.5
+    assert fade_phase(dyn(2.0), 0.5) == 0.0
+    assert fade_phase(dyn(1.5), 0.5) == pytest.approx(0.5)
+    assert fade_phase(dyn(0.2), 0.5) == 1.0
+    assert fade_phase(dyn(2.6), 0.5) == 0.0  # entropy above its start: exploit
+
+
+def test_hand_values_exploit_and_explore():
+    # group 0: rewards [1, 1, 0, 0], p = 0.5,  A = [+S, +S, -S, -S]
+    # group 1: rewards [1, 1, 1, 0], p = 0.75, A = [0.5, 0.5, 0.5, -1.5] (std 0.5)
+    r, g = [1, 1, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1]
+    # e = 0 (H = H0): medium focus 4p(1-p) = 1, 0.75 -> / mean 0.875 = 8/7, 6/7;
+    # negatives x (1 - suppress) = 0.5
+    out = fade(r, g, entropy=2.0, suppress=0.5)
+    w0, w1 = 8 / 7, 6 / 7
+    expected = [w0 * S, w0 * S, -0.5 * w0 * S, -0.5 * w0 * S]
+    expected += [w1 * 0.5] * 3 + [-0.5 * w1 * 1.5]
+    assert_close(out.advantages, torch.tensor(expected))
+    assert out.metrics["fade_phase"] == 0.0 and out.metrics["fade_neg_weight"] == 0.5
+    # e = 1 (H dropped by margin 0.3 of H0): hard focus (1-p)^2 = 0.25, 0.0625
+    # -> / mean 0.15625 = 1.6, 0.4; negatives at full weight
+    out = fade(r, g, entropy=1.4, suppress=0.5)
+    expected = [1.6 * S, 1.6 * S, -1.6 * S, -1.6 * S, 0.2, 0.2, 0.2, -0.6]
+    assert_close(out.advantages, torch.tensor(expected))
+    assert out.metrics["fade_phase"] == pytest.approx(1.0)
+
+
+def test_difficulty_weights_are_normalised_over_groups_not_responses():
+    # e = 0: group 0 = [1, 0] (p = 1/2, 4p(1-p) = 1), group 1 = [1, 0, 0, 0] (p = 1/4, 0.75);
+    # mean over the 2 groups = 0.875 -> weights 8/7 and 6/7 (a mean over the 6 responses,
+    # 5/6, would give 1.2 and 0.9). Positives are not suppressed, so w = A_fade / A.
+    r, g = [1, 0, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1]
+    grpo = ADVANTAGES("grpo", AdvantageInput(torch.tensor(r).float(), torch.tensor(g)))
+    out = fade(r, g, entropy=2.0).advantages / grpo.advantages
+    assert_close(out[[0, 2]], torch.tensor([8 / 7, 6 / 7]))
+
+
+def sign_ratio(out, grpo):
+    """|weight on a negative| / |weight on a positive| inside group 0 ([1, 1, 0, 0])."""
+    return (out[2] / grpo[2]) / (out[0] / grpo[0])
+
+
+@pytest.mark.parametrize("suppress", [0.3, 1.0])
+def test_negatives_full_weight_when_exploring_suppressed_when_exploiting(suppress):
+    r, g = [1, 1, 0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]
+    grpo = ADVANTAGES("grpo", AdvantageInput(torch.tensor(r).float(), torch.tensor(g))).advantages
+    explore = fade(r, g, entropy=1.0, suppress=suppress).advantages  # e = 1
+    exploit = fade(r, g, entropy=2.0, suppress=suppress).advantages  # e = 0
+    assert sign_ratio(explore, grpo) == pytest.approx(1.0)
+    assert sign_ratio(exploit, grpo) == pytest.approx(1.0 - suppress)
+    assert ((exploit > 0) == (grpo > 0)).all() or suppress == 1.0  # signs preserved
+
+
+def test_difficulty_focus_moves_from_medium_to_hard_as_entropy_drops():
+    # 7 groups of 8 with 1..7 successes: p = 1/8 .. 7/8
+    G = 8
+    rewards = [float(i < k) for k in range(1, 8) for i in range(G)]
+    groups = [k for k in range(7) for _ in range(G)]
+    grpo = ADVANTAGES(
+        "grpo", AdvantageInput(torch.tensor(rewards), torch.tensor(groups))
+    ).advantages
+    phases, hard_vs_medium = [], []
+    for H in torch.linspace(2.0, 1.2, 9).tolist():  # margin 0.3: e = 0 .. 1 (and past it)
+        out = fade(rewards, groups, entropy=H, margin=0.3)
+        w = (out.advantages / grpo)[::G]  # weight of each group (its first, correct, sample)
+        phases.append(out.metrics["fade_phase"])
+        hard_vs_medium.append((w[0] / w[3]).item())  # p = 1/8 vs p = 1/2
+        if phases[-1] == 0.0:
+            assert int(w.argmax()) == 3  # medium focus: p = 1/2 weighs most
+        if phases[-1] == 1.0:
+            assert int(w.argmax()) == 0  # hard focus: the hardest group weighs most
+            assert (w[:-1] > w[1:]).all()
+    assert phases[0] == 0.0 and phases[-1] == 1.0
+    for i in range(len(phases) - 1):  # e rises as H falls, and the focus follows it
+        assert phases[i + 1] >= phases[i]
+        if phases[i + 1] > phases[i]:
+            assert hard_vs_medium[i + 1] > hard_vs_medium[i]
+        else:
+            assert hard_vs_medium[i + 1] == pytest.approx(hard_vs_medium[i])
+    assert hard_vs_medium[-1] > 1.0 > hard_vs_medium[0]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_degenerate_groups_give_zero_without_nan(masked):
+    T = 3
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    m = mask.float() if masked else None
+    for H in (2.0, 1.7, 0.5):
+        out = fade([1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], entropy=H, mask=m)  # all equal
+        assert torch.equal(out.advantages, torch.zeros((6, T) if masked else (6,)))
+        assert all(math.isfinite(v) for v in out.metrics.values())
+        mixed = fade([1, 1, 1, 0, 1, 0], [0, 0, 0, 1, 1, 1], entropy=H, mask=m)
+        assert torch.isfinite(mixed.advantages).all()
+        assert (mixed.advantages[:3] == 0).all() and (mixed.advantages[3:] != 0).any()
+        if masked:
+            assert (mixed.advantages[m == 0] == 0).all()
+
+
+def test_validation_errors():
+    inp = AdvantageInput(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match=r"fade needs AdvantageInput\.dynamics"):
+        ADVANTAGES("fade", inp)
+    half = AdvantageInput(inp.rewards, dynamics=TrainingDynamics(entropy=1.0))
+    with pytest.raises(ValueError, match=r"fade needs .*initial_entropy"):
+        ADVANTAGES("fade", half)
+    for kw, msg in (
+        ({"gamma": -1.0}, "gamma"),
+        ({"suppress": 1.5}, "suppress"),
+        ({"margin": 0.0}, "margin"),
+    ):
+        with pytest.raises(RegistryError, match=msg):
+            ADVANTAGES.build("fade", **kw)
+
+
+def test_preset_builds():
+    p = get_preset("fade")
+    assert p.catalog_id == "004-21" and "no hyper-parameters" in p.notes
+    p.build()
