@@ -13,7 +13,8 @@ def test_loo_ridge_equals_refitting_without_each_prompt():
     B, D, lam = 12, 3, 0.7
     F = torch.randn(B, D, dtype=torch.float64)
     y = torch.randn(B, dtype=torch.float64)
-    fast = loo_ridge_values(y, F, lam)
+    fast, used = loo_ridge_values(y, F, lam)
+    assert used == lam
     for i in range(B):
         keep = torch.arange(B) != i
         X = torch.cat([torch.full((B, 1), 1e3, dtype=torch.float64), F], 1)
@@ -36,7 +37,7 @@ def test_baseline_never_sees_its_own_reward():
     torch.manual_seed(1)
     F = torch.randn(16, 4)
     r = torch.bernoulli(torch.full((16,), 0.5))
-    fn = ADVANTAGES.build("basis")
+    fn = ADVANTAGES.build("basis", ridge=1.0)
     a = fn(AdvantageInput(r, features=F)).advantages
     r2 = r.clone()
     r2[3] = 1 - r2[3]
@@ -66,6 +67,11 @@ def test_informative_features_beat_the_batch_mean_baseline():
 
 
 def test_validation_and_preset():
+    # automatic ridge: uninformative features fall back towards the batch mean
+    torch.manual_seed(3)
+    r = torch.bernoulli(torch.full((128,), 0.4))
+    out = ADVANTAGES.build("basis")(AdvantageInput(r, features=torch.randn(128, 16)))
+    assert out.metrics["basis_ridge"] >= 100
     with pytest.raises(ValueError, match="ridge"):
         ADVANTAGES.build("basis", ridge=0.0)
     assert get_preset("basis").group_size == 1

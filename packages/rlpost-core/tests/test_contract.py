@@ -23,11 +23,13 @@ from rlpost.core import (
     ObjectiveInput,
     PreferenceInput,
     RatioInput,
+    TrainingDynamics,
 )
 
 B, T = 6, 5
 REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
-NEEDS_MASK = {"gae", "hmpo", "icr"}
+NEEDS_MASK = {"gae", "hmpo", "icr", "ed_grpo", "entrocraft", "a2tgpo"}  # read [B, T] inputs
+VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
 
 
 def mask() -> torch.Tensor:
@@ -48,8 +50,21 @@ def test_advantage_contract(name, masked):
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])  # group 1 (ids 1) is degenerate
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     m = mask()
+    if name in VECTOR_REWARD:
+        rewards = torch.stack([rewards, torch.tensor([0.5, 0.2, 0.1, 0.3, 0.3, 0.3])], 1)
+    token_inputs = {
+        "values": torch.randn(B, T),
+        "logprobs": -torch.rand(B, T) * m,  # behaviour log-probs
+        "turn_ids": torch.zeros(B, T, dtype=torch.long),  # one turn per trajectory
+    }
     inp = AdvantageInput(
-        rewards, groups, m if masked else None, values=torch.randn(B, T) if masked else None
+        rewards,
+        groups,
+        m if masked else None,
+        **(token_inputs if masked else {}),
+        features=torch.randn(B, 4),
+        turn_rewards=torch.randn(B, 1),
+        dynamics=TrainingDynamics(progress=0.5, entropy=0.8, initial_entropy=1.0),
     )
     if name in NEEDS_MASK and not masked:  # these read response lengths / token values
         with pytest.raises(ValueError, match=f"{name} needs"):
@@ -146,5 +161,11 @@ def test_preference_contract(name):
     assert out.loss.shape == out.chosen_reward.shape == out.rejected_reward.shape == (B,)
     assert torch.isfinite(out.loss).all() and not out.chosen_reward.requires_grad
     gc, gr = torch.autograd.grad(out.loss.sum(), (c, r))
-    # every preference loss pushes chosen up and rejected down (or is at its optimum)
-    assert (gc <= 0).all() and (gr >= 0).all()
+    # every preference loss pushes chosen up and rejected down (or is at its optimum);
+    # xi-DPO's squared distance to its margin does so only below the margin xi = 0.2
+    # and pulls the pair back together above it
+    below = torch.ones(B, dtype=torch.bool)
+    if name == "xi_dpo":
+        below = 1 - (c.detach() / 7) / (r.detach() / 9) < 0.2
+        assert (gc[~below] >= 0).all() and (gr[~below] <= 0).all()
+    assert (gc[below] <= 0).all() and (gr[below] >= 0).all()

@@ -480,37 +480,54 @@ def soft_pair_grpo(inp: AdvantageInput, p: SoftPairParams) -> AdvantageOutput:
 
 @dataclass(frozen=True)
 class BASISParams:
-    ridge: float = 1.0  # lambda of the leave-one-out ridge regression of rewards on features
+    ridge: float | None = None  # lambda of the ridge regression; None: chosen by LOO error
     normalize_features: bool = True  # L2-normalise each feature row first
     whiten: bool = False  # additionally batch-whiten the advantages (REINFORCE++-style)
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if self.ridge <= 0:
-            raise ValueError(f"ridge must be > 0, got {self.ridge}")
+        if self.ridge is not None and self.ridge <= 0:
+            raise ValueError(f"ridge must be > 0 (or None for automatic), got {self.ridge}")
 
 
-def loo_ridge_values(rewards: Tensor, features: Tensor | None, ridge: float) -> Tensor:
+RIDGE_GRID = tuple(10.0**e for e in range(-3, 7))  # 1e-3 .. 1e6 (1e6 ~ the batch mean)
+
+
+def loo_ridge_values(
+    rewards: Tensor, features: Tensor | None, ridge: float | None
+) -> tuple[Tensor, float]:
     """Leave-one-out ridge predictions ``[B]`` of each reward from the *other* prompts.
 
     Kernel form: X = [c 1, F] (an intercept column with c = 1e3, so the intercept is
-    practically unpenalised), K = X X^T, hat matrix H = K (K + ridge I)^-1, and the exact
-    leave-one-out prediction (yhat_i - H_ii y_i) / (1 - H_ii). Without features it is the
-    leave-one-out batch mean. Costs one B x B solve (float64).
+    practically unpenalised), K = X X^T = V diag(s) V^T, hat matrix
+    H = V diag(s / (s + lambda)) V^T, and the exact leave-one-out prediction
+    (yhat_i - H_ii y_i) / (1 - H_ii). ``ridge=None`` picks lambda on :data:`RIDGE_GRID` by
+    the mean squared leave-one-out error (one eigendecomposition, O(B^2) per lambda); a
+    large lambda falls back to the leave-one-out batch mean when the features carry no
+    signal. Without features it is the leave-one-out batch mean. Returns (values, lambda).
     """
     y = rewards.to(torch.float64)
     B = y.numel()
     if B < 2:
-        return torch.zeros_like(rewards)
+        return torch.zeros_like(rewards), float("nan")
     cols = [torch.full((B, 1), 1e3, dtype=torch.float64)]
     if features is not None:
         cols.append(features.to(torch.float64))
     X = torch.cat(cols, 1)
-    K = X @ X.T
-    H = torch.linalg.solve(K + ridge * torch.eye(B, dtype=torch.float64), K).T  # K (K+lI)^-1
-    yhat = H @ y
-    h = H.diagonal().clamp(max=1 - 1e-9)
-    return ((yhat - h * y) / (1 - h)).to(rewards.dtype)
+    s, V = torch.linalg.eigh(X @ X.T)
+    s = torch.where(s > 1e-12 * s.max(), s, torch.zeros_like(s))  # rounding-level -> 0
+    Vy = V.T @ y
+    best: tuple[float, Tensor, float] | None = None
+    for lam in RIDGE_GRID if ridge is None else (ridge,):
+        shrink = s / (s + lam)
+        yhat = V @ (shrink * Vy)
+        h = ((V**2) @ shrink).clamp(max=1 - 1e-9)
+        loo = (yhat - h * y) / (1 - h)
+        err = float(((loo - y) ** 2).mean())
+        if best is None or err < best[0]:
+            best = (err, loo, lam)
+    assert best is not None
+    return best[1].to(rewards.dtype), best[2]
 
 
 @ADVANTAGES.register("basis", BASISParams)
@@ -520,7 +537,8 @@ def basis(inp: AdvantageInput, p: BASISParams) -> AdvantageOutput:
     Critic-free: the value of prompt i is predicted from the *other* prompts of the batch
     by ridge regression of their rewards on prompt features (``features`` ``[B, D]``, e.g.
     the policy's mean-pooled prompt hidden state), evaluated leave-one-out so the baseline
-    never sees r_i (the gradient stays unbiased):
+    never sees r_i (the gradient stays unbiased; with ``ridge=None`` the one shared
+    lambda is picked by the batch's leave-one-out error, a weak dependence we accept):
 
         V_i = LOO-ridge(r_{-i} ~ [1, f_{-i}])(f_i),      A_i = r_i - V_i
 
@@ -534,14 +552,15 @@ def basis(inp: AdvantageInput, p: BASISParams) -> AdvantageOutput:
     f = inp.features
     if f is not None and p.normalize_features:
         f = f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    v = loo_ridge_values(r, f, p.ridge)
+    v, lam = loo_ridge_values(r, f, p.ridge)
     adv = r - v
     if p.whiten:
         adv = masked_whiten(adv, None, eps=p.eps)
     var = r.var(unbiased=False).clamp_min(1e-12)
     r2 = 1.0 - ((r - v) ** 2).mean() / var
     return AdvantageOutput(
-        broadcast(adv, inp.mask), metrics={**_metrics(adv, r), "value_fit_r2": r2.item()}
+        broadcast(adv, inp.mask),
+        metrics={**_metrics(adv, r), "value_fit_r2": r2.item(), "basis_ridge": lam},
     )
 
 
