@@ -120,7 +120,7 @@ def test_gspo_preset_is_sequence_level_objective():
 def test_register_duplicate_and_unknown_preset():
     with pytest.raises(RegistryError, match="already registered"):
         register_preset(get_preset("grpo"))
-    with pytest.raises(RegistryError, match="valid names: basis, dapo, dr_grpo"):
+    with pytest.raises(RegistryError, match=r"valid names: .*dapo, dr_grpo"):
         get_preset("gpro")
 
 

@@ -41,6 +41,15 @@ from rlpost.core.presets import (
 )
 from rlpost.core.ratios import CORRECTIONS, RATIOS, CorrectionOutput, RatioInput, RatioOutput
 from rlpost.core.registry import Bound, NoParams, Registry, RegistryError
+from rlpost.core.turns import A2TGPOParams  # importing it registers a2tgpo + its preset
+from rlpost.core.weights import (
+    AnchorExplorerMasks,
+    TokenSubset,
+    anchor_explorer_masks,
+    attention_entropy,
+    dynamic_entropy_weights,
+    random_token_subset,
+)
 
 __version__ = "0.1.0"
 
@@ -64,10 +73,12 @@ __all__ = [
     "PRESETS",
     "RATIOS",
     "REGISTRIES",
+    "A2TGPOParams",
     "AdvantageInput",
     "AdvantageOutput",
     "AggregationInput",
     "AggregationOutput",
+    "AnchorExplorerMasks",
     "Bound",
     "Choice",
     "CorrectionOutput",
@@ -85,7 +96,11 @@ __all__ = [
     "Recipe",
     "Registry",
     "RegistryError",
+    "TokenSubset",
     "TrainingDynamics",
+    "anchor_explorer_masks",
+    "attention_entropy",
+    "dynamic_entropy_weights",
     "entropy_from_logits",
     "get_preset",
     "group_stats",
@@ -96,5 +111,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "random_token_subset",
     "register_preset",
 ]

@@ -14,6 +14,8 @@ Inputs (``B`` responses, ``T`` tokens):
 * ``log_ratio`` ``[B, T]``: the policy ratio to clip, from :data:`rlpost.core.ratios.RATIOS`
   (defaults to the token ratio ``logp - old_logp``).
 * ``weights`` ``[B, T]``: detached rollout-correction weights (default 1).
+* ``clip_range`` ``[B, T]``: optional per-token clip half-width (A²TGPO's adaptive
+  turn-level clip, ``AdvantageOutput.clip_range``); read by ``ppo_clip_turn``.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ class ObjectiveInput:
     mask: Tensor
     log_ratio: Tensor | None = None
     weights: Tensor | None = None
+    clip_range: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 2:
             raise ValueError(f"logp must be [B, T], got {tuple(self.logp.shape)}")
-        for name in ("old_logp", "mask", "log_ratio", "weights"):
+        for name in ("old_logp", "mask", "log_ratio", "weights", "clip_range"):
             t = getattr(self, name)
             if t is not None and t.shape != self.logp.shape:
                 raise ValueError(f"{name} shape {tuple(t.shape)} != logp {tuple(self.logp.shape)}")
@@ -164,3 +167,47 @@ def reinforce(inp: ObjectiveInput, p: NoParams) -> ObjectiveOutput:
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     return ObjectiveOutput(-w * A * inp.logp * m, {})
+
+
+@OBJECTIVES.register("ppo_clip_turn", PPOClipParams)
+def ppo_clip_turn(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
+    """PPO clip with a per-token clip range (A²TGPO adaptive turn-level clipping, 001-15).
+
+    With ``clip_range`` eps ``[B, T]`` (e.g. ``AdvantageOutput.clip_range`` of ``a2tgpo``):
+    J = min(r A, clip(r, 1 - eps_t, 1 + eps_t) A), dual clip and loss = -w J as ``ppo_clip``.
+    Without it, exactly ``ppo_clip`` with the params' ``clip_low`` / ``clip_high``; with a
+    constant eps it equals ``ppo_clip(clip_low=clip_high=eps)`` bit for bit (the bounds are
+    formed in float64 and rounded once, as Python scalars are). Shapes ``[B, T]``.
+    Metric ``clip_range_mean``: mean eps over valid tokens.
+    """
+    if inp.clip_range is None:
+        return ppo_clip(inp, p)
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    eps = inp.clip_range.detach()
+    if not (torch.isfinite(eps) & (eps >= 0)).all():
+        raise ValueError("ppo_clip_turn: clip_range must be finite and >= 0")
+    lo = (1.0 - eps.double()).to(inp.logp.dtype)
+    hi = (1.0 + eps.double()).to(inp.logp.dtype)
+    r = inp.ratio_log().exp()
+    unclipped = r * A
+    clipped = torch.minimum(torch.maximum(r, lo), hi) * A
+    J = torch.minimum(unclipped, clipped)
+    clipped_active = (clipped < unclipped).float()
+    if p.dual_clip is not None:
+        dual_active = ((A < 0) & (p.dual_clip * A > J)).float()
+        J = torch.where(A < 0, torch.maximum(J, p.dual_clip * A), J)
+    else:
+        dual_active = torch.zeros_like(m)
+    loss = -w * J * m
+    rd = r.detach()
+    return ObjectiveOutput(
+        loss,
+        {
+            "clip_frac": masked_mean(clipped_active, m).item(),
+            "clip_frac_low": masked_mean(((rd < lo) & (A < 0)).float(), m).item(),
+            "clip_frac_high": masked_mean(((rd > hi) & (A > 0)).float(), m).item(),
+            "dual_clip_frac": masked_mean(dual_active, m).item(),
+            "ratio_mean": masked_mean(rd, m).item(),
+            "clip_range_mean": masked_mean(eps.float(), m).item(),
+        },
+    )

@@ -89,8 +89,10 @@ class Recipe:
         ratio = self.ratio(rin)
         corr = self.correction(rin)
         if token_weights is not None and token_weights.shape != logp.shape:
-            raise ValueError(f"token_weights must be [B, T] {tuple(logp.shape)}, "
-                             f"got {tuple(token_weights.shape)}")
+            raise ValueError(
+                f"token_weights must be [B, T] {tuple(logp.shape)}, "
+                f"got {tuple(token_weights.shape)}"
+            )
         w = corr.weights if token_weights is None else corr.weights * token_weights.detach()
         obj = self.objective(
             ObjectiveInput(
