@@ -17,7 +17,11 @@ registry                  input -> output                        module
 Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parameters.
 """
 
-from rlpost.core import entropy_shaping  # noqa: F401  (registers entrocraft, fade + presets)
+from rlpost.core import (  # noqa: F401  (importing registers their entries and presets)
+    best_of_n,
+    entropy_shaping,
+    multi_reward,
+)
 from rlpost.core.advantages import (
     ADVANTAGES,
     AdvantageInput,

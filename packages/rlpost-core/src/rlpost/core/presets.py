@@ -342,12 +342,12 @@ register_preset(
         name="basis",
         paper="BASIS: single-rollout critic-free RL with a batch-pooled value estimate (catalog 000-02)",
         catalog_id="000-02",
-        advantage=Choice("basis", {"ridge": 1.0}),
+        advantage=Choice("basis"),
         objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
         aggregation=Choice("token_mean"),
         group_size=1,
         notes="one rollout per prompt; the trainer must pass prompt features (e.g. mean-pooled "
-        "prompt hidden states); ridge 1.0 is ours (the abstract gives no hyper-parameters)",
+        "prompt hidden states); the ridge strength is chosen per batch by leave-one-out error",
     )
 )
 register_preset(
