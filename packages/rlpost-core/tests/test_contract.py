@@ -30,6 +30,7 @@ B, T = 6, 5
 REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
 NEEDS_MASK = {"gae", "hmpo", "icr", "ed_grpo", "entrocraft", "a2tgpo"}  # read [B, T] inputs
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
+FITS_TARGET = {"hard_pair_grpo"}  # objectives that fit pi to a target ratio (restoring)
 
 
 def mask() -> torch.Tensor:
@@ -123,6 +124,13 @@ def test_objective_zero_advantage_gives_zero_gradient(name):
     logp, old = logps()
     out = OBJECTIVES.build(name)(ObjectiveInput(logp, old, torch.zeros(B), mask()))
     (g,) = torch.autograd.grad(out.loss.sum(), logp)
+    if name in FITS_TARGET:
+        # a fitted target of log-ratio 0: no push at the old policy, a pull back to it
+        # off-policy (never away from it)
+        assert (g * (logp.detach() - old) >= 0).all()
+        at_old = old.clone().requires_grad_(True)
+        out = OBJECTIVES.build(name)(ObjectiveInput(at_old, old, torch.zeros(B), mask()))
+        (g,) = torch.autograd.grad(out.loss.sum(), at_old)
     assert (g == 0).all()
 
 

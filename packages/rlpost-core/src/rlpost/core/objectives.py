@@ -211,3 +211,49 @@ def ppo_clip_turn(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
             "clip_range_mean": masked_mean(eps.float(), m).item(),
         },
     )
+
+
+@dataclass(frozen=True)
+class HardPairParams:
+    eta: float = 0.1  # target log-ratio per unit advantage
+    delta: float = 0.2  # local probability constraint: |target log-ratio| <= delta
+
+    def __post_init__(self) -> None:
+        if self.eta <= 0 or self.delta <= 0:
+            raise ValueError(f"need eta > 0 and delta > 0, got eta={self.eta}, delta={self.delta}")
+
+
+@OBJECTIVES.register("hard_pair_grpo", HardPairParams)
+def hard_pair_grpo(inp: ObjectiveInput, p: HardPairParams) -> ObjectiveOutput:
+    """Hard-Pair-GRPO (catalog 001-14): local probability constraints + constrained KL fitting.
+
+    Each sampled token gets a *target* log-ratio inside the local constraint,
+
+        tau = clip(eta * A, -delta, delta)          (pi_target(y_t) = pi_old(y_t) e^tau)
+
+    and the policy is fitted to the target rather than pushed along the surrogate:
+
+        loss_t = w * (log r_t - tau)^2 / 2
+
+    the second-order expansion of the KL between the tilted target and pi at the sampled
+    token. Properties: at r = 1 the gradient is -tau grad log pi, a positive multiple
+    (eta) of the GRPO / PPO gradient whenever |eta A| <= delta (deterministic direction);
+    each token's push is bounded by delta whatever the advantage (variance reduction);
+    the loss is minimised exactly at log r = tau, with a restoring force beyond it, so
+    repeated epochs cannot drift past the constraint (PPO's clip only stops pushing).
+    With Soft-Pair-GRPO's pairwise advantages (``soft_pair_grpo``) this is the hard
+    variant; the quadratic fitting form and the log-ratio box are our reading.
+    """
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    tau = (p.eta * A).clamp(-p.delta, p.delta)
+    lr = inp.ratio_log()
+    loss = 0.5 * w * (lr - tau) ** 2 * m
+    return ObjectiveOutput(
+        loss,
+        {
+            "target_at_constraint_frac": masked_mean(
+                ((p.eta * A).abs() > p.delta).float(), m
+            ).item(),
+            "fit_error": masked_mean((lr.detach() - tau).abs(), m).item(),
+        },
+    )

@@ -376,3 +376,18 @@ register_preset(
         "needs behaviour log-probs; alpha 0.05 is ours",
     )
 )
+register_preset(
+    Preset(
+        name="hard_pair_grpo",
+        paper="Pair-GRPO family: Hard-Pair-GRPO (catalog 001-14)",
+        catalog_id="001-14",
+        advantage=Choice("soft_pair_grpo"),
+        objective=Choice("hard_pair_grpo", {"eta": 0.1, "delta": 0.2}),
+        aggregation=Choice("seq_mean_token_mean"),
+        kl=Choice("k3"),
+        kl_coef=0.04,
+        group_size=8,
+        notes="pairwise advantages fitted to a box-constrained target log-ratio (local "
+        "probability constraint) by a quadratic KL fit; eta 0.1 / delta 0.2 are ours",
+    )
+)
