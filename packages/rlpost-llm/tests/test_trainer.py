@@ -285,3 +285,28 @@ def test_tis_correction_uses_the_engine_logprobs(fast_cfg):
     m = tr.update(tr.collect())
     # weights pi_old / pi_rollout = exp(-0.25) on every token
     assert m["is_weight_mean"] == pytest.approx(math.exp(-0.25), rel=1e-4)
+
+
+@pytest.mark.parametrize("preset", ["basis", "gcpo", "ed_grpo", "entrocraft", "fade", "tea"])
+def test_seed_advantage_presets_get_their_inputs_and_train_a_step(preset, fast_cfg):
+    # features (pooled hidden states), behaviour log-probs and training dynamics reach the
+    # issue-7 estimators that need them
+    tr = Trainer(fast_cfg(f"algo.preset={preset}", "rollout.group_size=4"), reward_fn=parity_reward)
+    col = tr.collect()
+    extras = tr._advantage_extras(tr.model, col.batch)
+    assert extras["logprobs"].shape == col.batch.mask.shape
+    assert extras["dynamics"].initial_entropy == pytest.approx(extras["dynamics"].entropy)
+    if preset in ("basis", "gcpo"):
+        H = tr.model.config.hidden_size
+        assert extras["features"].shape == (len(col.batch), H)
+        assert torch.isfinite(extras["features"]).all()
+    m = tr.update(col)
+    assert math.isfinite(m["grad_norm"]) and tr.version == 1
+
+
+@pytest.mark.parametrize("preset", ["vpo", "rdpo", "a2tgpo"])
+def test_estimators_this_trainer_cannot_feed_are_rejected_at_load(preset, fast_cfg):
+    from rlpost.llm.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=preset):
+        fast_cfg(f"algo.preset={preset}")

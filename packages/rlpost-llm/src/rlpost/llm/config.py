@@ -75,6 +75,15 @@ class ChoiceConfig(_Strict):
     params: dict[str, Any] = {}
 
 
+# core estimators whose inputs this trainer cannot provide (checked at load)
+UNSUPPORTED_ADVANTAGES = {
+    "vpo": "needs vector rewards [B, K]; this trainer scores one reward function",
+    "rdpo": "needs vector rewards [B, K]; this trainer scores one reward function",
+    "a2tgpo": "needs per-turn information gain (turn_ids / turn_rewards) of multi-turn "
+    "agent rollouts; this trainer is single-turn",
+}
+
+
 class AlgoConfig(_Strict):
     preset: str = "grpo"
     advantage: ChoiceConfig | None = None
@@ -165,6 +174,9 @@ class Config(_Strict):
             self.preset()
         except (RegistryError, ValueError, TypeError) as exc:
             raise ValueError(f"algo: {exc}") from exc
+        adv = self.preset().advantage.name
+        if adv in UNSUPPORTED_ADVANTAGES:
+            raise ValueError(f"algo.advantage {adv!r}: {UNSUPPORTED_ADVANTAGES[adv]}")
         if self.train.async_rollouts and self.rollout.engine == "vllm":
             raise ValueError("train.async_rollouts: supported with the hf engine only")
         return self

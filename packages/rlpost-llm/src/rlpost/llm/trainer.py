@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlpost.core.advantages import AdvantageInput
+from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
@@ -48,6 +48,9 @@ from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.tasks import Example
+
+# estimators that read features, and which part of each row they pool
+FEATURE_SOURCE = {"basis": "prompt", "gcpo": "completion"}
 
 
 @dataclass
@@ -153,6 +156,7 @@ class Trainer:
             )
         self.step, self.version = 0, 0
         self.skipped = 0
+        self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         resumed = None
@@ -193,6 +197,7 @@ class Trainer:
             return None
         state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler)
         self.step, self.version, self.skipped = state["step"], state["version"], state["skipped"]
+        self.initial_entropy = state.get("initial_entropy")
         self.source.load_state_dict(state["data"])
         if self.engine is not None:
             self._sync_engine()
@@ -289,6 +294,46 @@ class Trainer:
             out[sl] = lp * batch.mask[sl]
         return out
 
+    def _advantage_extras(self, model, batch: RolloutBatch) -> dict[str, Any]:
+        """The optional estimator inputs: behaviour log-probs, training dynamics (progress,
+        the sampled tokens' mean -log-prob as the entropy estimate, and its first value),
+        and for ``basis`` / ``gcpo`` mean-pooled last hidden states of the prompt / the
+        completion as features."""
+        m = batch.mask
+        entropy = float(-(batch.logprobs * m).sum() / m.sum().clamp_min(1.0))
+        if self.initial_entropy is None:
+            self.initial_entropy = entropy
+        progress = min(1.0, self.step / max(1, self.cfg.train.steps - 1))
+        extras: dict[str, Any] = {
+            "logprobs": batch.logprobs * m,
+            "dynamics": TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy),
+        }
+        part = FEATURE_SOURCE.get(self.preset.advantage.name)
+        if part is not None:
+            extras["features"] = self._pooled_hidden(model, batch, part)
+        return extras
+
+    @torch.no_grad()
+    def _pooled_hidden(self, model, batch: RolloutBatch, part: str) -> Tensor:
+        """``[N, H]`` mean of the last hidden states over the prompt or completion tokens."""
+        out = []
+        mbs = self.cfg.optim.micro_batch_size
+        for s in range(0, len(batch), mbs):
+            sl = slice(s, s + mbs)
+            sb = make_seq_batch(
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
+            )
+            h = model(
+                input_ids=sb.input_ids,
+                attention_mask=sb.attention_mask,
+                position_ids=sb.position_ids,
+                output_hidden_states=True,
+            ).hidden_states[-1]
+            cols = slice(0, sb.P) if part == "prompt" else slice(sb.P, None)
+            w = sb.attention_mask[:, cols].to(h.dtype)[..., None]
+            out.append(((h[:, cols] * w).sum(1) / w.sum(1).clamp_min(1.0)).float())
+        return torch.cat(out)
+
     def update(self, col: Collected) -> dict[str, float]:
         cfg, p, batch = self.cfg, self.preset, col.batch
         model = self.model
@@ -308,7 +353,13 @@ class Trainer:
         if self.kl_in_reward:
             token_rewards = kl_reward_penalty(old_logp, ref_logp, batch.mask, p.kl_coef, p.kl.name)
         adv = self.recipe.advantages(
-            AdvantageInput(col.rewards, batch.group, batch.mask, token_rewards=token_rewards)
+            AdvantageInput(
+                col.rewards,
+                batch.group,
+                batch.mask,
+                token_rewards=token_rewards,
+                **self._advantage_extras(model, batch),
+            )
         ).advantages
         global_tokens = float(mask.sum())
         global_seqs = float((mask.sum(1) > 0).sum())
@@ -512,7 +563,12 @@ class Trainer:
         return result
 
     def save(self) -> Path:
-        state = {"version": self.version, "skipped": self.skipped, "data": self.source.state_dict()}
+        state = {
+            "version": self.version,
+            "skipped": self.skipped,
+            "data": self.source.state_dict(),
+            "initial_entropy": self.initial_entropy,
+        }
         return save_checkpoint(
             self.run_dir / "checkpoints",
             self.step,
