@@ -101,16 +101,26 @@ def ppo_clip(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
     loss = -w * J  (w: rollout-correction weights).  Shapes ``[B, T]``.
     d loss / d log pi = -w r A where the unclipped branch is active, else 0.
     """
+    return _clipped_surrogate(inp, 1.0 - p.clip_low, 1.0 + p.clip_high, p.dual_clip)
+
+
+def _clipped_surrogate(
+    inp: ObjectiveInput, lo: float | Tensor, hi: float | Tensor, dual_clip: float | None
+) -> ObjectiveOutput:
+    """PPO's clipped surrogate with bounds ``lo``/``hi`` (scalars or ``[B, T]``) and the
+    optional dual clip; shared by ``ppo_clip`` and ``ppo_clip_turn``."""
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     r = inp.ratio_log().exp()
     unclipped = r * A
-    clipped = r.clamp(1.0 - p.clip_low, 1.0 + p.clip_high) * A
+    if isinstance(lo, Tensor):
+        clipped = torch.minimum(torch.maximum(r, lo), hi) * A
+    else:
+        clipped = r.clamp(lo, hi) * A
     J = torch.minimum(unclipped, clipped)
     clipped_active = (clipped < unclipped).float()
-    if p.dual_clip is not None:
-        dual = torch.where(A < 0, torch.maximum(J, p.dual_clip * A), J)
-        dual_active = ((A < 0) & (p.dual_clip * A > J)).float()
-        J = dual
+    if dual_clip is not None:
+        dual_active = ((A < 0) & (dual_clip * A > J)).float()
+        J = torch.where(A < 0, torch.maximum(J, dual_clip * A), J)
     else:
         dual_active = torch.zeros_like(m)
     loss = -w * J * m
@@ -119,8 +129,8 @@ def ppo_clip(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
         loss,
         {
             "clip_frac": masked_mean(clipped_active, m).item(),
-            "clip_frac_low": masked_mean(((rd < 1 - p.clip_low) & (A < 0)).float(), m).item(),
-            "clip_frac_high": masked_mean(((rd > 1 + p.clip_high) & (A > 0)).float(), m).item(),
+            "clip_frac_low": masked_mean(((rd < lo) & (A < 0)).float(), m).item(),
+            "clip_frac_high": masked_mean(((rd > hi) & (A > 0)).float(), m).item(),
             "dual_clip_frac": masked_mean(dual_active, m).item(),
             "ratio_mean": masked_mean(rd, m).item(),
         },
@@ -182,35 +192,14 @@ def ppo_clip_turn(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
     """
     if inp.clip_range is None:
         return ppo_clip(inp, p)
-    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     eps = inp.clip_range.detach()
     if not (torch.isfinite(eps) & (eps >= 0)).all():
         raise ValueError("ppo_clip_turn: clip_range must be finite and >= 0")
     lo = (1.0 - eps.double()).to(inp.logp.dtype)
     hi = (1.0 + eps.double()).to(inp.logp.dtype)
-    r = inp.ratio_log().exp()
-    unclipped = r * A
-    clipped = torch.minimum(torch.maximum(r, lo), hi) * A
-    J = torch.minimum(unclipped, clipped)
-    clipped_active = (clipped < unclipped).float()
-    if p.dual_clip is not None:
-        dual_active = ((A < 0) & (p.dual_clip * A > J)).float()
-        J = torch.where(A < 0, torch.maximum(J, p.dual_clip * A), J)
-    else:
-        dual_active = torch.zeros_like(m)
-    loss = -w * J * m
-    rd = r.detach()
-    return ObjectiveOutput(
-        loss,
-        {
-            "clip_frac": masked_mean(clipped_active, m).item(),
-            "clip_frac_low": masked_mean(((rd < lo) & (A < 0)).float(), m).item(),
-            "clip_frac_high": masked_mean(((rd > hi) & (A > 0)).float(), m).item(),
-            "dual_clip_frac": masked_mean(dual_active, m).item(),
-            "ratio_mean": masked_mean(rd, m).item(),
-            "clip_range_mean": masked_mean(eps.float(), m).item(),
-        },
-    )
+    out = _clipped_surrogate(inp, lo, hi, p.dual_clip)
+    out.metrics["clip_range_mean"] = masked_mean(eps.float(), inp.mask_f).item()
+    return out
 
 
 @dataclass(frozen=True)
