@@ -179,6 +179,14 @@ def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
     return out
 
 
+def group_normalize(x: Tensor, group_ids: Tensor | None, scale_by_std: bool, eps: float) -> Tensor:
+    """``x - mean_g(x)``, divided by ``std_g(x) + eps`` when ``scale_by_std`` (GRPO's
+    normalisation of any per-response score ``[B]``); equal scores give exactly 0."""
+    s = group_stats(x, group_ids)
+    adv = x - s.mean
+    return adv / (s.std + eps) if scale_by_std else adv
+
+
 def _metrics(adv: Tensor, rewards: Tensor) -> dict[str, float]:
     return {"reward_mean": rewards.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
 
@@ -200,10 +208,7 @@ def grpo(inp: AdvantageInput, p: GRPOParams) -> AdvantageOutput:
     A group with identical rewards has r_i - mean = 0 exactly, so A = 0 (no NaN).
     """
     r = response_rewards(inp)
-    s = group_stats(r, inp.group_ids)
-    adv = r - s.mean
-    if p.scale_by_std:
-        adv = adv / (s.std + p.eps)
+    adv = group_normalize(r, inp.group_ids, p.scale_by_std, p.eps)
     return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
 
 
@@ -382,10 +387,7 @@ def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
     m = median[g].clamp_min(1.0)
     bonus = p.alpha * correct.float() * ((m - lengths) / m).clamp(-1.0, 1.0)
     shaped = r + bonus
-    s = group_stats(shaped, inp.group_ids)
-    adv = shaped - s.mean
-    if p.scale_by_std:
-        adv = adv / (s.std + p.eps)
+    adv = group_normalize(shaped, inp.group_ids, p.scale_by_std, p.eps)
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={**_metrics(adv, r), "hmpo_bonus_mean": bonus.mean().item()},
@@ -665,10 +667,7 @@ def ed_grpo(inp: AdvantageInput, p: EDGRPOParams) -> AdvantageOutput:
     nll = -(inp.logprobs.float().detach() * m).sum(1) / m.sum(1).clamp_min(1.0)
     r = response_rewards(inp)
     shaped = r + p.alpha * nll
-    s = group_stats(shaped, inp.group_ids)
-    adv = shaped - s.mean
-    if p.scale_by_std:
-        adv = adv / (s.std + p.eps)
+    adv = group_normalize(shaped, inp.group_ids, p.scale_by_std, p.eps)
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={**_metrics(adv, r), "ed_bonus_mean": (p.alpha * nll).mean().item()},

@@ -43,6 +43,7 @@ from rlpost.core.advantages import (
     AdvantageInput,
     AdvantageOutput,
     broadcast,
+    group_normalize,
     response_rewards,
 )
 from rlpost.core.masked import group_stats
@@ -137,12 +138,6 @@ def best_of_k_ustat(r: Tensor, group_ids: Tensor | None, k: int) -> Tensor:
     return (w * torch.where(valid, val, torch.zeros_like(val))).sum(1).to(r.dtype)
 
 
-def _center(g: Tensor, group_ids: Tensor | None, scale_by_std: bool, eps: float) -> Tensor:
-    s = group_stats(g, group_ids)
-    adv = g - s.mean
-    return adv / (s.std + eps) if scale_by_std else adv
-
-
 @dataclass(frozen=True)
 class TEAParams:
     n: int = 16  # deployment best-of-N
@@ -167,7 +162,7 @@ def tea(inp: AdvantageInput, p: TEAParams) -> AdvantageOutput:
     sigma = s.std
     z = torch.where(sigma > 0, (r - s.mean) / sigma.clamp_min(1e-12), torch.zeros_like(r))
     g = torch.where(sigma > 0, sigma * gaussian_best_of_n_gain(z, p.n), torch.zeros_like(r))
-    adv = _center(g, inp.group_ids, p.scale_by_std, p.eps)
+    adv = group_normalize(g, inp.group_ids, p.scale_by_std, p.eps)
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={"reward_mean": r.mean().item(), "adv_abs_mean": adv.abs().mean().item()},
@@ -227,7 +222,7 @@ def prefix_tea(inp: AdvantageInput, p: PrefixTEAParams) -> AdvantageOutput:
         z = torch.where(sd > 0, (rd - mu) / sd.clamp_min(1e-12), torch.zeros_like(rd))
         floor = gaussian_best_of_n_gain(torch.full_like(z, -math.inf), p.n)  # E[M_{N-1}]
         g = (sd * (gaussian_best_of_n_gain(z, p.n) - floor)).to(r.dtype)
-    adv = _center(g, inp.group_ids, p.scale_by_std, p.eps)
+    adv = group_normalize(g, inp.group_ids, p.scale_by_std, p.eps)
     adv = torch.where(s.std > 0, adv, torch.zeros_like(adv))
     return AdvantageOutput(
         broadcast(adv, inp.mask),

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput, broadcast
+from rlpost.core.advantages import (
+    ADVANTAGES,
+    AdvantageInput,
+    AdvantageOutput,
+    broadcast,
+    group_normalize,
+)
 from rlpost.core.masked import group_stats
 
 
@@ -83,11 +89,7 @@ def vpo(inp: AdvantageInput, p: VPOParams) -> AdvantageOutput:
     )[g]
     unique_best = is_best & (n_best == 1) & torch.isfinite(second)
     contrib = torch.where(unique_best, scores - second, torch.zeros_like(scores)).mean(1)
-    s = group_stats(contrib, inp.group_ids)
-    adv = contrib - s.mean
-    if p.scale_by_std:
-        adv = adv / (s.std + p.eps)
-    adv = adv.float()
+    adv = group_normalize(contrib, inp.group_ids, p.scale_by_std, p.eps).float()
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={
