@@ -31,6 +31,8 @@ REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
 NEEDS_MASK = {"gae", "hmpo", "icr", "ed_grpo", "entrocraft", "a2tgpo"}  # read [B, T] inputs
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
 FITS_TARGET = {"hard_pair_grpo"}  # objectives that fit pi to a target ratio (restoring)
+FITS_GROUP_TARGET = {"lpo"}  # fit a group's sequence-ratio softmax to a target (restoring)
+GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])  # ObjectiveInput.group_ids for group-level entries
 
 
 def mask() -> torch.Tensor:
@@ -112,7 +114,7 @@ def test_objective_contract(name):
     logp, old = logps()
     m = mask()
     adv = torch.randn(B)
-    out = OBJECTIVES.build(name)(ObjectiveInput(logp, old, adv, m))
+    out = OBJECTIVES.build(name)(ObjectiveInput(logp, old, adv, m, group_ids=GROUPS))
     assert out.loss.shape == (B, T) and torch.isfinite(out.loss).all()
     assert (out.loss[m == 0] == 0).all()
     assert all(isinstance(v, float) for v in out.metrics.values())
@@ -122,14 +124,17 @@ def test_objective_contract(name):
 @pytest.mark.parametrize("name", OBJECTIVES.names())
 def test_objective_zero_advantage_gives_zero_gradient(name):
     logp, old = logps()
-    out = OBJECTIVES.build(name)(ObjectiveInput(logp, old, torch.zeros(B), mask()))
+    zero = torch.zeros(B)
+    out = OBJECTIVES.build(name)(ObjectiveInput(logp, old, zero, mask(), group_ids=GROUPS))
     (g,) = torch.autograd.grad(out.loss.sum(), logp)
-    if name in FITS_TARGET:
+    if name in FITS_TARGET | FITS_GROUP_TARGET:
         # a fitted target of log-ratio 0: no push at the old policy, a pull back to it
-        # off-policy (never away from it)
-        assert (g * (logp.detach() - old) >= 0).all()
+        # off-policy (never away from it; per token, or in sum for a group-level target)
+        pull = g * (logp.detach() - old)
+        assert (pull.sum() >= 0) if name in FITS_GROUP_TARGET else (pull >= 0).all()
         at_old = old.clone().requires_grad_(True)
-        out = OBJECTIVES.build(name)(ObjectiveInput(at_old, old, torch.zeros(B), mask()))
+        inp = ObjectiveInput(at_old, old, zero, mask(), group_ids=GROUPS)
+        out = OBJECTIVES.build(name)(inp)
         (g,) = torch.autograd.grad(out.loss.sum(), at_old)
     assert (g == 0).all()
 

@@ -32,6 +32,7 @@ def batch(seed=0):
 
 
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
+GROUP_LEVEL = {"conspo", "lpo"}  # objectives coupling a group: whole groups per micro-batch
 
 
 def step_inputs(preset: Preset, seed=0):
@@ -73,15 +74,22 @@ def test_every_preset_builds_and_cites_its_paper(name):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_microbatching_equals_full_batch(name):
     preset = get_preset(name).replace(correction=Choice("tis"), entropy_coef=0.01)
+    grouped = preset.objective.name in GROUP_LEVEL
+    if grouped:  # batch() has groups of 4
+        preset = preset.replace(group_size=4)
     recipe, mask, logp, old, ref, rollout, adv = step_inputs(preset)
     ent = torch.rand(B, T)
+    groups = torch.arange(B) // 4
     kw = {"rollout_logp": rollout, "ref_logp": ref, "entropy": ent}
+    kw.update({"group_ids": groups} if grouped else {})
     full = recipe.policy_loss(logp, old, adv, mask, **kw).loss
     (g_full,) = torch.autograd.grad(full, logp)
     g_acc, tot = torch.zeros_like(logp), 0.0
     n_tok, n_seq = mask.sum().item(), B
-    for idx in ([0, 1, 2], [3, 4], [5, 6, 7]):
+    splits = ([0, 1, 2, 3], [4, 5, 6, 7]) if grouped else ([0, 1, 2], [3, 4], [5, 6, 7])
+    for idx in splits:
         x = logp.detach()[idx].clone().requires_grad_(True)
+        gkw = {"group_ids": groups[idx]} if grouped else {}
         li = recipe.policy_loss(
             x,
             old[idx],
@@ -92,6 +100,7 @@ def test_preset_microbatching_equals_full_batch(name):
             entropy=ent[idx],
             global_tokens=n_tok,
             global_sequences=n_seq,
+            **gkw,
         ).loss
         (g,) = torch.autograd.grad(li, x)
         g_acc[idx] += g

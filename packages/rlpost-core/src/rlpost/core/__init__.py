@@ -20,6 +20,7 @@ Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parame
 from rlpost.core import (  # noqa: F401  (importing registers their entries and presets)
     best_of_n,
     entropy_shaping,
+    group_objectives,
     multi_reward,
 )
 from rlpost.core.advantages import (

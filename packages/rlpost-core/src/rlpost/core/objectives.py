@@ -16,6 +16,11 @@ Inputs (``B`` responses, ``T`` tokens):
 * ``weights`` ``[B, T]``: detached rollout-correction weights (default 1).
 * ``clip_range`` ``[B, T]``: optional per-token clip half-width (A²TGPO's adaptive
   turn-level clip, ``AdvantageOutput.clip_range``); read by ``ppo_clip_turn``.
+* ``group_ids`` ``[B]``: optional integer prompt labels (responses sharing a label were
+  sampled for the same prompt); read by the group-level objectives of
+  :mod:`rlpost.core.group_objectives` (``conspo``, ``lpo``).
+* ``trigger_pos`` ``[B]``: optional integer trigger token index per response (-1: none);
+  read by ``mu_grpo``'s negative-advantage veto.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class ObjectiveInput:
     log_ratio: Tensor | None = None
     weights: Tensor | None = None
     clip_range: Tensor | None = None
+    group_ids: Tensor | None = None  # [B] prompt labels, read by group-level objectives
+    trigger_pos: Tensor | None = None  # [B] int trigger token index (-1: none), mu_grpo's veto
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 2:
@@ -49,6 +56,14 @@ class ObjectiveInput:
         a = self.advantages
         if a.shape not in (self.logp.shape, self.logp.shape[:1]):
             raise ValueError(f"advantages must be [B] or [B, T], got {tuple(a.shape)}")
+        for name in ("group_ids", "trigger_pos"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.logp.shape[:1]:
+                raise ValueError(
+                    f"{name} must be [B] {tuple(self.logp.shape[:1])}, got {tuple(t.shape)}"
+                )
+            if t is not None and (t.is_floating_point() or t.is_complex()):
+                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
 
     @property
     def mask_f(self) -> Tensor:

@@ -73,6 +73,8 @@ class Recipe:
         global_sequences: float | None = None,
         clip_range: Tensor | None = None,
         token_weights: Tensor | None = None,
+        group_ids: Tensor | None = None,
+        trigger_pos: Tensor | None = None,
     ) -> PolicyLoss:
         """Scalar loss of one micro-batch, shapes ``[B, T]`` (advantages ``[B]`` or ``[B, T]``).
 
@@ -83,6 +85,13 @@ class Recipe:
         ``token_weights``: detached per-token weights multiplying the correction weights,
         so they scale the policy-gradient term only (not the KL or entropy terms); compute
         them on the whole step's batch, then slice, to keep micro-batching exact.
+        ``group_ids`` ``[B]``: prompt labels, read by group-level objectives (``conspo``,
+        ``lpo``). Their loss couples the responses of a group, so a micro-batch must hold
+        whole groups: every label present must occur exactly ``preset.group_size`` times,
+        else this raises (a group split across micro-batches would silently become two
+        smaller groups and the summed gradients would not equal the full batch's).
+        ``trigger_pos`` ``[B]``: per-response trigger token index (-1: none) for
+        ``mu_grpo``'s negative-advantage veto; row-wise, so any split is exact.
         """
         p = self.preset
         rin = RatioInput(logp, old_logp, mask, rollout_logp)
@@ -94,9 +103,26 @@ class Recipe:
                 f"got {tuple(token_weights.shape)}"
             )
         w = corr.weights if token_weights is None else corr.weights * token_weights.detach()
+        if group_ids is not None and group_ids.numel():
+            labels, counts = group_ids.unique(return_counts=True)
+            if (counts != p.group_size).any():
+                bad = (counts != p.group_size).nonzero().flatten()[:5]
+                raise ValueError(
+                    f"group_ids: group(s) {labels[bad].tolist()} have {counts[bad].tolist()} "
+                    f"responses in this micro-batch, preset {p.name!r} has group_size "
+                    f"{p.group_size}: split micro-batches on group boundaries (whole groups)"
+                )
         obj = self.objective(
             ObjectiveInput(
-                logp, old_logp, advantages, corr.mask, ratio.log_ratio, w, clip_range=clip_range
+                logp,
+                old_logp,
+                advantages,
+                corr.mask,
+                ratio.log_ratio,
+                w,
+                clip_range=clip_range,
+                group_ids=group_ids,
+                trigger_pos=trigger_pos,
             )
         )
         tok = obj.loss
