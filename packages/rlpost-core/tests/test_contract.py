@@ -154,11 +154,12 @@ def test_aggregation_contract(name):
 def test_kl_contract(name):
     logp, old = logps()
     m = mask()
-    out = KL_ESTIMATORS.build(name)(KLInput(logp, old, m))
+    adv = torch.randn(B)  # read by response-weighted KLs (reva_rer), ignored by the others
+    out = KL_ESTIMATORS.build(name)(KLInput(logp, old, m, advantages=adv))
     assert out.kl.shape == (B, T) and torch.isfinite(out.kl).all()
     assert (out.kl[m == 0] == 0).all()
     _zero_grad_on_mask(out.kl.sum(), logp, m)
-    same = KL_ESTIMATORS.build(name)(KLInput(old, old, m)).kl
+    same = KL_ESTIMATORS.build(name)(KLInput(old, old, m, advantages=adv)).kl
     assert (same == 0).all(), "KL of a policy with itself is 0"
 
 

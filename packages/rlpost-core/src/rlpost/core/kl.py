@@ -32,6 +32,8 @@ class KLInput:
     logp: Tensor  # [B, T] log pi (differentiable)
     ref_logp: Tensor  # [B, T] log pi_ref (detached)
     mask: Tensor | None = None  # [B, T]
+    advantages: Tensor | None = None  # [B] or [B, T], read by response-weighted KLs (reva_rer)
+    ref_entropy: Tensor | None = None  # [B, T] entropy of pi_ref per position (reva_rer)
 
     def __post_init__(self) -> None:
         if self.logp.shape != self.ref_logp.shape:
@@ -41,6 +43,14 @@ class KLInput:
         if self.mask is not None and self.mask.shape != self.logp.shape:
             raise ValueError(
                 f"mask shape {tuple(self.mask.shape)} != logp {tuple(self.logp.shape)}"
+            )
+        a = self.advantages
+        if a is not None and a.shape not in (self.logp.shape, self.logp.shape[:1]):
+            raise ValueError(f"advantages must be [B] or [B, T], got {tuple(a.shape)}")
+        h = self.ref_entropy
+        if h is not None and h.shape != self.logp.shape:
+            raise ValueError(
+                f"ref_entropy shape {tuple(h.shape)} != logp {tuple(self.logp.shape)}"
             )
 
 

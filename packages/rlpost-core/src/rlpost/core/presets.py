@@ -131,7 +131,7 @@ class Recipe:
         if self.kl is not None and p.kl_coef > 0 and not p.kl_in_reward:
             if ref_logp is None:
                 raise ValueError(f"preset {p.name!r} puts a KL in the loss: pass ref_logp")
-            kl = self.kl(KLInput(logp, ref_logp, m)).kl
+            kl = self.kl(KLInput(logp, ref_logp, m, advantages=advantages)).kl
             tok = tok + p.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), m).item()
         if p.entropy_coef != 0:
