@@ -31,6 +31,8 @@ REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
 NEEDS_MASK = {"gae", "hmpo", "icr", "ed_grpo", "entrocraft", "a2tgpo"}  # read [B, T] inputs
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
 FITS_TARGET = {"hard_pair_grpo"}  # objectives that fit pi to a target ratio (restoring)
+# off-policy anchors (KL(mu || pi) / ESS regulariser) that pull back to pi_old, 0 there
+FITS_TARGET |= {"implicit_pessimism", "ess_adaptive"}
 FITS_GROUP_TARGET = {"lpo"}  # fit a group's sequence-ratio softmax to a target (restoring)
 GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])  # ObjectiveInput.group_ids for group-level entries
 

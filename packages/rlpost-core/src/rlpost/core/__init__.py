@@ -22,6 +22,7 @@ from rlpost.core import (  # noqa: F401  (importing registers their entries and 
     entropy_shaping,
     group_objectives,
     multi_reward,
+    offpolicy,
     regularizers,
 )
 from rlpost.core.advantages import (
