@@ -25,6 +25,7 @@ from rlpost.core import (
     RatioInput,
     TrainingDynamics,
 )
+from rlpost.core.ratios import TokenDistributions
 
 B, T = 6, 5
 REQUIRED = {("aggregation", "constant"): {"normalizer": 5.0}}
@@ -104,7 +105,16 @@ def test_ratio_contract(name):
 def test_correction_contract(name):
     logp, old = logps()
     m = mask()
-    out = CORRECTIONS.build(name)(RatioInput(logp, old, m, rollout_logp=old + 0.05))
+    # optional inputs some corrections read (predictive_divergence_mask), ignored by others
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(B, T, 7, generator=g)
+    tokens = torch.randint(0, 7, (B, T), generator=g)
+    dists = TokenDistributions.from_logits(
+        logits, logits + torch.randn(B, T, 7, generator=g), tokens
+    )
+    out = CORRECTIONS.build(name)(
+        RatioInput(logp, old, m, rollout_logp=old + 0.05, advantages=torch.randn(B), dists=dists)
+    )
     assert out.weights.shape == out.mask.shape == (B, T)
     assert not out.weights.requires_grad, "corrections must be detached"
     assert (out.weights[m == 0] == 0).all() and (out.mask[m == 0] == 0).all()

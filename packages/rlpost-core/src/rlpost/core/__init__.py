@@ -19,6 +19,7 @@ Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parame
 
 from rlpost.core import (  # noqa: F401  (importing registers their entries and presets)
     best_of_n,
+    divergence,
     entropy_shaping,
     group_objectives,
     multi_reward,

@@ -27,7 +27,7 @@ from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
-from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput
+from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput, TokenDistributions
 from rlpost.core.registry import Bound, RegistryError
 
 
@@ -75,6 +75,7 @@ class Recipe:
         token_weights: Tensor | None = None,
         group_ids: Tensor | None = None,
         trigger_pos: Tensor | None = None,
+        token_dists: TokenDistributions | None = None,
     ) -> PolicyLoss:
         """Scalar loss of one micro-batch, shapes ``[B, T]`` (advantages ``[B]`` or ``[B, T]``).
 
@@ -92,9 +93,13 @@ class Recipe:
         smaller groups and the summed gradients would not equal the full batch's).
         ``trigger_pos`` ``[B]``: per-response trigger token index (-1: none) for
         ``mu_grpo``'s negative-advantage veto; row-wise, so any split is exact.
+        ``token_dists``: per-token distributions ``[B, T, K]`` of both policies (engine
+        top-K or full), read by ``predictive_divergence_mask``; row-wise, split exactly.
         """
         p = self.preset
-        rin = RatioInput(logp, old_logp, mask, rollout_logp)
+        rin = RatioInput(
+            logp, old_logp, mask, rollout_logp, advantages=advantages, dists=token_dists
+        )
         ratio = self.ratio(rin)
         corr = self.correction(rin)
         if token_weights is not None and token_weights.shape != logp.shape:

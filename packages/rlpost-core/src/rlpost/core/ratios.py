@@ -20,9 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from rlpost.core.masked import masked_mean, masked_sum
+from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
 from rlpost.core.registry import NoParams, Registry
 
 
@@ -32,6 +34,11 @@ class RatioInput:
     old_logp: Tensor
     mask: Tensor
     rollout_logp: Tensor | None = None
+    # optional, read by the entries that need them (None elsewhere): advantages [B] or
+    # [B, T] (sign of the next policy-gradient step) and per-token distributions over K
+    # vocabulary ids (see TokenDistributions; predictive_divergence_mask)
+    advantages: Tensor | None = None
+    dists: TokenDistributions | None = None
 
     def __post_init__(self) -> None:
         for name in ("old_logp", "mask", "rollout_logp"):
@@ -42,6 +49,56 @@ class RatioInput:
                 )
         if self.logp.dim() != 2:
             raise ValueError(f"logp must be [B, T], got {tuple(self.logp.shape)}")
+        a = self.advantages
+        if a is not None and a.shape not in (self.logp.shape, self.logp.shape[:1]):
+            raise ValueError(f"advantages must be [B] or [B, T], got {tuple(a.shape)}")
+        if self.dists is not None and self.dists.logp.shape[:2] != self.logp.shape:
+            raise ValueError(
+                f"dists must be [B, T, K] with [B, T] = {tuple(self.logp.shape)}, "
+                f"got {tuple(self.dists.logp.shape)}"
+            )
+
+
+@dataclass(frozen=True)
+class TokenDistributions:
+    """Per-token log-probs of both policies over K vocabulary ids (``RatioInput.dists``).
+
+    ``logp`` ``[B, T, K]``: the current (training) policy's log-probs of the K ids;
+    ``old_logp`` ``[B, T, K]``: the behaviour policy's log-probs of the same ids (e.g. the
+    rollout engine's top-K); ``sampled_index`` ``[B, T]`` long: column of the sampled token
+    among the K, or -1 when it is not among them. Full distributions: K = V, the ids are the
+    vocabulary and ``sampled_index`` is the sampled token (``from_logits``). Read detached.
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    sampled_index: Tensor
+
+    def __post_init__(self) -> None:
+        if self.logp.dim() != 3:
+            raise ValueError(f"dists.logp must be [B, T, K], got {tuple(self.logp.shape)}")
+        if self.old_logp.shape != self.logp.shape:
+            raise ValueError(
+                f"dists.old_logp shape {tuple(self.old_logp.shape)} != "
+                f"dists.logp shape {tuple(self.logp.shape)}"
+            )
+        if self.sampled_index.shape != self.logp.shape[:2]:
+            raise ValueError(
+                f"dists.sampled_index must be [B, T] = {tuple(self.logp.shape[:2])}, "
+                f"got {tuple(self.sampled_index.shape)}"
+            )
+        if self.sampled_index.dtype.is_floating_point:
+            raise ValueError("dists.sampled_index must be an integer tensor")
+
+    @classmethod
+    def from_logits(cls, logits: Tensor, old_logits: Tensor, tokens: Tensor) -> TokenDistributions:
+        """Full distributions from ``[B, T, V]`` logits of both policies and ``[B, T]`` tokens."""
+
+        def logsm(x: Tensor) -> Tensor:  # float32 at least, float64 kept
+            x = x.detach()
+            return (x if x.dtype == torch.float64 else x.float()).log_softmax(-1)
+
+        return cls(logsm(logits), logsm(old_logits), tokens.long())
 
 
 @dataclass(frozen=True)
@@ -146,4 +203,245 @@ def masked_is(inp: RatioInput, p: TISParams) -> CorrectionOutput:
     keep = ((ratio <= p.cap) & (ratio >= 1.0 / p.cap)).float() * m
     return CorrectionOutput(
         ratio * keep, keep, {"is_masked_frac": 1.0 - masked_mean(keep, m).item()}
+    )
+
+
+# --- F-TIS (catalog 000-09) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FTISParams:
+    cap: float = 2.0  # truncation C of the token weight
+    filter_low: float = 0.2  # drop samples whose engine ratio falls below this
+    filter_level: Literal["token", "sequence"] = "sequence"
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"cap must be >= 1 (weight 1 must stay reachable), got {self.cap}")
+        if not 0 <= self.filter_low <= 1:
+            raise ValueError(f"filter_low must be in [0, 1], got {self.filter_low}")
+
+
+@CORRECTIONS.register("ftis", FTISParams)
+def filtered_truncated_is(inp: RatioInput, p: FTISParams) -> CorrectionOutput:
+    """F-TIS: filtered truncated importance sampling for samples from heterogeneous models
+    (catalog 000-09).
+
+    ``rollout_logp`` ``[B, T]``: log-probs of the model that generated the sample (another
+    participant's model, or the local engine); ``old_logp``: the local trainer's.
+    rho_t = pi_local(y_t) / pi_gen(y_t).
+
+        filter:   keep_i = 1[ exp(mean_t log rho_t) >= f ]        (``filter_level="sequence"``)
+                  keep_t = 1[ rho_t >= f ]                         (``"token"``)
+        truncate: w_t = keep * min(rho_t, C)
+
+    Filtered tokens leave the loss (mask 0, weight 0); kept ones are truncated at C. Our
+    reading of the abstract (which gives no formula): the filter removes samples the local
+    model finds implausible (a low geometric-mean ratio), truncation bounds the rest; a
+    sample the local model generated itself has rho = 1 and passes unchanged.
+    """
+    lr, m = _engine_log_ratio(inp, "token")
+    if p.filter_level == "sequence":
+        seq = masked_sum(lr, m, dim=1) / m.sum(1).clamp_min(1.0)
+        keep = (seq.unsqueeze(1).exp() >= p.filter_low).float() * m
+    else:
+        keep = (lr.exp() >= p.filter_low).float() * m
+    rho = lr.exp()
+    w = rho.clamp(max=p.cap) * keep
+    return CorrectionOutput(
+        w,
+        keep,
+        {
+            "ftis_filtered_frac": 1.0 - masked_mean(keep, m).item(),
+            "ftis_truncated_frac": masked_mean((rho > p.cap).float(), keep).item(),
+            "is_weight_mean": masked_mean(w, keep).item(),
+        },
+    )
+
+
+# --- CTPO (catalog 001-09) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CumulativeParams:
+    detach_prefix: bool = True  # gradient of term t only through log pi(y_t)
+
+
+@RATIOS.register("cumulative", CumulativeParams)
+def cumulative_ratio(inp: RatioInput, p: CumulativeParams) -> RatioOutput:
+    """CTPO cumulative token IS ratio (catalog 001-09): the prefix product of token ratios.
+
+        log R_t = sum_{s <= t, m_s = 1} (log pi(y_s) - log pi_old(y_s)),   R_t = prod r_s
+
+    over the valid tokens up to t (masked tokens, e.g. tool outputs, are skipped), ``[B, T]``.
+    ``detach_prefix=True`` (default, the token-level policy-gradient reading): the value
+    is R_t but term t's gradient flows through log pi(y_t) only,
+    log R_t = sg(sum_{s<t} ...) + (log pi(y_t) - log pi_old(y_t)), so the surrogate R_t A
+    gives the prefix-corrected term R_t A grad log pi(y_t). ``False``: the full gradient
+    of the product (R_t A sum_{s<=t} grad log pi(y_s)).
+    """
+    m = inp.mask.float()
+    tok = (inp.logp - inp.old_logp.detach()) * m
+    csum = tok.cumsum(1)
+    lr = (csum.detach() - tok.detach() + tok) if p.detach_prefix else csum
+    lr = lr * m
+    return RatioOutput(
+        lr,
+        {
+            "ratio_mean": masked_mean(lr.detach().exp(), m).item(),
+            "log_ratio_abs_max": (lr.detach().abs() * m).max().item() if m.numel() else 0.0,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class CTPOClipParams:
+    clip_low: float = 0.2  # log-space bound at t = 1; -clip_low sqrt(t) at position t
+    clip_high: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip_low and clip_high must be >= 0, got {self}")
+
+
+@OBJECTIVES.register("ctpo_clip", CTPOClipParams)
+def ctpo_clip(inp: ObjectiveInput, p: CTPOClipParams) -> ObjectiveOutput:
+    """CTPO position-adaptive log-space clipping (catalog 001-09).
+
+    With t the 1-based index of the token among its response's valid tokens and
+    log R_t the ``log_ratio`` (use the ``cumulative`` ratio, whose log grows like sqrt(t)):
+
+        log R~_t = clip(log R_t, -eps_low sqrt(t), eps_high sqrt(t))
+        J_t = min(R_t A, exp(log R~_t) A),   loss = -w J_t       ([B, T])
+
+    At t = 1 this is PPO's clip in log space; the bound widens as sqrt(t), the growth of the
+    standard deviation of a sum of t independent token log-ratios, so the fraction of
+    clipped tokens does not grow with position. Gradient: -w R_t A d log R_t where the
+    unclipped branch is active, else 0.
+    """
+    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
+    lr = inp.ratio_log()
+    sq = m.cumsum(1).clamp_min(1.0).sqrt()
+    lo, hi = -p.clip_low * sq, p.clip_high * sq
+    r = lr.exp()
+    clipped = torch.minimum(torch.maximum(lr, lo), hi).exp() * A
+    unclipped = r * A
+    J = torch.minimum(unclipped, clipped)
+    loss = -w * J * m
+    return ObjectiveOutput(
+        loss,
+        {
+            "clip_frac": masked_mean((clipped < unclipped).float(), m).item(),
+            "ratio_mean": masked_mean(r.detach(), m).item(),
+        },
+    )
+
+
+# --- SIS (catalog 004-17) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SISParams:
+    envelope: float = 2.0  # M > 1: acceptance probability min(1, rho) / M
+    rejected_weight: Literal["unbiased", "ratio"] = "unbiased"
+    seed: int | None = None  # None: the global torch RNG (seed it per step in the trainer)
+
+    def __post_init__(self) -> None:
+        if self.envelope <= 1:
+            raise ValueError(f"envelope must be > 1, got {self.envelope}")
+
+
+@CORRECTIONS.register("sis", SISParams)
+def selective_is(inp: RatioInput, p: SISParams) -> CorrectionOutput:
+    """SIS: selective importance sampling by a token-level rejection test (catalog 004-17).
+
+    Target: the current policy pi (``logp``, read detached); proposal q: the policy that
+    sampled the tokens (``rollout_logp``, else ``old_logp``); rho_t = pi(y_t) / q(y_t).
+
+        a_t = min(1, rho_t) / M,   u_t ~ U(0, 1)
+        accepted (u_t < a_t):  w_t = 1                 (viewed as on-policy)
+        rejected:              w_t = (rho_t - a_t) / (1 - a_t)    (``"unbiased"``)
+                               w_t = rho_t                        (``"ratio"``)
+
+    ``"unbiased"``: the rejected tokens keep an IS weight, rescaled so that the accepted
+    tokens' unit weights are paid for: E[w | y] = a + (1 - a) w_rej = rho(y) exactly, hence
+    E_q[w] = 1 and an unbiased gradient; rho < 1: w_rej = rho (M - 1) / (M - rho) <= rho,
+    rho >= 1: w_rej = (M rho - 1) / (M - 1) <= rho M / (M - 1) (bounded, no blow-up). ``"ratio"`` is the
+    abstract's literal "rejected tokens retain the standard IS weight"; it is biased
+    (E[w | y] = a + (1 - a) rho). The weights replace the policy ratio: pair the entry
+    with an objective whose gradient is w A grad log pi (``reinforce``, preset ``sis``).
+    M is ours: the abstract gives no acceptance rule; a_t = min(1, rho) is the
+    Metropolis test, divided by M so that tokens with rho >= 1 can be rejected too.
+    """
+    m = inp.mask.float()
+    q = inp.rollout_logp if inp.rollout_logp is not None else inp.old_logp
+    rho = ((inp.logp.detach() - q.detach()) * m).exp()
+    a = rho.clamp(max=1.0) / p.envelope
+    if p.seed is None:
+        u = torch.rand(rho.shape, device=rho.device)
+    else:
+        g = torch.Generator(device=rho.device).manual_seed(p.seed)
+        u = torch.rand(rho.shape, generator=g, device=rho.device)
+    accept = u < a
+    w_rej = (rho - a) / (1.0 - a) if p.rejected_weight == "unbiased" else rho
+    w = torch.where(accept, torch.ones_like(rho), w_rej) * m
+    return CorrectionOutput(
+        w,
+        m.clone(),
+        {
+            "sis_accept_frac": masked_mean(accept.float(), m).item(),
+            "is_weight_mean": masked_mean(w, m).item(),
+        },
+    )
+
+
+# --- clipped IS + training-inference ratio correction (catalog 004-02) -------------------
+
+
+@dataclass(frozen=True)
+class ClippedISParams:
+    low: float = 0.5  # weight clip [low, high] of rho = pi_old(trainer) / pi_rollout(engine)
+    high: float = 2.0
+    mask_low: float | None = None  # tokens with rho outside [mask_low, mask_high] dropped
+    mask_high: float | None = None
+    level: Literal["token", "sequence"] = "token"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= 1 <= self.high:
+            raise ValueError(f"need 0 <= low <= 1 <= high (rho = 1 kept), got {self}")
+        if self.mask_low is not None and not 0 <= self.mask_low <= 1:
+            raise ValueError(f"mask_low must be in [0, 1], got {self.mask_low}")
+        if self.mask_high is not None and self.mask_high < 1:
+            raise ValueError(f"mask_high must be >= 1, got {self.mask_high}")
+
+
+@CORRECTIONS.register("clipped_is", ClippedISParams)
+def clipped_is(inp: RatioInput, p: ClippedISParams) -> CorrectionOutput:
+    """Two-sided clipped training-inference ratio correction (Ring-2.5-1T-Zero, catalog 004-02).
+
+        rho = pi_old(y_t) / pi_rollout(y_t)   (trainer vs rollout engine; per token, or
+                                               the product over the response, ``level``)
+        keep = 1[mask_low <= rho <= mask_high]  (each bound optional)
+        w = keep * clip(rho, low, high)
+
+    Unlike ``tis`` (one-sided cap) the weight is bounded below too, and the optional band
+    masks tokens whose engines disagree too much (``mis`` keeps the unclipped rho). Since
+    low <= 1 <= high, w = 1 exactly when the engines agree (rollout_logp == old_logp).
+    """
+    lr, m = _engine_log_ratio(inp, p.level)
+    rho = lr.exp()
+    keep = m.clone()
+    if p.mask_low is not None:
+        keep = keep * (rho >= p.mask_low).float()
+    if p.mask_high is not None:
+        keep = keep * (rho <= p.mask_high).float()
+    w = rho.clamp(p.low, p.high) * keep
+    return CorrectionOutput(
+        w,
+        keep,
+        {
+            "is_weight_mean": masked_mean(w, keep).item(),
+            "is_clipped_frac": masked_mean(((rho < p.low) | (rho > p.high)).float(), m).item(),
+            "is_masked_frac": 1.0 - masked_mean(keep, m).item(),
+        },
     )
