@@ -287,10 +287,12 @@ def test_tis_correction_uses_the_engine_logprobs(fast_cfg):
     assert m["is_weight_mean"] == pytest.approx(math.exp(-0.25), rel=1e-4)
 
 
-@pytest.mark.parametrize("preset", ["basis", "gcpo", "ed_grpo", "entrocraft", "fade", "tea"])
+@pytest.mark.parametrize(
+    "preset", ["basis", "gcpo", "ed_grpo", "entrocraft", "fade", "tea", "conspo", "lpo"]
+)
 def test_seed_advantage_presets_get_their_inputs_and_train_a_step(preset, fast_cfg):
     # features (pooled hidden states), behaviour log-probs and training dynamics reach the
-    # issue-7 estimators that need them
+    # issue-7 estimators that need them; group-level objectives get whole groups
     tr = Trainer(fast_cfg(f"algo.preset={preset}", "rollout.group_size=4"), reward_fn=parity_reward)
     col = tr.collect()
     extras = tr._advantage_extras(tr.model, col.batch)
@@ -304,9 +306,18 @@ def test_seed_advantage_presets_get_their_inputs_and_train_a_step(preset, fast_c
     assert math.isfinite(m["grad_norm"]) and tr.version == 1
 
 
-@pytest.mark.parametrize("preset", ["vpo", "rdpo", "a2tgpo"])
-def test_estimators_this_trainer_cannot_feed_are_rejected_at_load(preset, fast_cfg):
+@pytest.mark.parametrize(
+    "preset", ["vpo", "rdpo", "a2tgpo", "ppo", "sao", "predictive_divergence_mask"]
+)
+def test_entries_this_trainer_cannot_feed_are_rejected_at_load(preset, fast_cfg):
     from rlpost.llm.config import ConfigError
 
-    with pytest.raises((ConfigError, ValueError), match=preset):
+    with pytest.raises(ConfigError, match=r"needs"):
         fast_cfg(f"algo.preset={preset}")
+
+
+def test_group_objectives_need_whole_groups_per_micro_batch(fast_cfg):
+    from rlpost.llm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"multiple of rollout\.group_size"):
+        fast_cfg("algo.preset=lpo", "optim.micro_batch_size=6")

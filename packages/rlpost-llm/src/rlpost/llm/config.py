@@ -81,7 +81,15 @@ UNSUPPORTED_ADVANTAGES = {
     "rdpo": "needs vector rewards [B, K]; this trainer scores one reward function",
     "a2tgpo": "needs per-turn information gain (turn_ids / turn_rewards) of multi-turn "
     "agent rollouts; this trainer is single-turn",
+    "gae": "needs a critic's values V(s_t); this trainer is critic-free (use a group-relative "
+    "estimator such as grpo or rloo)",
 }
+UNSUPPORTED_CORRECTIONS = {
+    "predictive_divergence_mask": "needs both policies' per-token distributions "
+    "(token_dists); this trainer's fused log-prob path does not materialise them",
+}
+# objectives whose loss couples the responses of a group: micro-batches hold whole groups
+GROUP_OBJECTIVES = {"conspo", "lpo"}
 
 
 class AlgoConfig(_Strict):
@@ -174,9 +182,18 @@ class Config(_Strict):
             self.preset()
         except (RegistryError, ValueError, TypeError) as exc:
             raise ValueError(f"algo: {exc}") from exc
-        adv = self.preset().advantage.name
+        preset = self.preset()
+        adv, corr, obj = preset.advantage.name, preset.correction.name, preset.objective.name
         if adv in UNSUPPORTED_ADVANTAGES:
             raise ValueError(f"algo.advantage {adv!r}: {UNSUPPORTED_ADVANTAGES[adv]}")
+        if corr in UNSUPPORTED_CORRECTIONS:
+            raise ValueError(f"algo.correction {corr!r}: {UNSUPPORTED_CORRECTIONS[corr]}")
+        if obj in GROUP_OBJECTIVES and self.optim.micro_batch_size % self.rollout.group_size:
+            raise ValueError(
+                f"algo.objective {obj!r} couples the responses of a group: "
+                f"optim.micro_batch_size ({self.optim.micro_batch_size}) must be a multiple "
+                f"of rollout.group_size ({self.rollout.group_size})"
+            )
         if self.train.async_rollouts and self.rollout.engine == "vllm":
             raise ValueError("train.async_rollouts: supported with the hf engine only")
         return self

@@ -41,7 +41,7 @@ from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.llm.config import Config
+from rlpost.llm.config import GROUP_OBJECTIVES, Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
@@ -110,6 +110,12 @@ class Trainer:
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.main = self.rank == 0
+        if self.world > 1 and cfg.preset().objective.name in GROUP_OBJECTIVES:
+            raise ValueError(
+                f"algo.objective {cfg.preset().objective.name!r} couples the responses of a "
+                "group, but data-parallel ranks take strided rows (groups split across "
+                "ranks): run it on one process"
+            )
         self.run_dir = Path(cfg.run.dir)
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -397,6 +403,7 @@ class Trainer:
                     entropy=ent,
                     global_tokens=global_tokens,
                     global_sequences=global_seqs,
+                    group_ids=batch.group[idx] if p.objective.name in GROUP_OBJECTIVES else None,
                 )
                 if not torch.isfinite(out.loss):
                     bad = True
