@@ -44,7 +44,13 @@ from rlpost.core.masked import masked_mean
 from rlpost.llm.config import GROUP_OBJECTIVES, Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
-from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.policy import (
+    Reference,
+    completion_logprobs,
+    fused_head,
+    load_policy,
+    make_seq_batch,
+)
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.tasks import Example
@@ -307,13 +313,12 @@ class Trainer:
         completion as features."""
         m = batch.mask
         entropy = float(-(batch.logprobs * m).sum() / m.sum().clamp_min(1.0))
-        if self.initial_entropy is None:
+        if self.initial_entropy is None and math.isfinite(entropy):
             self.initial_entropy = entropy
         progress = min(1.0, self.step / max(1, self.cfg.train.steps - 1))
-        extras: dict[str, Any] = {
-            "logprobs": batch.logprobs * m,
-            "dynamics": TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy),
-        }
+        extras: dict[str, Any] = {"logprobs": batch.logprobs * m}
+        if math.isfinite(entropy):  # a non-finite engine log-prob leaves dynamics out
+            extras["dynamics"] = TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy)
         part = FEATURE_SOURCE.get(self.preset.advantage.name)
         if part is not None:
             extras["features"] = self._pooled_hidden(model, batch, part)
@@ -321,23 +326,36 @@ class Trainer:
 
     @torch.no_grad()
     def _pooled_hidden(self, model, batch: RolloutBatch, part: str) -> Tensor:
-        """``[N, H]`` mean of the last hidden states over the prompt or completion tokens."""
+        """``[N, H]`` (CPU, float32) mean of the last hidden states over the prompt or the
+        completion tokens. Uses the decoder alone when the model has one (no logits, no
+        per-layer states kept), in eval mode (no dropout); every rank computes all rows,
+        so ranks agree on the features."""
+        dec = fused_head(model)
+        body = dec[0] if dec is not None else model
+        dev = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
         out = []
         mbs = self.cfg.optim.micro_batch_size
-        for s in range(0, len(batch), mbs):
-            sl = slice(s, s + mbs)
-            sb = make_seq_batch(
-                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
-            )
-            h = model(
-                input_ids=sb.input_ids,
-                attention_mask=sb.attention_mask,
-                position_ids=sb.position_ids,
-                output_hidden_states=True,
-            ).hidden_states[-1]
-            cols = slice(0, sb.P) if part == "prompt" else slice(sb.P, None)
-            w = sb.attention_mask[:, cols].to(h.dtype)[..., None]
-            out.append(((h[:, cols] * w).sum(1) / w.sum(1).clamp_min(1.0)).float())
+        try:
+            for s in range(0, len(batch), mbs):
+                sl = slice(s, s + mbs)
+                sb = make_seq_batch(
+                    batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
+                )
+                res = body(
+                    input_ids=sb.input_ids.to(dev),
+                    attention_mask=sb.attention_mask.to(dev),
+                    position_ids=sb.position_ids.to(dev),
+                    output_hidden_states=dec is None,
+                )
+                h = res.last_hidden_state if dec is not None else res.hidden_states[-1]
+                cols = slice(0, sb.P) if part == "prompt" else slice(sb.P, None)
+                w = sb.attention_mask[:, cols].to(dev, h.dtype)[..., None]
+                pooled = (h[:, cols] * w).sum(1) / w.sum(1).clamp_min(1.0)
+                out.append(pooled.float().cpu())
+        finally:
+            model.train(was_training)
         return torch.cat(out)
 
     def update(self, col: Collected) -> dict[str, float]:
