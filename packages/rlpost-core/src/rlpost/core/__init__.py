@@ -35,7 +35,14 @@ from rlpost.core.advantages import (
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput, AggregationOutput
 from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, kl_reward_penalty
 from rlpost.core.logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
-from rlpost.core.masked import group_stats, masked_mean, masked_sum, masked_var, masked_whiten
+from rlpost.core.masked import (
+    group_stats,
+    group_sum,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
 from rlpost.core.preference import PREFERENCE_LOSSES, PreferenceInput, PreferenceOutput
 from rlpost.core.presets import (
@@ -112,6 +119,7 @@ __all__ = [
     "entropy_from_logits",
     "get_preset",
     "group_stats",
+    "group_sum",
     "kl_reward_penalty",
     "logprobs_and_entropy",
     "logprobs_from_logits",
