@@ -95,3 +95,58 @@ def test_ctpo_preset_step():
     loss = recipe.policy_loss(logp, old, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask).loss
     (gr,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(gr).all() and (gr[mask == 0] == 0).all()
+
+
+def test_ctpo_clip_equals_independent_log_space_form():
+    # ctpo_clip now delegates to clipped_surrogate with bounds exp(+-eps sqrt t); compare
+    # with the log-space definition min(R A, exp(clip(log R, -eps_lo sqrt t, eps_hi sqrt t)) A)
+    g = torch.Generator().manual_seed(3)
+    lr = (0.6 * torch.randn(3, 7, generator=g, dtype=torch.float64)).requires_grad_(True)
+    mask = (torch.arange(7) < torch.tensor([7, 4, 6])[:, None]).double()
+    mask[0, 2] = 0.0
+    A = torch.tensor([1.0, -1.0, 0.7], dtype=torch.float64)
+    z = torch.zeros(3, 7, dtype=torch.float64)
+    out = OBJECTIVES.build("ctpo_clip", clip_low=0.15, clip_high=0.25)(
+        ObjectiveInput(z, z, A, mask, log_ratio=lr)
+    )
+    sq = mask.cumsum(1).clamp_min(1.0).sqrt()
+    x = lr * mask
+    J = torch.minimum(x.exp() * A[:, None], x.clamp(-0.15 * sq, 0.25 * sq).exp() * A[:, None])
+    ref = -J * mask
+    assert_close(out.loss, ref)
+    (g1,) = torch.autograd.grad(out.loss.sum(), lr)
+    (g2,) = torch.autograd.grad(ref.sum(), lr)
+    assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_ctpo_long_response_cumulative_ratio_stays_finite(sign):
+    # 2000 tokens with token log-ratio 0.1: the cumulative log-ratio reaches 200, far past
+    # float32's exp overflow (88.7); before safe_ratio: A > 0 gave a NaN gradient
+    # (0 * inf in the discarded branch), A < 0 an infinite loss
+    T = 2000
+    old = torch.full((1, T), -2.0)
+    logp = (old + 0.1).requires_grad_(True)
+    recipe = get_preset("ctpo").build()
+    loss = recipe.policy_loss(logp, old, torch.tensor([sign]), torch.ones(1, T))
+    (gr,) = torch.autograd.grad(loss.loss, logp)
+    assert torch.isfinite(loss.loss) and torch.isfinite(gr).all()
+    assert all(math.isfinite(v) for v in loss.metrics.values()), loss.metrics
+
+
+def test_cumulative_ratio_ignores_inf_log_probs_of_masked_span():
+    # a masked tool output whose log-probs are -inf must not reach the later valid tokens
+    logp = torch.tensor([[-1.0, -float("inf"), -0.5, -0.7]], requires_grad=True)
+    old = torch.tensor([[-1.2, -float("inf"), -0.4, -0.9]])
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    lr = RATIOS.build("cumulative")(RatioInput(logp, old, mask)).log_ratio
+    assert_close(lr.detach(), torch.tensor([[0.2, 0.0, 0.1, 0.3]]))
+    (g,) = torch.autograd.grad(lr.sum(), logp)
+    assert_close(g, torch.tensor([[1.0, 0.0, 1.0, 1.0]]))
+
+
+def test_ctpo_clip_params_must_be_finite():
+    with pytest.raises(ValueError, match="clip_high must be finite"):
+        OBJECTIVES.build("ctpo_clip", clip_high=float("inf"))
+    with pytest.raises(ValueError, match="clip_low must be finite"):
+        OBJECTIVES.build("ctpo_clip", clip_low=float("nan"))

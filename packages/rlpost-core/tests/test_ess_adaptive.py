@@ -87,3 +87,32 @@ def test_tightens_as_ratios_concentrate():
     # the regulariser pulls back to the behaviour policy: with A = 0, g * log r >= 0
     g0, _ = _grad(2.0 * z, torch.zeros(8, 16))
     assert (g0 * z >= 0).all() and g0.abs().max() > 0.5
+
+
+def test_one_overflowing_ratio_gives_a_finite_loss():
+    # log r = 100 on one of N = 10 tokens: r overflows float32. In log space:
+    # ess = (sum r)^2 / (N sum r^2) -> e^200 / (10 e^200) = 1/N = 0.1, rho of that token
+    # = r / mean r -> N = 10, capped at C = 1 / (1 - 0.1) = 1.111; the others rho -> 0
+    x = torch.zeros(2, 5)
+    x[0, 2] = 100.0
+    A = torch.tensor([1.0, -1.0])
+    g, met = _grad(x, A)
+    assert torch.isfinite(g).all() and all(math.isfinite(v) for v in met.values()), met
+    assert met["ess"] == pytest.approx(0.1) and met["ess_cap"] == pytest.approx(1 / 0.9)
+    # d loss / d log pi = -min(rho, C) A + lam log r, lam = 0.9
+    expected = torch.zeros(2, 5)
+    expected[0, 2] = -1 / 0.9 + 0.9 * 100.0
+    assert_close(g, expected)
+
+
+def test_log_space_ess_matches_direct_formula():
+    from rlpost.core.offpolicy import normalized_ess, normalized_ess_log
+
+    g = torch.Generator().manual_seed(0)
+    x = 1.5 * torch.randn(4, 9, generator=g, dtype=torch.float64)
+    m = (torch.rand(4, 9, generator=g) > 0.3).double()
+    r = x.exp()[m > 0]
+    direct = r.sum() ** 2 / (r.numel() * (r * r).sum())
+    assert_close(normalized_ess_log(x, m), direct)
+    assert_close(normalized_ess(x.exp(), m), direct)
+    assert normalized_ess_log(x, torch.zeros_like(m)).item() == 1.0  # nothing valid

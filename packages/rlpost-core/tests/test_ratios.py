@@ -65,3 +65,29 @@ def test_mis_masks_out_of_range_tokens():
 def test_correction_requires_rollout_logp():
     with pytest.raises(ValueError, match="rollout_logp"):
         CORRECTIONS.build("tis")(RatioInput(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2)))
+
+
+def test_params_validate_literals_and_finiteness_at_construction():
+    # Registry.build checks Literal fields, but a params object built directly must too
+    from rlpost.core.ratios import ClippedISParams, FTISParams, TISParams
+
+    with pytest.raises(ValueError, match=r"TISParams\.level must be one of"):
+        TISParams(level="seq")
+    with pytest.raises(ValueError, match=r"FTISParams\.filter_level must be one of"):
+        FTISParams(filter_level="tokens")
+    with pytest.raises(ValueError, match=r"ClippedISParams\.level must be one of"):
+        ClippedISParams(level="Token")
+    with pytest.raises(ValueError, match=r"FTISParams\.cap must be finite"):
+        FTISParams(cap=float("inf"))
+    with pytest.raises(ValueError, match=r"TISParams\.cap must be finite"):
+        TISParams(cap=float("nan"))
+
+
+def test_sequence_ratio_ignores_inf_padding():
+    logp = torch.tensor([[-1.0, -0.5, -float("inf")]], requires_grad=True)
+    old = torch.tensor([[-1.2, -0.4, -float("inf")]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    lr = RATIOS.build("sequence")(RatioInput(logp, old, mask)).log_ratio
+    assert_close(lr.detach(), torch.tensor([[0.05, 0.05, 0.0]]))  # (0.2 - 0.1) / 2
+    (g,) = torch.autograd.grad(lr.sum(), logp)
+    assert_close(g, torch.tensor([[1.0, 1.0, 0.0]]))  # 2 tokens x 1/2 each

@@ -1,5 +1,8 @@
 """UP (catalog 004-15): unclipped anchored positive branch, PPO clip for negatives."""
 
+import math
+
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -52,7 +55,37 @@ def test_sequence_level_anchor():
     g, _ = _grad("up", torch.tensor([-1.0]), seq, True, **p)
     s = R.log().mean().exp()
     assert_close(g, torch.full((1, 4), 1.0) * s / 4)
-    g_lo, _ = _grad("up", torch.tensor([-1.0]), lambda *a: seq(*a) * 0 - 0.1, True, **p)
+
+    def shifted(c):  # log s = c in value, gradient of the sequence ratio kept
+        return lambda *a: (lambda x: x - x.detach() + c)(seq(*a))
+
+    g_lo, _ = _grad("up", torch.tensor([-1.0]), shifted(-0.1), True, **p)
     assert (g_lo == 0).all()  # s = e^-0.1 < 1 - 3e-4 with A < 0: clipped
+    g_hi, _ = _grad("up", torch.tensor([-1.0]), shifted(0.1), True, **p)
+    assert_close(g_hi, torch.full((1, 4), math.exp(0.1) / 4))  # unclipped: -A s / |y|
     assert get_preset("up_gspo").ratio.name == "sequence"
     assert get_preset("up").ratio.name == "token"
+
+
+@pytest.mark.parametrize("A", [2.0, -1.0])
+def test_huge_log_ratio_gives_finite_loss_and_gradient(A):
+    # log r = 100 (exp overflows float32): the positive branch's value is A and its gradient
+    # -A; the negative branch is PPO's unclipped -r A, saturated by safe_ratio. Before the
+    # fix, exp(100) = inf in the branch torch.where discards gave a 0 * inf = NaN gradient
+    x = torch.tensor([[0.0, 100.0]], requires_grad=True)
+    z = torch.zeros(1, 2)
+    out = OBJECTIVES.build("up")(ObjectiveInput(z, z, torch.tensor([A]), torch.ones(1, 2), x))
+    (g,) = torch.autograd.grad(out.loss.sum(), x)
+    assert torch.isfinite(out.loss).all() and torch.isfinite(g).all()
+    if A > 0:
+        assert_close(g, torch.tensor([[-2.0, -2.0]]))
+    else:
+        assert_close(g[0, 0], torch.tensor(1.0))  # -A r at r = 1
+
+
+def test_params_share_ppo_validation():
+    for name in ("up", "sao"):
+        with pytest.raises(ValueError, match="0 <= clip_low < 1"):
+            OBJECTIVES.build(name, clip_low=1.0)
+        with pytest.raises(ValueError, match="0 <= clip_low < 1"):
+            OBJECTIVES.build(name, clip_high=-0.1)

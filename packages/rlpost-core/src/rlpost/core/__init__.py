@@ -24,6 +24,7 @@ from rlpost.core import (  # noqa: F401  (importing registers their entries and 
     group_objectives,
     multi_reward,
     offpolicy,
+    ratio_presets,
     regularizers,
 )
 from rlpost.core.advantages import (

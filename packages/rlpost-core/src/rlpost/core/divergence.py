@@ -38,6 +38,7 @@ Left out: the second-order term of dD and the non-tabular (shared-parameter) geo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -45,13 +46,22 @@ import torch
 from torch import Tensor
 
 from rlpost.core.masked import masked_mean
-from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
+from rlpost.core.objectives import (
+    OBJECTIVES,
+    ObjectiveInput,
+    ObjectiveOutput,
+    broadcast_advantages,
+    safe_ratio,
+)
 from rlpost.core.presets import Choice, Preset, register_preset
 from rlpost.core.ratios import CORRECTIONS, CorrectionOutput, RatioInput, TokenDistributions
 from rlpost.core.registry import NoParams
 
 Divergence = Literal["tv", "kl"]
 _LOG_FLOOR = -80.0  # log-prob floor inside KL (a category mu has but pi lacks)
+# rows of [B, T, K] processed at once by predictive_divergence_mask: bounds its float64
+# temporaries to ~CHUNK_ELEMENTS * (K + 2) / K elements each (~32 MiB), whatever B
+CHUNK_ELEMENTS = 1 << 22
 
 
 class DivergencePrediction(NamedTuple):
@@ -152,8 +162,12 @@ class PredictiveMaskParams:
     estimator: Literal["lumped", "renorm"] = "lumped"
 
     def __post_init__(self) -> None:
-        if self.threshold < 0:
-            raise ValueError(f"threshold must be >= 0, got {self.threshold}")
+        if not (math.isfinite(self.threshold) and self.threshold >= 0):
+            raise ValueError(f"threshold must be finite and >= 0, got {self.threshold}")
+        if self.divergence not in ("tv", "kl"):
+            raise ValueError(f"divergence must be 'tv' or 'kl', got {self.divergence!r}")
+        if self.estimator not in ("lumped", "renorm"):
+            raise ValueError(f"estimator must be 'lumped' or 'renorm', got {self.estimator!r}")
 
 
 @CORRECTIONS.register("predictive_divergence_mask", PredictiveMaskParams)
@@ -171,6 +185,9 @@ def predictive_divergence_mask(inp: RatioInput, p: PredictiveMaskParams) -> Corr
     Metrics: ``pdm_masked_frac``, ``pdm_outside_frac`` (D > delta), ``pdm_ratio_disagree_frac``
     (tokens outside the region where PPO's ratio test, A (r - 1) > 0 with r = pi/mu,
     disagrees with the predicted direction).
+    Memory: the closed forms hold float64 ``[rows, T, K + 2]`` temporaries; the entry
+    processes the batch in row chunks of about ``CHUNK_ELEMENTS`` (B T K) elements, so
+    the peak extra memory does not grow with B (one chunk per call for small inputs).
     """
     if inp.dists is None or inp.advantages is None:
         raise ValueError(
@@ -180,17 +197,25 @@ def predictive_divergence_mask(inp: RatioInput, p: PredictiveMaskParams) -> Corr
     m = inp.mask.float()
     mu_y = inp.rollout_logp if inp.rollout_logp is not None else inp.old_logp
     d = inp.dists
-    pred = topk_predictive_divergence(
-        d.logp.detach(),
-        d.old_logp.detach(),
-        d.sampled_index,
-        inp.logp.detach(),
-        mu_y.detach(),
-        p.divergence,
-        p.estimator,
+    B, T, K = d.logp.shape
+    rows = max(1, CHUNK_ELEMENTS // max(1, T * K))  # memory chunking, not per-row math
+    parts = [
+        topk_predictive_divergence(
+            d.logp[i : i + rows].detach(),
+            d.old_logp[i : i + rows].detach(),
+            d.sampled_index[i : i + rows],
+            inp.logp[i : i + rows].detach(),
+            mu_y[i : i + rows].detach(),
+            p.divergence,
+            p.estimator,
+        )
+        for i in range(0, B, rows)
+    ]
+    pred = DivergencePrediction(
+        torch.cat([q.divergence for q in parts]) if parts else d.logp.new_zeros(B, T),
+        torch.cat([q.direction for q in parts]) if parts else d.logp.new_zeros(B, T),
     )
-    A = inp.advantages.detach().float()
-    A = A.unsqueeze(1).expand_as(m) if A.dim() == 1 else A
+    A = broadcast_advantages(inp.advantages, m)
     outside = pred.divergence > p.threshold
     grows = A * pred.direction > 0
     keep = (~(outside & grows)).float() * m
@@ -218,70 +243,12 @@ def is_pg(inp: ObjectiveInput, p: NoParams) -> ObjectiveOutput:
     The trust region enters only through the correction's mask / weights ``w``.
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    r = inp.ratio_log().exp()
+    r = safe_ratio(inp.ratio_log())
     return ObjectiveOutput(-w * r * A * m, {"ratio_mean": masked_mean(r.detach(), m).item()})
 
 
-# --- presets of the issue-8 ratio / correction entries (ratios.py and this module) --------
+# --- preset of this module's entries (those of the ratios.py entries: ratio_presets.py) ---
 
-register_preset(
-    Preset(
-        name="ftis",
-        paper="F-TIS: filtered truncated importance sampling for heterogeneous models (catalog 000-09)",
-        catalog_id="000-09",
-        advantage=Choice("grpo", {"scale_by_std": True}),
-        correction=Choice("ftis", {"cap": 2.0, "filter_low": 0.2, "filter_level": "sequence"}),
-        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
-        aggregation=Choice("seq_mean_token_mean"),
-        group_size=8,
-        notes="GRPO on samples from other participants' models; pass the generating model's "
-        "log-probs as rollout_logp. The abstract gives no numbers: cap 2 and the sequence "
-        "filter at geometric-mean ratio 0.2 are ours",
-    )
-)
-register_preset(
-    Preset(
-        name="ctpo",
-        paper="CTPO: cumulative token policy optimisation (catalog 001-09)",
-        catalog_id="001-09",
-        advantage=Choice("grpo", {"scale_by_std": True}),
-        ratio=Choice("cumulative"),
-        objective=Choice("ctpo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
-        aggregation=Choice("token_mean"),
-        group_size=8,
-        notes="prefix-product ratio, log-space clip +-0.2 sqrt(t) (0.2: ours, PPO's width at t = 1)",
-    )
-)
-register_preset(
-    Preset(
-        name="sis",
-        paper="SIS: selective importance sampling (catalog 004-17)",
-        catalog_id="004-17",
-        advantage=Choice("grpo", {"scale_by_std": True}),
-        correction=Choice("sis", {"envelope": 2.0}),
-        objective=Choice("reinforce"),
-        aggregation=Choice("token_mean"),
-        group_size=8,
-        notes="the SIS weights replace the policy ratio (REINFORCE objective w A log pi); "
-        "envelope 2 is ours; seed the global torch RNG per step",
-    )
-)
-register_preset(
-    Preset(
-        name="ring_zero",
-        paper="Ring-2.5-1T-Zero: clipped IS and training-inference ratio correction (catalog 004-02)",
-        catalog_id="004-02",
-        advantage=Choice("grpo", {"scale_by_std": True}),
-        correction=Choice(
-            "clipped_is", {"low": 0.5, "high": 2.0, "mask_low": 0.2, "mask_high": 5.0}
-        ),
-        objective=Choice("cispo", {"clip_high": 0.28}),
-        aggregation=Choice("token_mean"),
-        group_size=8,
-        notes="clipped IS of the policy ratio (CISPO-style weight clip) and a two-sided clipped "
-        "engine-ratio correction with a mask band; all numbers are ours (the abstract gives none)",
-    )
-)
 register_preset(
     Preset(
         name="predictive_divergence_mask",

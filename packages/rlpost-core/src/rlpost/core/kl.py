@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from rlpost.core.registry import Registry
@@ -49,9 +50,7 @@ class KLInput:
             raise ValueError(f"advantages must be [B] or [B, T], got {tuple(a.shape)}")
         h = self.ref_entropy
         if h is not None and h.shape != self.logp.shape:
-            raise ValueError(
-                f"ref_entropy shape {tuple(h.shape)} != logp {tuple(self.logp.shape)}"
-            )
+            raise ValueError(f"ref_entropy shape {tuple(h.shape)} != logp {tuple(self.logp.shape)}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,10 @@ KL_ESTIMATORS: Registry[KLInput, KLOutput] = Registry("KL estimator", KLInput, K
 
 
 def _log_ratio(inp: KLInput, p: KLParams) -> Tensor:
+    """log pi - log pi_ref ``[B, T]``, exactly 0 on masked tokens (``-inf`` padding never read)."""
     lr = inp.logp - inp.ref_logp.detach()
+    if inp.mask is not None:
+        lr = torch.where(inp.mask > 0, lr, torch.zeros_like(lr))
     return lr if p.clamp is None else lr.clamp(-p.clamp, p.clamp)
 
 

@@ -21,6 +21,12 @@ Inputs (``B`` responses, ``T`` tokens):
   :mod:`rlpost.core.group_objectives` (``conspo``, ``lpo``).
 * ``trigger_pos`` ``[B]``: optional integer trigger token index per response (-1: none);
   read by ``mu_grpo``'s negative-advantage veto.
+
+Numerics: masked tokens never enter the arithmetic (``torch.where``, so ``-inf`` / NaN
+padding in ``logp`` reaches neither the loss nor the gradient), and every ratio is built
+with :func:`safe_ratio`, which clamps the log-ratio at :data:`LOG_RATIO_MAX` before
+``exp``: a long cumulative or sequence log-ratio cannot overflow to ``inf`` and turn a
+discarded branch into a ``0 * inf = NaN`` gradient.
 """
 
 from __future__ import annotations
@@ -71,12 +77,17 @@ class ObjectiveInput:
 
     def adv_tokens(self) -> Tensor:
         """Advantages as ``[B, T]`` (detached)."""
-        a = self.advantages.detach().float()
-        return a.unsqueeze(1).expand_as(self.logp) if a.dim() == 1 else a
+        return broadcast_advantages(self.advantages, self.logp)
 
     def ratio_log(self) -> Tensor:
+        """Log-ratio ``[B, T]``, exactly 0 on masked tokens (never read there, so ``-inf``
+        padding in ``logp`` / ``old_logp`` gives neither a NaN value nor a NaN gradient)."""
         lr = self.log_ratio if self.log_ratio is not None else self.logp - self.old_logp.detach()
-        return lr * self.mask_f
+        return torch.where(self.mask > 0, lr, torch.zeros_like(lr))
+
+    def logp_valid(self) -> Tensor:
+        """``logp`` with masked tokens replaced by 0 (``-inf`` padding never reaches the loss)."""
+        return torch.where(self.mask > 0, self.logp, torch.zeros_like(self.logp))
 
     def weights_or_ones(self) -> Tensor:
         return torch.ones_like(self.mask_f) if self.weights is None else self.weights.detach()
@@ -91,6 +102,30 @@ class ObjectiveOutput:
 OBJECTIVES: Registry[ObjectiveInput, ObjectiveOutput] = Registry(
     "policy objective", ObjectiveInput, ObjectiveOutput
 )
+
+# objectives that read ObjectiveInput.group_ids and couple the responses of a group
+# (registered in rlpost.core.group_objectives): only they need whole groups per micro-batch
+GROUP_OBJECTIVES: frozenset[str] = frozenset({"conspo", "lpo"})
+
+# log-ratio bound before exp: e^40 ~ 2.4e17, so a ratio times an advantage, summed over
+# a batch of tokens, stays far below float32's max (~3.4e38 = e^88.7)
+LOG_RATIO_MAX = 40.0
+
+
+def safe_ratio(log_ratio: Tensor) -> Tensor:
+    """``exp(min(log_ratio, LOG_RATIO_MAX))``: the policy ratio without overflow.
+
+    Identical to ``exp`` below the bound; above it the value saturates and the gradient is
+    0 (the clamp's), so a branch that ``torch.where`` / ``minimum`` discards can never
+    contribute ``0 * inf = NaN`` to the backward pass.
+    """
+    return log_ratio.clamp(max=LOG_RATIO_MAX).exp()
+
+
+def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """Advantages ``[B]`` or ``[B, T]`` as a detached float ``[B, T]`` shaped like ``like``."""
+    a = advantages.detach().float()
+    return a.unsqueeze(1).expand_as(like) if a.dim() == 1 else a
 
 
 @dataclass(frozen=True)
@@ -116,16 +151,25 @@ def ppo_clip(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
     loss = -w * J  (w: rollout-correction weights).  Shapes ``[B, T]``.
     d loss / d log pi = -w r A where the unclipped branch is active, else 0.
     """
-    return _clipped_surrogate(inp, 1.0 - p.clip_low, 1.0 + p.clip_high, p.dual_clip)
+    return clipped_surrogate(inp, 1.0 - p.clip_low, 1.0 + p.clip_high, p.dual_clip)
 
 
-def _clipped_surrogate(
-    inp: ObjectiveInput, lo: float | Tensor, hi: float | Tensor, dual_clip: float | None
+def clipped_surrogate(
+    inp: ObjectiveInput, lo: float | Tensor, hi: float | Tensor, dual_clip: float | None = None
 ) -> ObjectiveOutput:
-    """PPO's clipped surrogate with bounds ``lo``/``hi`` (scalars or ``[B, T]``) and the
-    optional dual clip; shared by ``ppo_clip`` and ``ppo_clip_turn``."""
+    """PPO's clipped surrogate with ratio bounds ``lo`` / ``hi`` (scalars or ``[B, T]``
+    tensors) and the optional dual clip ``c``:
+
+        r = safe_ratio(log_ratio),  J = min(r A, clip(r, lo, hi) A),  (A < 0: max(J, c A))
+        loss = -w J m                                                          ([B, T])
+
+    The building block of ``ppo_clip``, ``ppo_clip_turn``, ``ctpo_clip`` (log-space bounds
+    exponentiated), ``ripo`` (Fisher-Rao bounds) and ``up``'s negative branch. Metrics:
+    ``clip_frac`` (clipped branch active), ``clip_frac_low`` / ``clip_frac_high`` (r out of
+    the box on the side the clip acts on), ``dual_clip_frac``, ``ratio_mean``.
+    """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    r = inp.ratio_log().exp()
+    r = safe_ratio(inp.ratio_log())
     unclipped = r * A
     if isinstance(lo, Tensor):
         clipped = torch.minimum(torch.maximum(r, lo), hi) * A
@@ -171,10 +215,10 @@ def cispo(inp: ObjectiveInput, p: CISPOParams) -> ObjectiveOutput:
     d loss / d log pi = -w * clip(r) * A for every valid token.
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    r = inp.ratio_log().detach().exp()
+    r = safe_ratio(inp.ratio_log().detach())
     lo = 0.0 if p.clip_low is None else 1.0 - p.clip_low
     rc = r.clamp(lo, 1.0 + p.clip_high)
-    loss = -w * rc * A * inp.logp * m
+    loss = -w * rc * A * inp.logp_valid() * m
     return ObjectiveOutput(
         loss,
         {
@@ -191,7 +235,7 @@ def reinforce(inp: ObjectiveInput, p: NoParams) -> ObjectiveOutput:
     loss = -w * A * log pi; on-policy only (the ratio is ignored). Gradient -w A grad log pi.
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    return ObjectiveOutput(-w * A * inp.logp * m, {})
+    return ObjectiveOutput(-w * A * inp.logp_valid() * m, {})
 
 
 @OBJECTIVES.register("ppo_clip_turn", PPOClipParams)
@@ -212,7 +256,7 @@ def ppo_clip_turn(inp: ObjectiveInput, p: PPOClipParams) -> ObjectiveOutput:
         raise ValueError("ppo_clip_turn: clip_range must be finite and >= 0")
     lo = (1.0 - eps.double()).to(inp.logp.dtype)
     hi = (1.0 + eps.double()).to(inp.logp.dtype)
-    out = _clipped_surrogate(inp, lo, hi, p.dual_clip)
+    out = clipped_surrogate(inp, lo, hi, p.dual_clip)
     out.metrics["clip_range_mean"] = masked_mean(eps.float(), inp.mask_f).item()
     return out
 

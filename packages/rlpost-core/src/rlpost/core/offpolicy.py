@@ -31,7 +31,9 @@ from rlpost.core.objectives import (
     OBJECTIVES,
     ObjectiveInput,
     ObjectiveOutput,
-    _clipped_surrogate,
+    PPOClipParams,
+    clipped_surrogate,
+    safe_ratio,
 )
 from rlpost.core.presets import Choice, Preset, register_preset
 from rlpost.core.registry import NoParams
@@ -89,7 +91,7 @@ def implicit_pessimism(inp: ObjectiveInput, p: ImplicitPessimismParams) -> Objec
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     lr = inp.ratio_log()
-    r = lr.exp()
+    r = safe_ratio(lr)
     surrogate = A * lr
     if p.stabilize:
         surrogate = torch.where(A > 0, surrogate, A * (r - 1.0))
@@ -98,7 +100,7 @@ def implicit_pessimism(inp: ObjectiveInput, p: ImplicitPessimismParams) -> Objec
         loss,
         {
             "below_minus_beta_frac": masked_mean((p.beta + A < 0).float(), m).item(),
-            "ratio_mean": masked_mean(lr.detach().exp(), m).item(),
+            "ratio_mean": masked_mean(r.detach(), m).item(),
         },
     )
 
@@ -106,14 +108,31 @@ def implicit_pessimism(inp: ObjectiveInput, p: ImplicitPessimismParams) -> Objec
 # --------------------------------------------------------------------------- 000-27
 
 
+def _masked_logsumexp(x: Tensor, mask: Tensor) -> Tensor:
+    """log sum_{valid} exp(x) over all elements (-inf when nothing is valid), float64."""
+    return torch.where(mask > 0, x.double(), -torch.inf).logsumexp(dim=tuple(range(x.dim())))
+
+
+def normalized_ess_log(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """Normalised ESS from log-ratios, in log space (no overflow whatever the log-ratios):
+
+        ess = exp(2 logsumexp(lr) - log N - logsumexp(2 lr))  over the N valid tokens
+
+    in (0, 1]; 1 when nothing is valid. ``log_ratio``, ``mask`` ``[B, T]``; float64 scalar.
+    """
+    lr = log_ratio.detach()
+    n = mask.double().sum()
+    lse1, lse2 = _masked_logsumexp(lr, mask), _masked_logsumexp(2.0 * lr, mask)
+    ess = (2.0 * lse1 - n.clamp_min(1.0).log() - lse2).exp()
+    ok = (n > 0) & torch.isfinite(ess)
+    return torch.where(ok, ess.clamp(0.0, 1.0), torch.ones_like(ess))
+
+
 def normalized_ess(ratio: Tensor, mask: Tensor) -> Tensor:
     """Normalised effective sample size of ratios over valid tokens, in (0, 1]:
-    ESS = (sum r)^2 / (N sum r^2); 1 when nothing is valid. ``ratio``, ``mask`` ``[B, T]``."""
-    r = ratio.detach().double() * mask
-    n = mask.double().sum()
-    s1, s2 = r.sum(), (r * r).sum()
-    ess = s1 * s1 / (n * s2).clamp_min(1e-300)
-    return torch.where(n > 0, ess.clamp(0.0, 1.0), torch.ones_like(ess))
+    ESS = (sum r)^2 / (N sum r^2); 1 when nothing is valid. ``ratio``, ``mask`` ``[B, T]``.
+    Computed in log space (:func:`normalized_ess_log` of ``log ratio``)."""
+    return normalized_ess_log(ratio.detach().double().log(), mask)
 
 
 @OBJECTIVES.register("ess_adaptive", NoParams)
@@ -136,26 +155,29 @@ def ess_adaptive(inp: ObjectiveInput, p: NoParams) -> ObjectiveOutput:
     clip). The abstract fixes the statistic and its three roles, not the maps: C, lam
     and the k2-form regulariser are our reading. The statistic is over the tokens
     passed in: pass the whole step's batch (as the ESS is a batch statistic,
-    micro-batches give each their own ESS). Shapes ``[B, T]``.
+    micro-batches give each their own ESS). Shapes ``[B, T]``. Numerics: ess and rho are
+    computed in log space (rho_t = exp(log r_t - logmeanexp(log r))), so one huge ratio
+    gives ess ~ 1/N and a finite loss instead of NaN everywhere.
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     lr = inp.ratio_log()
-    r = lr.detach().exp()
-    ess = normalized_ess(r, m)
-    mean_r = masked_mean(r.double(), m).clamp_min(1e-300)
-    rho = (r.double() / mean_r).to(r.dtype)
+    lrd = lr.detach().double()
+    ess = normalized_ess_log(lrd, m)
+    n = m.double().sum().clamp_min(1.0)
+    log_mean_r = _masked_logsumexp(lrd, m) - n.log()
+    rho = torch.where(m > 0, (lrd - log_mean_r).clamp(max=700.0).exp(), 0.0)  # float64
     cap = 1.0 / (1.0 - ess).clamp_min(1e-12)
-    omega = torch.minimum(rho.double(), cap).to(r.dtype)
-    lam = (1.0 - ess).to(r.dtype)
-    loss = w * (-omega * A * inp.logp + 0.5 * lam * lr * lr) * m
+    omega = torch.minimum(rho, cap).to(lr.dtype)
+    lam = (1.0 - ess).to(lr.dtype)
+    loss = w * (-omega * A * inp.logp_valid() + 0.5 * lam * lr * lr) * m
     return ObjectiveOutput(
         loss,
         {
             "ess": ess.item(),
             "ess_cap": min(cap.item(), 1e12),
             "ess_reg": lam.item(),
-            "clip_frac": masked_mean((rho.double() > cap).float(), m).item(),
-            "ratio_mean": masked_mean(r, m).item(),
+            "clip_frac": masked_mean((rho > cap).float(), m).item(),
+            "ratio_mean": masked_mean(safe_ratio(lr.detach()), m).item(),
         },
     )
 
@@ -169,8 +191,7 @@ class UPParams:
     clip_high: float = 0.28  # and r <= 1 + clip_high (PPO's min keeps the pessimistic side)
 
     def __post_init__(self) -> None:
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self}")
+        PPOClipParams(self.clip_low, self.clip_high)  # same validation
 
 
 @OBJECTIVES.register("up", UPParams)
@@ -189,18 +210,18 @@ def up(inp: ObjectiveInput, p: UPParams) -> ObjectiveOutput:
     with the stop-gradient is the abstract's "anchoring the policy to its current state";
     dropping the IS weight on the positive branch (the anchor's value is 1) is our
     reading of "unclipped, stable" (pure IS is what the abstract calls unstable).
-    Shapes ``[B, T]``.
+    Shapes ``[B, T]``. The negative branch is
+    :func:`~rlpost.core.objectives.clipped_surrogate` (PPO's min, ``safe_ratio``: the
+    discarded branch never overflows).
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
     x = inp.ratio_log()
-    r = x.exp()
-    pos = A * torch.exp(x - x.detach())
     lo, hi = 1.0 - p.clip_low, 1.0 + p.clip_high
-    neg = torch.minimum(r * A, r.clamp(lo, hi) * A)
-    J = torch.where(A > 0, pos, neg)
-    rd = r.detach()
+    neg_loss = clipped_surrogate(inp, lo, hi).loss  # -w min(r A, clip(r) A) m
+    pos_loss = -w * A * torch.exp(x - x.detach()) * m  # value -w A, gradient -w A grad x
+    rd = safe_ratio(x.detach())
     return ObjectiveOutput(
-        -w * J * m,
+        torch.where(A > 0, pos_loss, neg_loss),
         {
             "pos_beyond_clip_frac": masked_mean(((A > 0) & (rd > hi)).float(), m).item(),
             "clip_frac_low": masked_mean(((A < 0) & (rd < lo)).float(), m).item(),
@@ -254,7 +275,7 @@ def ripo(inp: ObjectiveInput, p: RIPOParams) -> ObjectiveOutput:
     Shapes ``[B, T]``; metric ``ratio_width_mean`` = mean (hi - lo) over valid tokens.
     """
     lo, hi = fisher_rao_ratio_bounds(inp.old_logp, p.delta)
-    out = _clipped_surrogate(inp, lo, hi, None)
+    out = clipped_surrogate(inp, lo, hi)
     out.metrics["ratio_width_mean"] = masked_mean((hi - lo).float(), inp.mask_f).item()
     return out
 
@@ -268,8 +289,7 @@ class SAOParams:
     clip_high: float = 0.2
 
     def __post_init__(self) -> None:
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self}")
+        PPOClipParams(self.clip_low, self.clip_high)  # same validation
 
 
 @OBJECTIVES.register("sao", SAOParams)
@@ -286,7 +306,7 @@ def sao(inp: ObjectiveInput, p: SAOParams) -> ObjectiveOutput:
     (preset ``sao``). Shapes ``[B, T]``.
     """
     m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    r = inp.ratio_log().exp()
+    r = safe_ratio(inp.ratio_log())
     lo, hi = 1.0 - p.clip_low, 1.0 + p.clip_high
     rd = r.detach()
     inside = (rd >= lo) & (rd <= hi)

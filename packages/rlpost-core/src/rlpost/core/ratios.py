@@ -12,11 +12,15 @@ routinely combined with a truncated-IS rollout correction):
 
 Log-probs: ``logp`` (current policy, differentiable), ``old_logp`` (trainer's log-probs of
 the behaviour policy, detached), ``rollout_logp`` (the rollout engine's own log-probs of
-the sampled tokens, detached), all ``[B, T]``; ``mask`` ``[B, T]``.
+the sampled tokens, detached), all ``[B, T]``; ``mask`` ``[B, T]``. Masked tokens are never
+read (``torch.where``), so ``-inf`` padding cannot leak a NaN into valid tokens, and every
+ratio or weight is exponentiated with :func:`~rlpost.core.objectives.safe_ratio` (log-ratio
+clamped at ``LOG_RATIO_MAX``), so it cannot overflow to ``inf``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,8 +28,33 @@ import torch
 from torch import Tensor
 
 from rlpost.core.masked import masked_mean, masked_sum
-from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
+from rlpost.core.objectives import (
+    LOG_RATIO_MAX,
+    OBJECTIVES,
+    ObjectiveInput,
+    ObjectiveOutput,
+    clipped_surrogate,
+    safe_ratio,
+)
 from rlpost.core.registry import NoParams, Registry
+
+
+def _check_finite(params: object, *names: str) -> None:
+    for name in names:
+        v = getattr(params, name)
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{type(params).__name__}.{name} must be finite, got {v}")
+
+
+def _check_choice(params: object, name: str, valid: tuple[str, ...]) -> None:
+    v = getattr(params, name)
+    if v not in valid:
+        raise ValueError(f"{type(params).__name__}.{name} must be one of {valid}, got {v!r}")
+
+
+def _token_log_ratio(logp: Tensor, other: Tensor, mask: Tensor) -> Tensor:
+    """``logp - other`` on valid tokens, exactly 0 (never computed from) on masked ones."""
+    return torch.where(mask > 0, logp - other, torch.zeros_like(logp))
 
 
 @dataclass(frozen=True)
@@ -89,6 +118,16 @@ class TokenDistributions:
             )
         if self.sampled_index.dtype.is_floating_point:
             raise ValueError("dists.sampled_index must be an integer tensor")
+        k = self.logp.shape[-1]
+        if (
+            self.sampled_index.numel()
+            and not ((self.sampled_index >= -1) & (self.sampled_index < k)).all()
+        ):
+            lo, hi = self.sampled_index.min().item(), self.sampled_index.max().item()
+            raise ValueError(
+                f"dists.sampled_index must be in [-1, K) with K = {k} (-1: sampled token not "
+                f"among the K ids), got values in [{lo}, {hi}]"
+            )
 
     @classmethod
     def from_logits(cls, logits: Tensor, old_logits: Tensor, tokens: Tensor) -> TokenDistributions:
@@ -124,8 +163,8 @@ CORRECTIONS: Registry[RatioInput, CorrectionOutput] = Registry(
 def token_ratio(inp: RatioInput, p: NoParams) -> RatioOutput:
     """PPO token ratio: log r_t = log pi(y_t|x, y_<t) - log pi_old(y_t|x, y_<t)."""
     m = inp.mask.float()
-    lr = (inp.logp - inp.old_logp.detach()) * m
-    return RatioOutput(lr, {"ratio_mean": masked_mean(lr.detach().exp(), m).item()})
+    lr = _token_log_ratio(inp.logp, inp.old_logp.detach(), m)
+    return RatioOutput(lr, {"ratio_mean": masked_mean(safe_ratio(lr.detach()), m).item()})
 
 
 @RATIOS.register("sequence", NoParams)
@@ -138,9 +177,9 @@ def sequence_ratio(inp: RatioInput, p: NoParams) -> RatioOutput:
     grad log s_i = (1/|y_i|) sum_t grad log pi(y_t).
     """
     m = inp.mask.float()
-    seq = masked_sum(inp.logp - inp.old_logp.detach(), m, dim=1) / m.sum(1).clamp_min(1.0)
+    seq = masked_mean(_token_log_ratio(inp.logp, inp.old_logp.detach(), m), m, dim=1)
     lr = seq.unsqueeze(1) * m
-    return RatioOutput(lr, {"ratio_mean": seq.detach().exp().mean().item()})
+    return RatioOutput(lr, {"ratio_mean": safe_ratio(seq.detach()).mean().item()})
 
 
 def _engine_log_ratio(inp: RatioInput, level: str) -> tuple[Tensor, Tensor]:
@@ -148,7 +187,7 @@ def _engine_log_ratio(inp: RatioInput, level: str) -> tuple[Tensor, Tensor]:
     if inp.rollout_logp is None:
         raise ValueError("this correction needs RatioInput.rollout_logp (rollout-engine log-probs)")
     m = inp.mask.float()
-    lr = (inp.old_logp - inp.rollout_logp).detach() * m
+    lr = _token_log_ratio(inp.old_logp.detach(), inp.rollout_logp.detach(), m)
     if level == "sequence":
         lr = masked_sum(lr, m, dim=1).unsqueeze(1) * m
     return lr, m
@@ -160,8 +199,10 @@ class TISParams:
     level: Literal["token", "sequence"] = "token"
 
     def __post_init__(self) -> None:
+        _check_finite(self, "cap")
         if self.cap <= 0:
             raise ValueError(f"cap must be > 0, got {self.cap}")
+        _check_choice(self, "level", ("token", "sequence"))
 
 
 @CORRECTIONS.register("none", NoParams)
@@ -180,13 +221,14 @@ def truncated_is(inp: RatioInput, p: TISParams) -> CorrectionOutput:
     When the engines agree (rollout_logp == old_logp), w = 1 exactly.
     """
     lr, m = _engine_log_ratio(inp, p.level)
-    w = lr.exp().clamp(max=p.cap) * m
+    rho = safe_ratio(lr)
+    w = rho.clamp(max=p.cap) * m
     return CorrectionOutput(
         w,
         m.clone(),
         {
             "is_weight_mean": masked_mean(w, m).item(),
-            "is_truncated_frac": masked_mean((lr.exp() > p.cap).float(), m).item(),
+            "is_truncated_frac": masked_mean((rho > p.cap).float(), m).item(),
         },
     )
 
@@ -199,7 +241,7 @@ def masked_is(inp: RatioInput, p: TISParams) -> CorrectionOutput:
     [1/C, C] are dropped from the loss (mask 0); kept ones get weight w = the ratio.
     """
     lr, m = _engine_log_ratio(inp, p.level)
-    ratio = lr.exp()
+    ratio = safe_ratio(lr)
     keep = ((ratio <= p.cap) & (ratio >= 1.0 / p.cap)).float() * m
     return CorrectionOutput(
         ratio * keep, keep, {"is_masked_frac": 1.0 - masked_mean(keep, m).item()}
@@ -216,10 +258,12 @@ class FTISParams:
     filter_level: Literal["token", "sequence"] = "sequence"
 
     def __post_init__(self) -> None:
+        _check_finite(self, "cap", "filter_low")
         if self.cap < 1:
             raise ValueError(f"cap must be >= 1 (weight 1 must stay reachable), got {self.cap}")
         if not 0 <= self.filter_low <= 1:
             raise ValueError(f"filter_low must be in [0, 1], got {self.filter_low}")
+        _check_choice(self, "filter_level", ("token", "sequence"))
 
 
 @CORRECTIONS.register("ftis", FTISParams)
@@ -242,11 +286,11 @@ def filtered_truncated_is(inp: RatioInput, p: FTISParams) -> CorrectionOutput:
     """
     lr, m = _engine_log_ratio(inp, "token")
     if p.filter_level == "sequence":
-        seq = masked_sum(lr, m, dim=1) / m.sum(1).clamp_min(1.0)
-        keep = (seq.unsqueeze(1).exp() >= p.filter_low).float() * m
+        seq = masked_mean(lr, m, dim=1)
+        keep = (safe_ratio(seq.unsqueeze(1)) >= p.filter_low).float() * m
     else:
-        keep = (lr.exp() >= p.filter_low).float() * m
-    rho = lr.exp()
+        keep = (safe_ratio(lr) >= p.filter_low).float() * m
+    rho = safe_ratio(lr)
     w = rho.clamp(max=p.cap) * keep
     return CorrectionOutput(
         w,
@@ -281,14 +325,14 @@ def cumulative_ratio(inp: RatioInput, p: CumulativeParams) -> RatioOutput:
     of the product (R_t A sum_{s<=t} grad log pi(y_s)).
     """
     m = inp.mask.float()
-    tok = (inp.logp - inp.old_logp.detach()) * m
+    tok = _token_log_ratio(inp.logp, inp.old_logp.detach(), m)
     csum = tok.cumsum(1)
     lr = (csum.detach() - tok.detach() + tok) if p.detach_prefix else csum
     lr = lr * m
     return RatioOutput(
         lr,
         {
-            "ratio_mean": masked_mean(lr.detach().exp(), m).item(),
+            "ratio_mean": masked_mean(safe_ratio(lr.detach()), m).item(),
             "log_ratio_abs_max": (lr.detach().abs() * m).max().item() if m.numel() else 0.0,
         },
     )
@@ -300,6 +344,7 @@ class CTPOClipParams:
     clip_high: float = 0.2
 
     def __post_init__(self) -> None:
+        _check_finite(self, "clip_low", "clip_high")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low and clip_high must be >= 0, got {self}")
 
@@ -317,24 +362,16 @@ def ctpo_clip(inp: ObjectiveInput, p: CTPOClipParams) -> ObjectiveOutput:
     At t = 1 this is PPO's clip in log space; the bound widens as sqrt(t), the growth of the
     standard deviation of a sum of t independent token log-ratios, so the fraction of
     clipped tokens does not grow with position. Gradient: -w R_t A d log R_t where the
-    unclipped branch is active, else 0.
+    unclipped branch is active, else 0. Since exp is monotone, clipping log R_t equals
+    clipping R_t to [exp(-eps_low sqrt t), exp(eps_high sqrt t)]: this is PPO's
+    :func:`~rlpost.core.objectives.clipped_surrogate` with per-token bounds (same metrics).
+    R_t is ``safe_ratio(log R_t)``: a cumulative log-ratio beyond ``LOG_RATIO_MAX`` (long
+    responses) saturates instead of overflowing, so loss and gradient stay finite.
     """
-    m, A, w = inp.mask_f, inp.adv_tokens(), inp.weights_or_ones()
-    lr = inp.ratio_log()
-    sq = m.cumsum(1).clamp_min(1.0).sqrt()
-    lo, hi = -p.clip_low * sq, p.clip_high * sq
-    r = lr.exp()
-    clipped = torch.minimum(torch.maximum(lr, lo), hi).exp() * A
-    unclipped = r * A
-    J = torch.minimum(unclipped, clipped)
-    loss = -w * J * m
-    return ObjectiveOutput(
-        loss,
-        {
-            "clip_frac": masked_mean((clipped < unclipped).float(), m).item(),
-            "ratio_mean": masked_mean(r.detach(), m).item(),
-        },
-    )
+    sq = inp.mask_f.cumsum(1).clamp_min(1.0).sqrt()
+    lo = (-p.clip_low * sq).clamp(min=-LOG_RATIO_MAX).exp()
+    hi = (p.clip_high * sq).clamp(max=LOG_RATIO_MAX).exp()
+    return clipped_surrogate(inp, lo, hi)
 
 
 # --- SIS (catalog 004-17) ---------------------------------------------------------------
@@ -344,11 +381,26 @@ def ctpo_clip(inp: ObjectiveInput, p: CTPOClipParams) -> ObjectiveOutput:
 class SISParams:
     envelope: float = 2.0  # M > 1: acceptance probability min(1, rho) / M
     rejected_weight: Literal["unbiased", "ratio"] = "unbiased"
-    seed: int | None = None  # None: the global torch RNG (seed it per step in the trainer)
+    # None: the global torch RNG (seed it per step in the trainer). An int: for tests and
+    # reproducibility; the draw is seeded by (seed, a checksum of the call's log-probs), so
+    # it is reproducible for the same inputs yet fresh on every new batch / policy update
+    seed: int | None = None
 
     def __post_init__(self) -> None:
+        _check_finite(self, "envelope")
         if self.envelope <= 1:
             raise ValueError(f"envelope must be > 1, got {self.envelope}")
+        _check_choice(self, "rejected_weight", ("unbiased", "ratio"))
+
+
+def _call_seed(seed: int, *xs: Tensor) -> int:
+    """``seed`` mixed with a checksum of the tensors (deterministic for equal inputs)."""
+    h = seed & 0xFFFFFFFF
+    for x in xs:
+        c = torch.nan_to_num(x.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
+        ramp = torch.arange(1, c.numel() + 1, dtype=c.dtype, device=c.device) % 997
+        h = (h * 1_000_003 + int(((c.flatten() * (ramp + 1)).sum().item() * 1e6) % 2**31)) % 2**61
+    return h
 
 
 @CORRECTIONS.register("sis", SISParams)
@@ -366,21 +418,29 @@ def selective_is(inp: RatioInput, p: SISParams) -> CorrectionOutput:
     ``"unbiased"``: the rejected tokens keep an IS weight, rescaled so that the accepted
     tokens' unit weights are paid for: E[w | y] = a + (1 - a) w_rej = rho(y) exactly, hence
     E_q[w] = 1 and an unbiased gradient; rho < 1: w_rej = rho (M - 1) / (M - rho) <= rho,
-    rho >= 1: w_rej = (M rho - 1) / (M - 1) <= rho M / (M - 1) (bounded, no blow-up). ``"ratio"`` is the
+    rho >= 1: w_rej = (M rho - 1) / (M - 1) <= rho M / (M - 1). The rejected weight is
+    thus at most M / (M - 1) times the plain IS weight rho but, like rho, grows linearly
+    in rho (not bounded in absolute terms: truncate with a ``tis`` cap upstream if the
+    ratios can be large; rho is formed with ``safe_ratio``, so it is finite). ``"ratio"`` is the
     abstract's literal "rejected tokens retain the standard IS weight"; it is biased
     (E[w | y] = a + (1 - a) rho). The weights replace the policy ratio: pair the entry
     with an objective whose gradient is w A grad log pi (``reinforce``, preset ``sis``).
     M is ours: the abstract gives no acceptance rule; a_t = min(1, rho) is the
     Metropolis test, divided by M so that tokens with rho >= 1 can be rejected too.
+    ``seed``: None draws u from the global torch RNG; an int seeds a generator with
+    (seed, checksum of ``logp`` and the proposal log-probs), so a fixed seed reproduces a
+    call on the same inputs but does not reuse one set of uniforms across steps.
     """
     m = inp.mask.float()
     q = inp.rollout_logp if inp.rollout_logp is not None else inp.old_logp
-    rho = ((inp.logp.detach() - q.detach()) * m).exp()
+    rho = safe_ratio(_token_log_ratio(inp.logp.detach(), q.detach(), m))
     a = rho.clamp(max=1.0) / p.envelope
     if p.seed is None:
         u = torch.rand(rho.shape, device=rho.device)
     else:
-        g = torch.Generator(device=rho.device).manual_seed(p.seed)
+        lp_valid = _token_log_ratio(inp.logp, torch.zeros_like(inp.logp), m)
+        q_valid = _token_log_ratio(q, torch.zeros_like(q), m)
+        g = torch.Generator(device=rho.device).manual_seed(_call_seed(p.seed, lp_valid, q_valid))
         u = torch.rand(rho.shape, generator=g, device=rho.device)
     accept = u < a
     w_rej = (rho - a) / (1.0 - a) if p.rejected_weight == "unbiased" else rho
@@ -413,6 +473,7 @@ class ClippedISParams:
             raise ValueError(f"mask_low must be in [0, 1], got {self.mask_low}")
         if self.mask_high is not None and self.mask_high < 1:
             raise ValueError(f"mask_high must be >= 1, got {self.mask_high}")
+        _check_choice(self, "level", ("token", "sequence"))
 
 
 @CORRECTIONS.register("clipped_is", ClippedISParams)
@@ -429,7 +490,7 @@ def clipped_is(inp: RatioInput, p: ClippedISParams) -> CorrectionOutput:
     low <= 1 <= high, w = 1 exactly when the engines agree (rollout_logp == old_logp).
     """
     lr, m = _engine_log_ratio(inp, p.level)
-    rho = lr.exp()
+    rho = safe_ratio(lr)
     keep = m.clone()
     if p.mask_low is not None:
         keep = keep * (rho >= p.mask_low).float()
