@@ -135,3 +135,24 @@ def test_group_ids_required_and_split_groups_raise():
     recipe = get_preset("lpo").replace(group_size=4).build()
     with pytest.raises(ValueError, match="whole groups"):
         recipe.policy_loss(logp, old, adv, mask, group_ids=groups)
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_fully_masked_row_does_not_enter_its_group(div):
+    # a response with no valid token (e.g. rejected by a correction) and advantage 5 must
+    # not reshape the target of its group: the gradient of the other rows equals that of
+    # the same batch without the row (before the fix it flipped the others' gradients)
+    mask, old, logp, adv, groups, _ = batch()
+    f = OBJECTIVES.build("lpo", divergence=div)
+    mask2, adv2 = mask.clone(), adv.clone()
+    mask2[0] = 0.0
+    adv2[0] = 5.0
+    out = f(ObjectiveInput(logp, old, adv2, mask2, group_ids=groups))
+    (g,) = torch.autograd.grad(out.loss.sum(), logp)
+    keep = torch.arange(7) != 0
+    x = logp.detach()[keep].clone().requires_grad_(True)
+    ref = f(ObjectiveInput(x, old[keep], adv[keep], mask[keep], group_ids=groups[keep]))
+    (g_ref,) = torch.autograd.grad(ref.loss.sum(), x)
+    assert_close(g[keep], g_ref)
+    assert (g[0] == 0).all() and (out.loss[0] == 0).all()
+    assert out.metrics["lpo_divergence"] == pytest.approx(ref.metrics["lpo_divergence"])

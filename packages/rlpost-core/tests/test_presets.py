@@ -13,6 +13,7 @@ from rlpost.core import (
     kl_reward_penalty,
     register_preset,
 )
+from rlpost.core.objectives import GROUP_OBJECTIVES, OBJECTIVES, ObjectiveInput
 
 B, T = 8, 6
 
@@ -32,7 +33,7 @@ def batch(seed=0):
 
 
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
-GROUP_LEVEL = {"conspo", "lpo"}  # objectives coupling a group: whole groups per micro-batch
+GROUP_LEVEL = GROUP_OBJECTIVES  # objectives coupling a group: whole groups per micro-batch
 BATCH_STAT = {"ess_adaptive"}  # a statistic of the whole step batch: one micro-batch
 
 
@@ -141,3 +142,38 @@ def test_bad_preset_fails_at_registration_naming_field():
     with pytest.raises(RegistryError, match=r"'ppo_clip': unknown parameter\(s\) \['clip_hgih'\]"):
         register_preset(bad)
     assert "bad" not in PRESETS
+
+
+@pytest.mark.parametrize("name", OBJECTIVES.names())
+def test_group_objectives_are_exactly_the_entries_reading_group_ids(name):
+    # GROUP_OBJECTIVES gates the whole-group check of Recipe.policy_loss (and the llm
+    # trainer's micro-batching): an entry outside it must not depend on group_ids, one
+    # inside it must (here: relabelling the groups changes its loss)
+    mask, logp, old, *_ = batch()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])
+    f = OBJECTIVES.build(name)
+    two = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 4)).loss
+    four = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 2)).loss
+    assert (name in GROUP_OBJECTIVES) == (not torch.equal(two, four))
+
+
+def test_whole_group_check_only_for_group_objectives():
+    odd = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])  # group sizes 3, 2, 3 != group_size
+    recipe, mask, logp, old, ref, _, adv = step_inputs(get_preset("dapo"))
+    plain = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref).loss
+    assert recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, group_ids=odd).loss == plain
+    recipe, mask, logp, old, _, _, adv = step_inputs(get_preset("conspo"))
+    with pytest.raises(ValueError, match="whole groups"):
+        recipe.policy_loss(logp, old, adv, mask, group_ids=odd)
+
+
+def test_policy_loss_forwards_ref_entropy_to_the_kl():
+    # reva_rer weights the KL of each response by the reference entropy: KLInput.ref_entropy
+    # when given, else the sampled-token estimate -log pi_ref; policy_loss must forward it
+    recipe, mask, logp, old, ref, _, adv = step_inputs(get_preset("reva_po"))
+    base = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref).loss
+    same = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, ref_entropy=-ref).loss
+    h = torch.linspace(0.1, 3.0, B * T).reshape(B, T)
+    other = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, ref_entropy=h).loss
+    assert_close(same, base)
+    assert not torch.allclose(other, base)

@@ -14,7 +14,9 @@ All three register into :data:`rlpost.core.objectives.OBJECTIVES` and share its 
   (``Recipe.policy_loss`` checks this against ``Preset.group_size``).
 
 Group reductions are vectorised with ``index_add_`` / ``scatter_reduce_`` over a dense
-group index; there is no Python loop over the batch or the groups.
+group index (per-element group sums: :func:`rlpost.core.masked.group_sum`); there is no
+Python loop over the batch or the groups. :data:`GROUP_OBJECTIVES` (defined in
+:mod:`rlpost.core.objectives`, re-exported here) names the entries that read ``group_ids``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlpost.core.masked import masked_mean, masked_sum
+from rlpost.core.masked import group_sum, masked_mean, masked_sum
 from rlpost.core.objectives import (
+    GROUP_OBJECTIVES,
     OBJECTIVES,
     ObjectiveInput,
     ObjectiveOutput,
@@ -58,7 +61,8 @@ def _group_index(inp: ObjectiveInput, who: str) -> tuple[Tensor, int]:
 
 
 def _group_sum(x: Tensor, idx: Tensor, n: int) -> Tensor:
-    """``[B]`` -> ``[G]`` sums."""
+    """``[B]`` -> ``[G]`` sums (per group, not gathered back: ``masked.group_sum`` is the
+    per-element ``[B]`` form)."""
     return torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, idx, x)
 
 
@@ -216,7 +220,7 @@ def conspo(inp: ObjectiveInput, p: ConSPOParams) -> ObjectiveOutput:
     idx, n = _group_index(inp, "conspo")
     m = inp.mask_f
     length = m.sum(1)
-    s = masked_sum(inp.logp, m, dim=1) / length.clamp_min(1.0)  # [B]
+    s = masked_mean(inp.logp, m, dim=1)  # [B]; masked (-inf padding) tokens never read
     A = _row_advantage(inp)
     pos = (A > 0) & (length > 0)
     neg = (A < 0) & (length > 0)
@@ -227,11 +231,11 @@ def conspo(inp: ObjectiveInput, p: ConSPOParams) -> ObjectiveOutput:
     c_neg = _group_max(z_neg, idx, n, neg)  # [G]
     # -inf before exp (not where after it): no inf * 0 = NaN in the backward of other rows
     shifted = torch.where(neg, z_neg - c_neg[idx], torch.full_like(s, -torch.inf))
-    s_neg = _group_sum(shifted.exp(), idx, n)
-    active = pos & (_group_sum(neg.float(), idx, n)[idx] > 0)
+    s_neg = group_sum(shifted.exp(), inp.group_ids)  # [B]: the row's group's sum
+    active = pos & (group_sum(neg.float(), inp.group_ids) > 0)
     c = torch.maximum(z_pos.detach(), c_neg[idx])
     e_pos = (z_pos - c).exp()
-    d = e_pos + (c_neg[idx] - c).exp() * s_neg[idx]  # D_i e^{-c_i}
+    d = e_pos + (c_neg[idx] - c).exp() * s_neg  # D_i e^{-c_i}
     log_d = torch.log(torch.where(active, d, torch.ones_like(s)))
     L = torch.where(active, p.tau * (log_d - (z_pos - c)), torch.zeros_like(s))
     loss = inp.weights_or_ones() * L[:, None] * m
@@ -326,12 +330,21 @@ def lpo(inp: ObjectiveInput, p: LPOParams) -> ObjectiveOutput:
     scale makes the on-policy forward-KL gradient equal to GRPO's to first order in A/beta
     (``-(A_i - mean_g A) / |y_i|`` per token). Shapes: ``[B, T]``, A ``[B]`` or ``[B, T]``,
     group_ids ``[B]``. The uniform prior, the sequence log-ratio and the scale are our
-    reading of "target on the response simplex".
+    reading of "target on the response simplex". A response with no valid token (all
+    masked, e.g. rejected by a correction) is not a member of its group's simplex: it is
+    moved to a singleton group of its own (q = p* = 1, D = 0, zero gradient), so its
+    advantage cannot reshape the other responses' target; n_g counts valid responses.
     """
     idx, n = _group_index(inp, "lpo")
     m = inp.mask_f
+    valid = m.sum(1) > 0  # [B]
+    n_real = n
+    # rows without a valid token get singleton groups n, n + 1, ... (no loop)
+    extra = (~valid).long().cumsum(0) - 1 + n
+    idx = torch.where(valid, idx, extra)
+    n = n + int((~valid).sum())
     lr = masked_sum(inp.ratio_log(), m, dim=1)
-    ell = lr / m.sum(1).clamp_min(1.0) if p.length_norm else lr  # [B]
+    ell = masked_mean(inp.ratio_log(), m, dim=1) if p.length_norm else lr  # [B]
     logq = _group_log_softmax(ell.detach(), idx, n)
     logt = _group_log_softmax(_row_advantage(inp) / p.beta, idx, n)
     D, g = lpo_projection_grad(logq, logt, idx, n, p.divergence)
@@ -339,16 +352,20 @@ def lpo(inp: ObjectiveInput, p: LPOParams) -> ObjectiveOutput:
     row = p.beta * (D[idx] + size * g * (ell - ell.detach()))
     loss = inp.weights_or_ones() * row[:, None] * m
     with torch.no_grad():
-        tv = 0.5 * _group_sum((logq.exp() - logt.exp()).abs(), idx, n)
+        tv = 0.5 * _group_sum((logq.exp() - logt.exp()).abs(), idx, n)[:n_real]
     return ObjectiveOutput(
         loss,
         {
-            "lpo_divergence": D.mean().item() if n else 0.0,
-            "lpo_tv_to_target": tv.mean().item() if n else 0.0,
+            "lpo_divergence": D[:n_real].mean().item() if n_real else 0.0,
+            "lpo_tv_to_target": tv.mean().item() if n_real else 0.0,
             "lpo_grad_abs_max": g.abs().max().item() if g.numel() else 0.0,
         },
     )
 
+
+# every name in GROUP_OBJECTIVES (whole-group check of Recipe.policy_loss) is registered here
+if not GROUP_OBJECTIVES <= {"conspo", "lpo"} <= set(OBJECTIVES):
+    raise RuntimeError(f"GROUP_OBJECTIVES {sorted(GROUP_OBJECTIVES)} out of sync with this module")
 
 # ---------------------------------------------------------------------------------------
 # presets

@@ -26,7 +26,7 @@ from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
-from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
+from rlpost.core.objectives import GROUP_OBJECTIVES, OBJECTIVES, ObjectiveInput
 from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput, TokenDistributions
 from rlpost.core.registry import Bound, RegistryError
 
@@ -68,6 +68,7 @@ class Recipe:
         *,
         rollout_logp: Tensor | None = None,
         ref_logp: Tensor | None = None,
+        ref_entropy: Tensor | None = None,
         entropy: Tensor | None = None,
         global_tokens: float | None = None,
         global_sequences: float | None = None,
@@ -90,7 +91,10 @@ class Recipe:
         ``lpo``). Their loss couples the responses of a group, so a micro-batch must hold
         whole groups: every label present must occur exactly ``preset.group_size`` times,
         else this raises (a group split across micro-batches would silently become two
-        smaller groups and the summed gradients would not equal the full batch's).
+        smaller groups and the summed gradients would not equal the full batch's). The
+        check runs only for the objectives in ``GROUP_OBJECTIVES``; the others ignore
+        ``group_ids``. ``ref_entropy`` ``[B, T]``: entropy of pi_ref per position, passed
+        to the KL estimator (read by response-weighted KLs such as ``reva_rer``).
         ``trigger_pos`` ``[B]``: per-response trigger token index (-1: none) for
         ``mu_grpo``'s negative-advantage veto; row-wise, so any split is exact.
         ``token_dists``: per-token distributions ``[B, T, K]`` of both policies (engine
@@ -108,7 +112,7 @@ class Recipe:
                 f"got {tuple(token_weights.shape)}"
             )
         w = corr.weights if token_weights is None else corr.weights * token_weights.detach()
-        if group_ids is not None and group_ids.numel():
+        if group_ids is not None and group_ids.numel() and p.objective.name in GROUP_OBJECTIVES:
             labels, counts = group_ids.unique(return_counts=True)
             if (counts != p.group_size).any():
                 bad = (counts != p.group_size).nonzero().flatten()[:5]
@@ -136,7 +140,9 @@ class Recipe:
         if self.kl is not None and p.kl_coef > 0 and not p.kl_in_reward:
             if ref_logp is None:
                 raise ValueError(f"preset {p.name!r} puts a KL in the loss: pass ref_logp")
-            kl = self.kl(KLInput(logp, ref_logp, m, advantages=advantages)).kl
+            kl = self.kl(
+                KLInput(logp, ref_logp, m, advantages=advantages, ref_entropy=ref_entropy)
+            ).kl
             tok = tok + p.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), m).item()
         if p.entropy_coef != 0:

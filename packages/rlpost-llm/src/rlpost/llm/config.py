@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.objectives import GROUP_OBJECTIVES  # loss couples a group: whole groups
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
 
@@ -88,8 +89,6 @@ UNSUPPORTED_CORRECTIONS = {
     "predictive_divergence_mask": "needs both policies' per-token distributions "
     "(token_dists); this trainer's fused log-prob path does not materialise them",
 }
-# objectives whose loss couples the responses of a group: micro-batches hold whole groups
-GROUP_OBJECTIVES = {"conspo", "lpo"}
 
 
 class AlgoConfig(_Strict):

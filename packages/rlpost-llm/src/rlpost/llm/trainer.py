@@ -41,7 +41,8 @@ from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.llm.config import GROUP_OBJECTIVES, Config
+from rlpost.core.objectives import GROUP_OBJECTIVES
+from rlpost.llm.config import Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.policy import (
