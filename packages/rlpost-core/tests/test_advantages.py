@@ -158,3 +158,13 @@ def test_reward_to_go_fast_path_equals_the_scan():
     # hand check of one row: G_t = sum_{s >= t} r_s over the 4 valid tokens
     assert_close(fast[2, :4], r[2, :4].flip(0).cumsum(0).flip(0))
     assert (fast[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -0.5])
+def test_training_dynamics_rejects_non_finite_or_negative_entropy(bad):
+    from rlpost.core import TrainingDynamics
+
+    for field in ("entropy", "initial_entropy"):
+        with pytest.raises(ValueError, match=f"{field} must be a finite entropy"):
+            TrainingDynamics(progress=0.5, **{field: bad})
+    TrainingDynamics(progress=0.5, entropy=0.0, initial_entropy=2.0)  # valid

@@ -24,6 +24,27 @@ def test_alpha_zero_is_grpo_and_hand_value():
     assert_close(a, torch.tensor([-0.095, 0.095]))
 
 
+def test_bonus_is_added_after_normalisation_in_nats():
+    # all-correct group, nll = [0.1, 2.0] (mean 1.05): GRPO(r) = 0 and the bonus is
+    # alpha * (nll - 1.05) = alpha * [-0.95, 0.95] with or without the std scaling, so
+    # alpha = 1e-4 pushes 1000x less than alpha = 0.1 (normalising the shaped reward made
+    # both +-0.707)
+    lp = torch.tensor([[-0.1, -0.1], [-2.0, -2.0]])
+    inp = AdvantageInput(
+        torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2, 2), logprobs=lp
+    )
+    for alpha in (1e-4, 0.1):
+        a = ADVANTAGES.build("ed_grpo", alpha=alpha)(inp).advantages[:, 0]
+        assert_close(a, alpha * torch.tensor([-0.95, 0.95]))
+    # mixed group: GRPO's unit-scale advantage plus the centred bonus, padding ignored
+    r = torch.tensor([1.0, 0.0, 0.0])
+    lp = torch.tensor([[-1.0, -float("inf")], [-3.0, -3.0], [-2.0, -2.0]])
+    m = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    out = ADVANTAGES.build("ed_grpo", alpha=0.5)(AdvantageInput(r, None, m, logprobs=lp))
+    grpo = ADVANTAGES.build("grpo")(AdvantageInput(r, None, m)).advantages
+    assert_close(out.advantages, grpo + 0.5 * torch.tensor([[-1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+
+
 def train_bandit(alpha: float, steps: int = 300, seed: int = 0):
     """Softmax bandit: 3 correct arms of 10, groups of 8; returns (entropy, reward)."""
     gen = torch.Generator().manual_seed(seed)
@@ -51,11 +72,14 @@ def train_bandit(alpha: float, steps: int = 300, seed: int = 0):
 
 
 def test_entropy_stays_higher_than_grpo_at_equal_reward():
-    h_grpo, r_grpo = train_bandit(0.0)
-    h_ed, r_ed = train_bandit(0.1)
+    h_grpo, r_grpo = train_bandit(0.0)  # 0.778 nats, reward 0.997
+    h_ed, r_ed = train_bandit(0.1)  # 1.123 nats, reward 0.997
     assert r_ed > 0.97 and r_grpo > 0.97  # both solve the task
     assert h_ed > h_grpo + 0.3, (h_ed, h_grpo)  # ED keeps the three correct arms alive
     assert h_ed <= torch.log(torch.tensor(3.0)) + 0.15
+    # the bonus scales with alpha: a negligible alpha is GRPO (0.781 nats)
+    h_tiny, _ = train_bandit(1e-4)
+    assert abs(h_tiny - h_grpo) < 0.05, (h_tiny, h_grpo)
 
 
 def test_needs_logprobs_and_preset():

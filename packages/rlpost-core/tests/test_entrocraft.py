@@ -202,6 +202,17 @@ def test_masked_tokens_are_ignored_and_rows_rejected_whole():
     )
     a = ADVANTAGES("entrocraft", inp, gain=1e3).advantages
     assert torch.equal(a, ADVANTAGES("entrocraft", noisy, gain=1e3).advantages)
+    for fill in (-math.inf, math.nan):  # pad log-probs as engines leave them: -inf / NaN
+        padded = AdvantageInput(
+            inp.rewards,
+            inp.group_ids,
+            inp.mask,
+            logprobs=inp.logprobs.masked_fill(inp.mask == 0, fill),
+            dynamics=inp.dynamics,
+        )
+        out = ADVANTAGES("entrocraft", padded, gain=1e3)
+        assert torch.equal(out.advantages, a), fill
+        assert all(math.isfinite(v) for v in out.metrics.values()), fill
     assert (a[inp.mask == 0] == 0).all()
     base = ADVANTAGES("grpo", inp).advantages
     kept = (a != 0).any(1)

@@ -140,6 +140,28 @@ def test_degenerate_groups_give_zero_without_nan(masked):
             assert (mixed.advantages[m == 0] == 0).all()
 
 
+@pytest.mark.parametrize("entropy", [2.0, 1.4])  # e = 0 (medium focus), e = 1 (hard focus)
+def test_continuous_rewards_all_above_or_below_threshold_keep_their_signal(entropy):
+    # group 0: binary [1, 1, 0, 0] (p = 1/2); group 1: all above the threshold 0 but distinct
+    # (p = 1); group 2: all at or below it, distinct (p = 0). Without the floor both
+    # profiles give group 1 weight 0 and the medium one gives group 2 weight 0 (its signal
+    # was dropped); with min_weight f = 0.05 every weight is max(profile, f) / mean
+    r = [1, 1, 0, 0, 0.9, 0.5, 0.7, 0.6, -0.1, -0.5, -0.2, -0.8]
+    g = [0] * 4 + [1] * 4 + [2] * 4
+    grpo = ADVANTAGES("grpo", AdvantageInput(torch.tensor(r), torch.tensor(g))).advantages
+    out = fade(r, g, entropy=entropy, suppress=0.0).advantages  # no sign suppression
+    w = (out / grpo)[::4]
+    if entropy == 2.0:  # medium 4p(1-p): [1, 0, 0] -> floored [1, 0.05, 0.05], mean 0.3667
+        want = torch.tensor([1.0, 0.05, 0.05]) / (1.1 / 3)
+    else:  # hard (1-p)^2: [0.25, 0, 1] -> floored [0.25, 0.05, 1], mean 0.4333
+        want = torch.tensor([0.25, 0.05, 1.0]) / (1.3 / 3)
+    assert_close(w, want)
+    assert (out[4:] != 0).all() and ((out > 0) == (grpo > 0)).all()
+    # min_weight = 0 restores the unfloored profiles: group 1 (p = 1) gets nothing
+    bare = fade(r, g, entropy=entropy, suppress=0.0, min_weight=0.0).advantages
+    assert (bare[4:8] == 0).all()
+
+
 def test_validation_errors():
     inp = AdvantageInput(torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError, match=r"fade needs AdvantageInput\.dynamics"):
@@ -151,6 +173,7 @@ def test_validation_errors():
         ({"gamma": -1.0}, "gamma"),
         ({"suppress": 1.5}, "suppress"),
         ({"margin": 0.0}, "margin"),
+        ({"min_weight": -0.1}, "min_weight"),
     ):
         with pytest.raises(RegistryError, match=msg):
             ADVANTAGES.build("fade", **kw)

@@ -38,6 +38,8 @@ def test_gaussian_gain_matches_monte_carlo():
     torch.manual_seed(0)
     z = torch.tensor([-1.0, 0.0, 1.0, 2.5])
     assert_close(gaussian_best_of_n_gain(z, 1), z)
+    far = torch.tensor([-20.0, -8.5, 9.0, 30.0])  # off the table's [-8, 8] grid
+    assert_close(gaussian_best_of_n_gain(far, 1), far)  # h_1(z) = z everywhere
     for n in (16, 64):
         others = torch.randn(400_000, n - 1).amax(1)
         mc = torch.stack([torch.maximum(others, v).mean() for v in z])
@@ -97,6 +99,29 @@ def test_prefix_tea_leaves_each_response_out_of_its_own_tail_fit():
     assert int(out.advantages.argmax()) == 0 and out.advantages[0] > base.advantages[0]
     with pytest.raises(ValueError, match=">= 3"):
         prefix_tea(AdvantageInput(torch.randn(4), torch.arange(4) // 2), PrefixTEAParams(n=8))
+
+
+def test_prefix_tea_binary_rewards_lone_success_and_mostly_correct():
+    # 1 success of 8, N = 16 > m: the success's others are all 0 (leave-one-out sd = 0);
+    # scoring against the degenerate tail gave the success -5e-9. With the group-std
+    # fallback it gets the largest advantage, +0.307 (TEA: +0.238), failures -0.044 each
+    one = torch.tensor([1.0] + [0.0] * 7)
+    out = adv("prefix_tea", one, None, n=16)
+    assert int(out.argmax()) == 0 and out[0] > 0.2, out
+    assert_close(out[1:], torch.full((7,), -float(out[0]) / 7))
+    tea_one = adv("tea", one, None, n=16)
+    assert 0.5 < float(out[0] / tea_one[0]) < 2.0
+    # 7 of 8 correct: the failure's others are all 1 (the fallback again). Under best-of-16
+    # such a prompt is nearly solved, so the signal is small, but it has the right signs
+    # and TEA's size (+6.2e-6 each, -4.35e-5 for the failure; TEA +5.4e-6, -3.8e-5),
+    # far above rounding, and unit scale with the std scaling (-2.34)
+    seven = torch.tensor([1.0] * 7 + [0.0])
+    out = adv("prefix_tea", seven, None, n=16)
+    tea_seven = adv("tea", seven, None, n=16)
+    assert (out[:7] > 1e-6).all() and out[7] < -1e-5, out
+    assert 0.5 < float(out[7] / tea_seven[7]) < 2.0
+    scaled = adv("prefix_tea", seven, None, n=16, scale_by_std=True)
+    assert scaled[7] < -2.0 and (scaled[:7] > 0.3).all(), scaled
 
 
 def test_validation_and_presets():

@@ -29,12 +29,13 @@ Shapes: ``B`` responses, ``T`` response tokens, ``K`` reward components.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from rlpost.core.masked import group_stats, masked_whiten
+from rlpost.core.masked import group_stats, group_sum, masked_mean, masked_whiten
 from rlpost.core.registry import NoParams, Registry
 
 
@@ -55,7 +56,7 @@ class TrainingDynamics:
             raise ValueError(f"progress must be in [0, 1], got {self.progress}")
         for name in ("entropy", "initial_entropy"):
             v = getattr(self, name)
-            if v is not None and not (v >= 0 and v == v):
+            if v is not None and not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite entropy >= 0, got {v}")
 
 
@@ -127,7 +128,7 @@ def scalarize_rewards(inp: AdvantageInput) -> Tensor:
         return r.float()
     if inp.reward_mask is not None:  # inactive components count as 0
         r = torch.where(inp.reward_mask.bool(), r, torch.zeros_like(r))
-    w = inp.reward_weights if inp.reward_weights is not None else torch.ones(r.shape[1])
+    w = inp.reward_weights if inp.reward_weights is not None else r.new_ones(r.shape[1])
     return r.float() @ w.to(r.device, torch.float32)
 
 
@@ -323,9 +324,7 @@ def river(inp: AdvantageInput, p: RiVERParams) -> AdvantageOutput:
     1/count normalisation) are ours; groups with a single distinct value get A = 0.
     """
     r = response_rewards(inp)
-    s_adv = torch.zeros_like(r)
     g = group_stats(r, inp.group_ids).index
-    B = r.shape[0]
     # pairwise comparisons inside each group, vectorised: [B, B] (groups are small)
     same_group = g[:, None] == g[None, :]
     better = same_group & (r[None, :] > r[:, None])  # j beats i
@@ -340,7 +339,7 @@ def river(inp: AdvantageInput, p: RiVERParams) -> AdvantageOutput:
     )
     shaped = torch.where(u == 1, torch.ones_like(u), credit)
     baseline = (same_group.float() * (shaped * inv_count)[None, :]).sum(1) / U
-    s_adv = torch.where(U > 1, (shaped - baseline) / count, torch.zeros(B))
+    s_adv = torch.where(U > 1, (shaped - baseline) / count, torch.zeros_like(r))
     return AdvantageOutput(broadcast(s_adv, inp.mask), metrics=_metrics(s_adv, r))
 
 
@@ -379,7 +378,7 @@ def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
     g = group_stats(r, inp.group_ids).index
     G = int(g.max()) + 1 if g.numel() else 0
     # per-group (lower) median length of the correct responses: one masked sort, [G, B]
-    member = (g[None, :] == torch.arange(G)[:, None]) & correct[None, :]
+    member = (g[None, :] == torch.arange(G, device=g.device)[:, None]) & correct[None, :]
     table = torch.where(member, lengths[None, :], torch.finfo(lengths.dtype).max)
     n_correct = member.sum(1)
     mid = ((n_correct - 1).clamp_min(0) // 2)[:, None]
@@ -428,11 +427,11 @@ def icr(inp: AdvantageInput, p: ICRParams) -> AdvantageOutput:
     correct = (r > 0).float()
     s_len, s_cor = group_stats(lengths, inp.group_ids), group_stats(correct, inp.group_ids)
     g, G = s_len.index, int(s_len.index.max()) + 1
-    cov = torch.zeros(G).index_add_(0, g, (lengths - s_len.mean) * (correct - s_cor.mean))[g]
+    cov = group_sum((lengths - s_len.mean) * (correct - s_cor.mean), inp.group_ids)
     rho = cov / ((s_len.count - 1).clamp_min(1) * s_len.std * s_cor.std).clamp_min(1e-12)
     rho = torch.where((s_len.std > 0) & (s_cor.std > 0), rho, torch.zeros_like(rho))
     big = torch.finfo(lengths.dtype).max
-    shortest = torch.full((G,), big).scatter_reduce(
+    shortest = lengths.new_full((G,), big).scatter_reduce(
         0, g, torch.where(correct > 0, lengths, big), reduce="amin"
     )[g]
     target = (correct > 0) & (lengths == shortest) & (rho < 0)
@@ -512,7 +511,7 @@ def loo_ridge_values(
     B = y.numel()
     if B < 2:
         return torch.zeros_like(rewards), float("nan")
-    cols = [torch.full((B, 1), 1e3, dtype=torch.float64)]
+    cols = [y.new_full((B, 1), 1e3)]
     if features is not None:
         cols.append(features.to(torch.float64))
     X = torch.cat(cols, 1)
@@ -586,9 +585,7 @@ def semantic_disagreement(features: Tensor, group_ids: Tensor | None) -> Tensor:
     part a token-entropy measure mixes in, plays no role).
     """
     e = features.float() / features.float().norm(dim=1, keepdim=True).clamp_min(1e-12)
-    g = group_stats(e[:, 0], group_ids).index
-    G = int(g.max()) + 1
-    centre = torch.zeros(G, e.shape[1]).index_add_(0, g, e)[g]
+    centre = group_sum(e, group_ids)  # [B, D]: sum of the unit vectors of i's group
     centre = centre / centre.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return 1.0 - (e * centre).sum(1)
 
@@ -635,7 +632,7 @@ def gcpo(inp: AdvantageInput, p: GCPOParams) -> AdvantageOutput:
 
 @dataclass(frozen=True)
 class EDGRPOParams:
-    alpha: float = 0.05  # weight of the self-information bonus (nats per token)
+    alpha: float = 0.1  # weight of the self-information bonus (advantage units per nat)
     scale_by_std: bool = True
     eps: float = 1e-6
 
@@ -648,27 +645,29 @@ class EDGRPOParams:
 def ed_grpo(inp: AdvantageInput, p: EDGRPOParams) -> AdvantageOutput:
     """ED-GRPO, exploration-driven GRPO (EDO, catalog 001-04).
 
-    Reward biasing towards exploration: each response's reward is biased by its
-    per-token self-information under the behaviour policy before the group
-    normalisation,
+    Reward biasing towards exploration: each response gets a bonus proportional to its
+    per-token self-information under the behaviour policy, centred in its group and added
+    *after* GRPO's normalisation of the task reward,
 
-        r'_i = r_i + alpha * (-(1/|y_i|) sum_t log pi_old(y_t)),     A = GRPO(r')
+        nll_i = -(1/|y_i|) sum_t log pi_old(y_t)            (nats per token)
+        A_i   = GRPO(r)_i + alpha * (nll_i - mean_g(nll))
 
     In expectation over samples the bonus term of the policy gradient is
     alpha * E[-log pi(y) grad log pi(y)] = alpha * grad H(pi) (per token): an entropy
-    bonus carried by the reward, so it survives GRPO's normalisation and also separates
-    groups whose rewards are all equal (less likely correct answers gain). alpha = 0 is
-    GRPO exactly. Needs ``logprobs`` and ``mask``. The bonus form is our reading of
-    "reward-biasing style exploration objectives".
+    bonus carried by the advantage, of a size set by ``alpha`` alone (the group std
+    divides the task reward only, so in a group of equal rewards the bonus is not blown
+    up to unit scale: alpha = 1e-4 gives a 1000x smaller push than alpha = 0.1). It also
+    separates groups whose rewards are all equal (less likely correct answers gain).
+    alpha = 0 is GRPO exactly. Needs ``logprobs`` and ``mask``. The bonus form is our
+    reading of "reward-biasing style exploration objectives".
     """
     if inp.logprobs is None or inp.mask is None:
         raise ValueError("ed_grpo needs AdvantageInput.logprobs and mask ([B, T])")
-    m = inp.mask.float()
-    nll = -(inp.logprobs.float().detach() * m).sum(1) / m.sum(1).clamp_min(1.0)
+    nll = -masked_mean(inp.logprobs.float().detach(), inp.mask, dim=1)
     r = response_rewards(inp)
-    shaped = r + p.alpha * nll
-    adv = group_normalize(shaped, inp.group_ids, p.scale_by_std, p.eps)
+    bonus = p.alpha * (nll - group_stats(nll, inp.group_ids).mean)
+    adv = group_normalize(r, inp.group_ids, p.scale_by_std, p.eps) + bonus
     return AdvantageOutput(
         broadcast(adv, inp.mask),
-        metrics={**_metrics(adv, r), "ed_bonus_mean": (p.alpha * nll).mean().item()},
+        metrics={**_metrics(adv, r), "ed_bonus_abs_mean": bonus.abs().mean().item()},
     )

@@ -46,7 +46,7 @@ from rlpost.core.advantages import (
     group_normalize,
     response_rewards,
 )
-from rlpost.core.masked import group_stats
+from rlpost.core.masked import group_stats, group_sum
 
 
 @lru_cache(maxsize=32)
@@ -54,12 +54,12 @@ def _h_table(
     n: int, lo: float = -8.0, hi: float = 8.0, points: int = 4001
 ) -> tuple[Tensor, Tensor]:
     """Grid z and h_N(z) = z + int_z^hi (1 - Phi(s)^(N-1)) ds for a standard normal tail."""
-    z = torch.linspace(lo, hi, points, dtype=torch.float64)
+    z = torch.linspace(lo, hi, points, dtype=torch.float64, device="cpu")
     phi = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0)))
     integrand = 1.0 - phi ** (n - 1)
     dz = z[1] - z[0]
     seg = 0.5 * (integrand[1:] + integrand[:-1]) * dz  # trapezoid on each cell
-    tail = torch.cat([seg.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=z.dtype)])
+    tail = torch.cat([seg.flip(0).cumsum(0).flip(0), z.new_zeros(1)])
     return z, z + tail
 
 
@@ -67,9 +67,12 @@ def gaussian_best_of_n_gain(z: Tensor, n: int) -> Tensor:
     """h_N(z) = E[max(z, M_{N-1})] for standard normal draws, by table interpolation.
 
     Outside the grid [-8, 8]: h_N(z) = h_N(-8) below (the maximum of the others dominates)
-    and z above. ``n = 1`` gives h(z) = z.
+    and z above. ``n = 1`` gives h(z) = z exactly, for every z. The table is built once
+    on the CPU and moved to ``z``'s device.
     """
-    grid, h = _h_table(int(n))
+    if int(n) == 1:
+        return z.clone()
+    grid, h = (t.to(z.device) for t in _h_table(int(n)))
     zc = (
         z.to(torch.float64).nan_to_num(neginf=float(grid[0])).clamp(float(grid[0]), float(grid[-1]))
     )
@@ -84,12 +87,14 @@ def gaussian_best_of_n_gain(z: Tensor, n: int) -> Tensor:
 def _group_matrix(r: Tensor, index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Rewards laid out ``[G, m_max]`` (NaN padding), each row's slot and the group sizes."""
     G = int(index.max()) + 1
-    counts = torch.zeros(G, dtype=torch.long).index_add_(0, index, torch.ones_like(index))
+    counts = index.new_zeros(G).index_add_(0, index, torch.ones_like(index))
     order = torch.argsort(index, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(index)
-    slot[order] = torch.arange(index.numel()) - starts[index[order]]
-    table = torch.full((G, int(counts.max())), float("nan"), dtype=torch.float64)
+    slot[order] = torch.arange(index.numel(), device=index.device) - starts[index[order]]
+    table = torch.full(
+        (G, int(counts.max())), float("nan"), dtype=torch.float64, device=index.device
+    )
     table[index, slot] = r.to(torch.float64)
     return table, slot, counts
 
@@ -115,22 +120,19 @@ def best_of_k_ustat(r: Tensor, group_ids: Tensor | None, k: int) -> Tensor:
     # others of each response: its group's row without its own slot -> [B, m-1]
     rows = table[index]  # [B, m]
     keep = torch.ones_like(rows, dtype=torch.bool)
-    keep[torch.arange(r.numel()), slot] = False
+    keep[torch.arange(r.numel(), device=r.device), slot] = False
     others = rows[keep].view(r.numel(), m - 1)
-    others = torch.where(torch.isnan(others), torch.tensor(-math.inf, dtype=others.dtype), others)
+    others = torch.where(torch.isnan(others), torch.full_like(others, -math.inf), others)
     s = others.sort(1).values  # NaN pads (-inf) first
     n_other = (counts[index] - 1).to(torch.float64)  # [B]
     pad = (m - 1) - n_other  # number of -inf pads at the front of each row
-    j = torch.arange(1, m, dtype=torch.float64)[None, :] - pad[:, None]  # rank among real ones
+    j = torch.arange(1, m, dtype=torch.float64, device=r.device)[None, :] - pad[:, None]
+    # j: rank among the real others; log C(j-1, k-2) - log C(n_other, k-1)
     log_w = (
         torch.lgamma(j.clamp_min(1))  # log (j-1)!
         - torch.lgamma((j - k + 2).clamp_min(1))
-        - torch.lgamma(torch.tensor(float(k - 1)))
-        - (
-            torch.lgamma(n_other + 1)
-            - torch.lgamma(torch.tensor(float(k)))
-            - torch.lgamma(n_other - k + 2)
-        )[:, None]
+        - math.lgamma(k - 1)
+        - (torch.lgamma(n_other + 1) - math.lgamma(k) - torch.lgamma(n_other - k + 2))[:, None]
     )
     valid = j >= k - 1  # C(j-1, k-2) = 0 below
     w = torch.where(valid, log_w.exp(), torch.zeros_like(log_w))
@@ -140,6 +142,8 @@ def best_of_k_ustat(r: Tensor, group_ids: Tensor | None, k: int) -> Tensor:
 
 @dataclass(frozen=True)
 class TEAParams:
+    """Parameters of ``tea`` and ``prefix_tea`` (one class: the two share them)."""
+
     n: int = 16  # deployment best-of-N
     scale_by_std: bool = False  # True: divide by the group std of g_N (GRPO-style)
     eps: float = 1e-6
@@ -147,6 +151,13 @@ class TEAParams:
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"n (best-of-N at deployment) must be >= 1, got {self.n}")
+
+
+PrefixTEAParams = TEAParams  # backward-compatible name
+
+
+def _metrics(adv: Tensor, r: Tensor) -> dict[str, float]:
+    return {"reward_mean": r.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
 
 
 @ADVANTAGES.register("tea", TEAParams)
@@ -163,25 +174,11 @@ def tea(inp: AdvantageInput, p: TEAParams) -> AdvantageOutput:
     z = torch.where(sigma > 0, (r - s.mean) / sigma.clamp_min(1e-12), torch.zeros_like(r))
     g = torch.where(sigma > 0, sigma * gaussian_best_of_n_gain(z, p.n), torch.zeros_like(r))
     adv = group_normalize(g, inp.group_ids, p.scale_by_std, p.eps)
-    return AdvantageOutput(
-        broadcast(adv, inp.mask),
-        metrics={"reward_mean": r.mean().item(), "adv_abs_mean": adv.abs().mean().item()},
-    )
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
 
 
-@dataclass(frozen=True)
-class PrefixTEAParams:
-    n: int = 16
-    scale_by_std: bool = False
-    eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n (best-of-N at deployment) must be >= 1, got {self.n}")
-
-
-@ADVANTAGES.register("prefix_tea", PrefixTEAParams)
-def prefix_tea(inp: AdvantageInput, p: PrefixTEAParams) -> AdvantageOutput:
+@ADVANTAGES.register("prefix_tea", TEAParams)
+def prefix_tea(inp: AdvantageInput, p: TEAParams) -> AdvantageOutput:
     """Prefix-TEA, debiased tail extrapolation (catalog 001-02).
 
     * N <= m: the exact unbiased U-statistic g_i = U_N(i) (:func:`best_of_k_ustat`).
@@ -200,6 +197,11 @@ def prefix_tea(inp: AdvantageInput, p: PrefixTEAParams) -> AdvantageOutput:
       shrinks its own z); the predictive factor removes the first-order underestimate of
       the spread of a future draw from m - 1 samples.
 
+      When the others all share one reward (s_-i = 0, e.g. the only success among binary
+      rewards) the tail fitted to them is degenerate and would score r_i as 0; s_-i is
+      then replaced by the full group std s_g (which includes r_i: the one spread the
+      group shows), so a lone success gets the largest advantage of its group.
+
     A_i = g_i - mean_g(g); groups of equal rewards give 0. Needs >= 3 responses per group
     when N > m.
     """
@@ -212,22 +214,21 @@ def prefix_tea(inp: AdvantageInput, p: PrefixTEAParams) -> AdvantageOutput:
         if m < 3:
             raise ValueError(f"prefix_tea with n > group size needs >= 3 responses, got {m}")
         n = s.count.double()
-        rd = r.double()
-        s1 = torch.zeros(s.index.max() + 1, dtype=torch.float64).index_add_(0, s.index, rd)[s.index]
-        mu = (s1 - rd) / (n - 1)  # leave-one-out mean
-        var_all = s.std.double() ** 2 * (n - 1)  # sum of squared deviations of the group
-        # leave-one-out sum of squares: SS - (r_i - mean)^2 * n / (n - 1)
-        ss = var_all - (rd - s.mean.double()) ** 2 * n / (n - 1)
-        sd = (ss.clamp_min(0) / (n - 2)).sqrt() * (1 + 1 / (n - 1)).sqrt()
-        z = torch.where(sd > 0, (rd - mu) / sd.clamp_min(1e-12), torch.zeros_like(rd))
+        rc = r.double() - s.mean.double()  # centred first: the moments are shift-free
+        mu = (group_sum(rc, inp.group_ids) - rc) / (n - 1)  # leave-one-out mean
+        dev = rc - mu
+        # leave-one-out sum of squares: sum_{j != i} r_j^2 - (n - 1) mu_-i^2
+        ss = group_sum(rc**2, inp.group_ids) - rc**2 - (n - 1) * mu**2
+        sd_loo = (ss.clamp_min(0) / (n - 2)).sqrt()
+        sd_all = s.std.double()
+        # rounding-level spread of the others counts as none: fall back to the group std
+        sd = torch.where(sd_loo > 1e-6 * sd_all, sd_loo, sd_all) * (1 + 1 / (n - 1)).sqrt()
+        z = torch.where(sd > 0, dev / sd.clamp_min(1e-12), torch.zeros_like(rc))
         floor = gaussian_best_of_n_gain(torch.full_like(z, -math.inf), p.n)  # E[M_{N-1}]
         g = (sd * (gaussian_best_of_n_gain(z, p.n) - floor)).to(r.dtype)
     adv = group_normalize(g, inp.group_ids, p.scale_by_std, p.eps)
     adv = torch.where(s.std > 0, adv, torch.zeros_like(adv))
-    return AdvantageOutput(
-        broadcast(adv, inp.mask),
-        metrics={"reward_mean": r.mean().item(), "adv_abs_mean": adv.abs().mean().item()},
-    )
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
 
 
 def _register_presets() -> None:

@@ -142,8 +142,8 @@ def entrocraft(inp: AdvantageInput, p: EntrocraftParams) -> AdvantageOutput:
     err = target - dyn.entropy
     q = min(p.p_max, p.gain * abs(err) / target)
     wrong_way = c > 0 if err > 0 else c < 0  # err == 0: q == 0, nothing is rejected
-    gen = torch.Generator().manual_seed(_draw_seed(p.seed, dyn.progress))
-    u = torch.rand(c.shape, generator=gen, dtype=torch.float64).to(c.device)
+    gen = torch.Generator(device="cpu").manual_seed(_draw_seed(p.seed, dyn.progress))
+    u = torch.rand(c.shape, generator=gen, dtype=torch.float64, device="cpu").to(c.device)
     reject = wrong_way & (u < q)
     keep = (~reject).to(adv.dtype)
     out = adv * (keep if adv.dim() == 1 else keep[:, None])
@@ -200,10 +200,13 @@ class FADEParams:
     suppress: float = 0.5  # negative-mass suppression at e = 0 (pure exploitation), in [0, 1]
     margin: float = 0.3  # relative entropy drop at which the phase is fully exploratory
     threshold: float = 0.0  # success: outcome reward > threshold
+    min_weight: float = 0.05  # floor of both difficulty profiles (before normalisation)
     scale_by_std: bool = True  # base GRPO advantage (False: Dr. GRPO)
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.min_weight <= 1.0:
+            raise ValueError(f"min_weight must be in [0, 1], got {self.min_weight}")
         if self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}")
         if not 0.0 <= self.suppress <= 1.0:
@@ -224,15 +227,23 @@ def fade_phase(dyn: TrainingDynamics, margin: float) -> float:
 
 
 def fade_difficulty_weights(
-    success_rate: Tensor, e: float, gamma: float, active: Tensor | None = None
+    success_rate: Tensor,
+    e: float,
+    gamma: float,
+    active: Tensor | None = None,
+    min_weight: float = 0.0,
 ) -> Tensor:
     """Difficulty weight per group, ``[G]`` (``success_rate`` ``[G]`` in [0, 1]):
 
-        w = e * (1 - p)^gamma / mean(.) + (1 - e) * 4 p (1 - p) / mean(.)
+        w = e * max((1 - p)^gamma, f) / mean(.) + (1 - e) * max(4 p (1 - p), f) / mean(.)
 
-    hard focus (exploration) mixed with medium focus (exploitation); each profile is
-    normalised to mean 1 over the ``active`` groups (default all). A profile whose mean
-    is 0 there is replaced by ones.
+    hard focus (exploration) mixed with medium focus (exploitation), each floored at
+    ``min_weight`` = f *before* it is normalised to mean 1 over the ``active`` groups
+    (default all). The floor keeps the signal of groups a profile would zero out: with
+    non-binary rewards a group where every reward clears the threshold (p = 1) still has
+    distinct rewards and a non-zero advantage, yet both raw profiles give it 0 (and p = 0
+    groups get 0 from the medium profile). A profile whose mean is 0 there is replaced by
+    ones.
     """
     p = success_rate.float()
     act = torch.ones_like(p, dtype=torch.bool) if active is None else active.bool()
@@ -241,8 +252,8 @@ def fade_difficulty_weights(
         m = w[act].mean() if act.any() else w.new_zeros(())
         return w / m if m > 0 else torch.ones_like(w)
 
-    hard = unit_mean((1 - p).pow(gamma))
-    medium = unit_mean(4 * p * (1 - p))
+    hard = unit_mean((1 - p).pow(gamma).clamp_min(min_weight))
+    medium = unit_mean((4 * p * (1 - p)).clamp_min(min_weight))
     return e * hard + (1 - e) * medium
 
 
@@ -259,11 +270,15 @@ def fade(inp: AdvantageInput, p: FADEParams) -> AdvantageOutput:
     negative mass and medium focus:
 
         w_neg   = 1 - (1 - e) * suppress
-        w_diff  = e * (1 - p_g)^gamma / Z_hard + (1 - e) * 4 p_g (1 - p_g) / Z_med
+        w_diff  = e * max((1 - p_g)^gamma, f) / Z_hard + (1 - e) * max(4 p_g (1 - p_g), f) / Z_med
         A_fade  = w_diff * (A+_hard + A+_easy + w_neg * (A-_hard + A-_easy))
 
     Z_* normalise each difficulty profile to mean 1 over the batch's groups with a
-    non-degenerate reward (:func:`fade_difficulty_weights`). Groups with equal rewards
+    non-degenerate reward (:func:`fade_difficulty_weights`). The floor f = ``min_weight``
+    keeps every non-degenerate group's signal: with continuous rewards a group whose
+    rewards all clear the threshold (p_g = 1) or all miss it (p_g = 0) still ranks its
+    responses, and without the floor both profiles (at p_g = 1) or the medium one (at
+    p_g = 0) would drop it. ``min_weight = 0`` gives the unfloored profiles. Groups with equal rewards
     have A = 0 and stay 0. Needs ``dynamics`` (``entropy``, ``initial_entropy``).
     Metrics: ``fade_phase`` (e), ``fade_neg_weight``, and the share of |A| mass in each of
     the four parts (``fade_mass_pos_hard`` ...).
@@ -283,7 +298,7 @@ def fade(inp: AdvantageInput, p: FADEParams) -> AdvantageOutput:
     n_groups = int(g.max()) + 1 if g.numel() else 0
     p_group = success.new_zeros(n_groups).scatter_(0, g, success)
     active = torch.zeros(n_groups, dtype=torch.bool, device=g.device).scatter_(0, g, rs.std > 0)
-    w_diff = fade_difficulty_weights(p_group, e, p.gamma, active=active)[g]  # [B]
+    w_diff = fade_difficulty_weights(p_group, e, p.gamma, active, p.min_weight)[g]  # [B]
     out = w_diff * (parts.pos_hard + parts.pos_easy + w_neg * (parts.neg_hard + parts.neg_easy))
     total = adv.abs().sum().clamp_min(1e-12)
     mass = {f"fade_mass_{k}": (v.abs().sum() / total).item() for k, v in parts._asdict().items()}

@@ -18,7 +18,7 @@ from rlpost.core.advantages import (
     broadcast,
     group_normalize,
 )
-from rlpost.core.masked import group_stats
+from rlpost.core.masked import group_stats, group_sum
 
 
 def _vector_rewards(inp: AdvantageInput, who: str) -> Tensor:
@@ -29,11 +29,18 @@ def _vector_rewards(inp: AdvantageInput, who: str) -> Tensor:
     return inp.rewards.double()
 
 
-def dirichlet_weights(k: int, n: int, concentration: float, seed: int) -> Tensor:
-    """``[n, k]`` fixed draws of downstream trade-offs w ~ Dirichlet(concentration)."""
-    gen = torch.Generator().manual_seed(seed)
-    g = torch._standard_gamma(torch.full((n, k), float(concentration), dtype=torch.float64), gen)
-    return g / g.sum(1, keepdim=True)
+def dirichlet_weights(
+    k: int, n: int, concentration: float, seed: int, device: torch.device | str = "cpu"
+) -> Tensor:
+    """``[n, k]`` fixed draws of downstream trade-offs w ~ Dirichlet(concentration).
+
+    Drawn on the CPU with a seeded generator (the same draws on every device), then moved
+    to ``device``.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    alpha = torch.full((n, k), float(concentration), dtype=torch.float64, device="cpu")
+    g = torch._standard_gamma(alpha, gen)
+    return (g / g.sum(1, keepdim=True)).to(device)
 
 
 @dataclass(frozen=True)
@@ -73,18 +80,18 @@ def vpo(inp: AdvantageInput, p: VPOParams) -> AdvantageOutput:
     R = _vector_rewards(inp, "vpo")
     if inp.reward_mask is not None:
         R = torch.where(inp.reward_mask.bool(), R, torch.zeros_like(R))
-    W = dirichlet_weights(R.shape[1], p.n_weights, p.concentration, p.seed)
+    W = dirichlet_weights(R.shape[1], p.n_weights, p.concentration, p.seed, R.device)
     scores = R @ W.T  # [B, n_w]
     g = group_stats(R[:, 0], inp.group_ids).index
     G = int(g.max()) + 1
     idx = g[:, None].expand_as(scores)
-    best = torch.full((G, p.n_weights), -torch.inf, dtype=scores.dtype).scatter_reduce(
+    best = scores.new_full((G, p.n_weights), -torch.inf).scatter_reduce(
         0, idx, scores, reduce="amax"
     )
     is_best = scores == best[g]
-    n_best = torch.zeros(G, p.n_weights, dtype=scores.dtype).index_add_(0, g, is_best.double())[g]
+    n_best = group_sum(is_best.to(scores.dtype), inp.group_ids)
     others = torch.where(is_best, torch.full_like(scores, -torch.inf), scores)
-    second = torch.full((G, p.n_weights), -torch.inf, dtype=scores.dtype).scatter_reduce(
+    second = scores.new_full((G, p.n_weights), -torch.inf).scatter_reduce(
         0, idx, others, reduce="amax"
     )[g]
     unique_best = is_best & (n_best == 1) & torch.isfinite(second)
@@ -122,6 +129,11 @@ def magnitude_aware_quantile(R: Tensor, active: Tensor, group_ids: Tensor | None
     continuous rewards on one scale; the spread factor keeps the magnitude: a group whose
     scores differ by 0.01 gets small advantages, not +-1. For a binary component,
     x_i = r_i - mean_g(r) exactly.
+
+    Cost: the comparisons are laid out over all pairs of the batch, ``[B, B, K]`` booleans
+    and doubles (about 17 B^2 K bytes at peak: 36 MB for B = 512, K = 8), plus O(B^2 K)
+    time; pairs from different groups are masked out rather than skipped. Fine for the
+    rollout batches of one update step; split a larger batch by group before calling.
     """
     g = group_stats(R[:, 0].float(), group_ids).index
     same = (g[:, None] == g[None, :])[:, :, None] & active[None, :, :] & active[:, None, :]
@@ -130,7 +142,7 @@ def magnitude_aware_quantile(R: Tensor, active: Tensor, group_ids: Tensor | None
     equal = (same & (R[None, :, :] == R[:, None, :])).double().sum(1)
     n = same.double().sum(1)
     q = (less + 0.5 * equal) / n.clamp_min(1.0)
-    big = torch.tensor(torch.inf, dtype=R.dtype)
+    big = torch.full((), torch.inf, dtype=R.dtype, device=R.device)
     hi = torch.where(same, R[None, :, :], -big).amax(1)
     lo = torch.where(same, R[None, :, :], big).amin(1)
     spread = torch.where(n > 0, hi - lo, torch.zeros_like(hi))
@@ -189,11 +201,7 @@ def rdpo(inp: AdvantageInput, p: RDPOParams) -> AdvantageOutput:
     R = torch.where(active, R, torch.zeros_like(R))
     X = magnitude_aware_quantile(R, active, inp.group_ids)
     Z = whiten_subspaces(X, active, p.eps)
-    w = (
-        inp.reward_weights.double()
-        if inp.reward_weights is not None
-        else torch.ones(R.shape[1], dtype=R.dtype)
-    )
+    w = inp.reward_weights.double() if inp.reward_weights is not None else R.new_ones(R.shape[1])
     adv = (Z * active) @ w
     if p.normalize_by_active:
         adv = adv / active.sum(1).clamp_min(1).double().sqrt()

@@ -33,6 +33,7 @@ from rlpost.core.advantages import (
     AdvantageInput,
     AdvantageOutput,
     broadcast,
+    group_normalize,
     response_rewards,
 )
 from rlpost.core.masked import group_stats
@@ -158,8 +159,7 @@ def a2tgpo(inp: AdvantageInput, p: A2TGPOParams) -> AdvantageOutput:
     or ``[B, T]``) with clip range eps_min on valid tokens (metric ``turn_groups`` = 0).
     """
     r = response_rewards(inp)
-    s = group_stats(r, inp.group_ids)
-    outcome = (r - s.mean) / (s.std + p.eps)
+    outcome = group_normalize(r, inp.group_ids, True, p.eps)  # GRPO on the outcome
     metrics = {"reward_mean": r.mean().item()}
     if (inp.turn_ids is None) != (inp.turn_rewards is None):
         raise ValueError("a2tgpo needs both AdvantageInput.turn_ids and turn_rewards, or neither")
