@@ -40,6 +40,29 @@ def test_entropy_of_uniform_one_hot_and_empty_rows():
         attention_entropy((att, att[:, :, :2]))
 
 
+def test_entropy_in_head_chunks_matches_the_plain_formula_and_leaves_input_alone():
+    g = torch.Generator().manual_seed(0)
+    layers = [torch.rand(2, 5, 4, 6, generator=g).softmax(-1) for _ in range(3)]
+    layers[1][0, 2, 1] = float("nan")  # a NaN row counts as empty (entropy 0 for that head)
+    layers[2][1, :, 3] = 0.0
+    before = [x.clone() for x in layers]
+    # reference: per head, per layer, -sum p log p of the renormalised cleaned rows
+    ref = []
+    for a in layers:
+        q = torch.nan_to_num(a, nan=0.0)
+        q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+        ref.append(-(q * torch.where(q > 0, q.log(), 0.0)).sum(-1).mean(1))
+    ref = torch.stack(ref).mean(0)
+    whole = attention_entropy(layers)
+    for chunk in (1, 2 * 4 * 6 * 2, 10**9):  # one head, two heads, a whole layer per chunk
+        assert_close(attention_entropy(layers, chunk_elements=chunk), ref)
+    assert_close(whole, ref)
+    for x, y in zip(layers, before, strict=True):  # the in-place work is on a copy
+        assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))
+    with pytest.raises(ValueError, match="chunk_elements"):
+        attention_entropy(layers, chunk_elements=0)
+
+
 def test_entropy_from_a_tiny_hugging_face_model():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Qwen2Config(

@@ -35,10 +35,14 @@ from torch import Tensor
 
 from rlpost.core.masked import masked_whiten
 
+CHUNK_ELEMENTS = 1 << 26  # float32 working copy per chunk: 256 MB
+
 
 @torch.no_grad()
 def attention_entropy(
-    attentions: Tensor | Sequence[Tensor], query_mask: Tensor | None = None
+    attentions: Tensor | Sequence[Tensor],
+    query_mask: Tensor | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Tensor:
     """Mean attention entropy of each query, ``[B, T]`` (nats, detached, float32).
 
@@ -49,22 +53,37 @@ def attention_entropy(
     rounding); ``0 log 0 = 0``, so masked keys do not count, a uniform row over ``k`` keys
     gives ``log k`` and a one-hot row 0. Rows that are all zero (or NaN) give 0.
     ``query_mask`` ``[B, T]``: entropies of masked queries are set to 0.
+
+    Memory: layers are processed one at a time and each in chunks of heads of at most
+    ``chunk_elements`` elements (at least one head), with a single float32 working copy
+    per chunk updated in place (clean, normalise, ``xlogy``); the input maps are never
+    modified. Peak extra memory is one chunk plus ``[B, T]`` accumulators, not several
+    float32 copies of a whole ``[B, H, T, S]`` layer.
     """
     layers = [attentions] if isinstance(attentions, Tensor) else list(attentions)
     if not layers:
         raise ValueError("attention_entropy: got no attention maps")
+    if chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
     ref = tuple(layers[0].shape)
     total = None
-    for i, a in enumerate(layers):  # loop over layers only, vectorised over B, H, T, S
+    tiny = torch.finfo(torch.float32).tiny
+    for i, a in enumerate(layers):  # loop over layers and head chunks, vectorised inside
         if a.dim() != 4 or (a.shape[0], a.shape[2]) != (ref[0], ref[2]):
             raise ValueError(
                 f"attention_entropy: every layer must be [B, H, T, S] with the B and T of "
                 f"layer 0 {ref}, layer {i} has shape {tuple(a.shape)}"
             )
-        p = torch.nan_to_num(a.float(), nan=0.0).clamp_min(0.0)  # (B, H, T, S)
-        p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-        h = torch.special.xlogy(p, p.reciprocal()).sum(-1).clamp_min(0.0).mean(1)  # (B, T)
-        total = h if total is None else total + h
+        B, H, T, S = a.shape
+        step = max(1, chunk_elements // max(1, B * T * S))  # heads per chunk
+        h = torch.zeros(B, T, dtype=torch.float32, device=a.device)
+        for h0 in range(0, H, step):
+            p = a[:, h0 : h0 + step].to(torch.float32, copy=True)  # (B, h, T, S), own copy
+            p.nan_to_num_(nan=0.0).clamp_min_(0.0)
+            p.div_(p.sum(-1, keepdim=True).clamp_min_(tiny))
+            h -= p.xlogy_(p).sum(-1).sum(1)  # -sum_s p log p, summed over the chunk's heads
+        h = h.clamp_min_(0.0) / H  # (B, T): mean over heads
+        total = h if total is None else total.add_(h)
     ent = total / len(layers)
     if query_mask is not None:
         if query_mask.shape != ent.shape:
