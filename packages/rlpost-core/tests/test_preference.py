@@ -113,6 +113,29 @@ def test_xi_dpo_hand_values_and_gradient():
     assert_close(out.chosen_reward, torch.tensor([-5.0, -2.0]))
 
 
+def test_xi_dpo_gradient_bounded_for_a_near_certain_rejected_response():
+    # chosen l_w = -1 nat/token (|y_w| = 4); rejected per-token NLL 1e-3 and 1e-6 nats,
+    # below the 0.01 floor: rho is scored at l_l = -0.01 -> rho = 1 - 100 = -99, so
+    # loss = (-99.2)^2, d/d chosen = 2 (-99.2) (-1 / (4 * -0.01)) = -4960 and 0 into the
+    # rejected (the old floor of 1e-6 nats gave d/d rejected = 2 (rho - xi) l_w / (l_l^2 |y_l|)
+    # ~ 4e8 at l_l = -1e-3 and ~ 4e17 at l_l = -1e-6)
+    x = PreferenceInput(
+        torch.tensor([-4.0, -4.0]),
+        torch.tensor([-5e-3, -5e-6]),
+        chosen_len=torch.tensor([4, 4]),
+        rejected_len=torch.tensor([5, 5]),
+    )
+    out, gc, gr = loss_and_grads("xi_dpo", x, xi=0.2)
+    assert_close(out.loss, torch.full((2,), 99.2**2))
+    assert_close(gc, torch.full((2,), -4960.0))
+    assert torch.equal(gr, torch.zeros(2))
+    # at the floor itself the formula is exact (no jump): l_l = -0.01 gives the same rho
+    at = PreferenceInput(
+        x.chosen_logp, torch.tensor([-0.05, -0.05]), None, None, x.chosen_len, x.rejected_len
+    )
+    assert_close(loss_and_grads("xi_dpo", at, xi=0.2)[0].loss, out.loss)
+
+
 def test_xi_dpo_invariant_to_beta():
     x = random_pairs()
     ref, gc0, gr0 = loss_and_grads("xi_dpo", x, xi=0.3, beta=0.1)
@@ -321,7 +344,6 @@ def iterative_dpo(name, seed, rounds=10, steps=25, pairs=64, lr=0.05, **params):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_ed_idpo_keeps_entropy_of_toy_policy(seed):
-    torch.set_num_threads(1)
     dpo = iterative_dpo("dpo", seed, beta=0.1)
     ed = iterative_dpo("ed_dpo", seed, beta=0.1, alpha=0.02)
     (r_dpo, h_dpo), (r_ed, h_ed) = dpo[-1], ed[-1]

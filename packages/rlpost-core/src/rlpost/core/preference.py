@@ -157,12 +157,17 @@ def simpo(inp: PreferenceInput, p: SimPOParams) -> PreferenceOutput:
 
 # --- seed methods (catalog 001-06, 001-20, 001-04) -------------------------------------
 
-_RHO_EPS = 1e-6  # rejected per-token log-prob is clamped at -_RHO_EPS so that rho stays finite
+# floor of the rejected per-token NLL |l_l| in rho's denominator (nats per token): a
+# rejected response with NLL below it (per-token probability > 0.99) is scored as if at
+# 0.01, so rho and its gradient stay bounded (|d rho / d l_w| <= 100; at 1e-6 a near-
+# certain rejected response gave gradients of ~1e9)
+_RHO_FLOOR = 1e-2
 
 
 def _ratio_margin(l_w: Tensor, l_l: Tensor) -> Tensor:
-    """rho = 1 - l_w / l_l = (l_w - l_l) / |l_l| for per-token log-likelihoods l <= 0."""
-    return 1.0 - l_w / l_l.clamp(max=-_RHO_EPS)
+    """rho = 1 - l_w / l_l = (l_w - l_l) / |l_l| for per-token log-likelihoods l <= 0,
+    with |l_l| floored at :data:`_RHO_FLOOR` = 0.01 nats per token."""
+    return 1.0 - l_w / l_l.clamp(max=-_RHO_FLOOR)
 
 
 def xi_from_initial(
@@ -224,7 +229,10 @@ def xi_dpo(inp: PreferenceInput, p: XiDPOParams) -> PreferenceOutput:
     per-token rewards and the *squared* distance are our reading. The loss is two-sided:
     pairs separated by more than xi are pulled back, as IPO pulls back past its target.
     ``beta`` only scales the reported rewards. ``xi_from_initial`` sets xi from the
-    initial model. The rejected per-token log-prob is clamped at -1e-6 (rho finite).
+    initial model. The rejected per-token log-prob is clamped at -0.01 nats per token:
+    below that NLL (a near-certain rejected response) rho is computed at the floor, its
+    gradient into the rejected log-prob is 0 and the one into the chosen is bounded by
+    2 (|rho| + xi) / 0.01 per token, instead of growing like 1 / l_l^2.
     """
     l_w, l_l = _per_token(inp, "xi_dpo")
     rho = _ratio_margin(l_w, l_l)
