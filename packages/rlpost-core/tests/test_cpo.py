@@ -1,11 +1,11 @@
 """CPO (004-18): Fisher surrogate from prior-task parameter movement and its penalty."""
 
+import math
+
 import pytest
 import torch
 
 from rlpost.core.regularizers import CPORegularizer, movement_fisher
-
-torch.set_num_threads(1)
 
 
 def test_surrogate_matches_its_definition():
@@ -98,3 +98,44 @@ def test_tasks_accumulate_and_reduce_forgetting():
     assert (reg.fisher[0] > 0).sum() >= 3  # two tasks' surrogates summed
     assert forget_cpo < 0.2 * forget_plain
     assert fit_cpo < 1e-3 and fit_plain < 1e-3
+
+
+def test_resume_mid_task_can_end_the_task():
+    # state saved between begin_task() and end_task() must carry the task's start, or the
+    # resumed run cannot end the task (and the movement would be measured from nowhere)
+    w = torch.nn.Parameter(torch.zeros(4))
+    reg = CPORegularizer([w], density=0.5)
+    reg.begin_task()
+    with torch.no_grad():
+        w += torch.tensor([1.0, -2.0, 0.1, 0.0])
+    state = reg.state_dict()
+    w2 = torch.nn.Parameter(w.detach().clone())
+    resumed = CPORegularizer([w2], density=0.5)
+    resumed.load_state_dict(state)
+    resumed.end_task()
+    reg.end_task()
+    torch.testing.assert_close(resumed.fisher[0], reg.fisher[0])
+    # delta^2 = [1, 4, 0.01, 0], mean 1.2525; the top 2 kept
+    torch.testing.assert_close(resumed.fisher[0], torch.tensor([1.0, 4.0, 0.0, 0.0]) / 1.2525)
+    # a state saved before the start was recorded still loads (no task in progress)
+    old = CPORegularizer([w2])
+    old.load_state_dict({"fisher": None, "anchor": None})
+    with pytest.raises(RuntimeError, match="without begin_task"):
+        old.end_task()
+
+
+def test_movement_fisher_cut_is_exact_without_concatenation():
+    # the k-th largest value is found by bisection on float32 bit patterns: it must equal
+    # a topk over the concatenation, ties at the cut all kept
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(7, 5, generator=g), torch.randn(13, generator=g)]
+    end = [s + torch.randn(s.shape, generator=g) for s in start]
+    end[1][:4] = start[1][:4] + 0.5  # ties
+    sq = torch.cat([((b - a) ** 2).reshape(-1) for a, b in zip(start, end, strict=True)])
+    for density in (0.01, 0.1, 0.37, 1.0):
+        F = movement_fisher(start, end, density)
+        k = max(1, math.ceil(density * sq.numel()))
+        cut = sq.topk(k).values[-1]
+        want = torch.where(sq >= cut, sq / sq.mean(), torch.zeros_like(sq))
+        torch.testing.assert_close(torch.cat([f.reshape(-1) for f in F]), want)
+    assert all(x is not y for x, y in zip(movement_fisher(start, end), start, strict=True))

@@ -8,7 +8,6 @@ import torch
 
 from rlpost.core.regularizers import apply_dr_projection_, dr_project, flat_grad, set_flat_grad_
 
-torch.set_num_threads(1)
 f64 = torch.float64
 
 

@@ -8,7 +8,6 @@ import torch
 from rlpost.core import KL_ESTIMATORS, Choice, KLInput, get_preset
 from rlpost.core.regularizers import ResponseWeightedKLParams, reva_response_weights
 
-torch.set_num_threads(1)
 B, T = 4, 5
 
 
@@ -28,11 +27,12 @@ def test_weights_relax_good_and_tighten_bad_responses():
     # exp(-0.5 A): 2.718, 1.649, 1, 0.607, 0.368
     torch.testing.assert_close(w, torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0]).exp())
     assert (w.diff() < 0).all()  # higher advantage -> weaker constraint
-    # higher reference entropy -> weaker constraint; H = 0.8 nats: exp(-0.4)
+    # higher reference entropy -> weaker constraint; h is centred on the batch mean
+    # (0 + 0.8 + 2) / 3 = 14/15: h = [-14/15, -2/15, 16/15], w = exp(-0.5 h)
     wh = reva_response_weights(
         torch.zeros(3), torch.tensor([0.0, 0.8, 2.0])[:, None].expand(3, 3), None, p
     )
-    torch.testing.assert_close(wh, torch.tensor([1.0, math.exp(-0.4), math.exp(-1.0)]))
+    torch.testing.assert_close(wh, torch.tensor([7 / 15, 1 / 15, -8 / 15]).exp())
     # clipped to [w_min, w_max]
     wc = reva_response_weights(torch.tensor([-100.0, 100.0]), torch.zeros(2, 3), None, p)
     torch.testing.assert_close(wc, torch.tensor([10.0, 0.1]))
@@ -43,8 +43,32 @@ def test_token_advantages_and_entropy_use_the_masked_mean():
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     A = torch.tensor([[1.0, 3.0, 99.0], [-1.0, 99.0, 99.0]])  # masked entries ignored
     H = torch.tensor([[0.2, 0.4, 99.0], [1.0, 99.0, 99.0]])
-    w = reva_response_weights(A, H, m, p)
-    torch.testing.assert_close(w, torch.tensor([math.exp(-1.0 - 0.15), math.exp(0.5 - 0.5)]))
+    # a = [2, -1]; h = [0.3, 1.0] - 1.6 / 3 (mean over the 3 valid tokens) = [-7/30, 14/30]
+    want = torch.tensor([-1.0 + 7 / 60, 0.5 - 14 / 60]).exp()
+    torch.testing.assert_close(reva_response_weights(A, H, m, p), want)
+    # padding as engines leave it (-inf log-probs -> +inf entropy, NaN) is never read
+    for fill in (math.inf, -math.inf, math.nan):
+        Af, Hf = A.masked_fill(m == 0, fill), H.masked_fill(m == 0, fill)
+        torch.testing.assert_close(reva_response_weights(Af, Hf, m, p), want)
+
+
+def test_entropy_is_centred_so_typical_responses_keep_the_plain_kl():
+    # every response at 1.5 nats per token and A = 0: w = 1 (uncentred: exp(-0.75) = 0.47
+    # for all, i.e. kl_coef silently halved); over random entropies the mean log-weight
+    # is 0 for equal lengths
+    p = ResponseWeightedKLParams(alpha=0.5, gamma=0.5)
+    w = reva_response_weights(torch.zeros(6), torch.full((6, 4), 1.5), None, p)
+    torch.testing.assert_close(w, torch.ones(6))
+    g = torch.Generator().manual_seed(0)
+    H = 0.5 + 1.5 * torch.rand(64, 8, generator=g)
+    lw = reva_response_weights(torch.zeros(64), H, None, p).log()
+    assert abs(float(lw.mean())) < 1e-6 and float(lw.std()) > 0.05
+    # a fixed centre replaces the batch mean (split-invariant): 1.5 nats at centre 1.0
+    fixed = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, entropy_center=1.0)
+    w = reva_response_weights(torch.zeros(6), torch.full((6, 4), 1.5), None, fixed)
+    torch.testing.assert_close(w, torch.full((6,), math.exp(-0.25)))
+    with pytest.raises(ValueError, match="entropy_center"):
+        ResponseWeightedKLParams(entropy_center=math.inf)
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
@@ -55,8 +79,9 @@ def test_gradient_matches_the_weighted_closed_form(estimator):
         KLInput(logp, ref, m, advantages=A)
     ).kl
     (g,) = torch.autograd.grad(kl.sum(), logp)
-    # independent form: w_i = exp(-0.5 a_i - 0.5 h_i), h_i = mean over valid t of -ref
-    h = (-ref * m).sum(1) / m.sum(1)
+    # independent form: w_i = exp(-0.5 a_i - 0.5 h_i), h_i = mean over valid t of -ref,
+    # centred on the mean of -ref over all valid tokens of the batch
+    h = (-ref * m).sum(1) / m.sum(1) - (-ref * m).sum() / m.sum()
     w = torch.exp(-0.5 * A - 0.5 * h).clamp(0.1, 10.0)
     lr = logp.detach() - ref
     dk = {"k1": torch.ones_like(lr), "k2": lr, "k3": 1 - torch.exp(-lr)}[estimator]
@@ -73,11 +98,15 @@ def test_explicit_reference_entropy_and_no_weight_reduces_to_the_plain_estimator
         KLInput(logp, ref, m, advantages=A)
     ).kl
     torch.testing.assert_close(flat, plain)
+    # an explicit entropy replaces -ref: response means [0.5, 0.5, 0.5, 1.5] over the
+    # valid tokens (lengths 5, 3, 4, 1), batch token mean (6 + 1.5) / 13 = 0.5769
     Hx = torch.full((B, T), 0.5)
+    Hx[3] = 1.5
     kl = KL_ESTIMATORS.build("reva_rer", alpha=0.0, gamma=1.0)(
         KLInput(logp, ref, m, advantages=A, ref_entropy=Hx)
     ).kl
-    torch.testing.assert_close(kl, math.exp(-0.5) * plain)
+    h = torch.tensor([0.5, 0.5, 0.5, 1.5]) - 7.5 / 13
+    torch.testing.assert_close(kl, (-h).exp()[:, None] * plain)
 
 
 def test_missing_advantages_raise_naming_them():

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, KLParams, k1, k2, k3
+from rlpost.core.masked import masked_mean
 from rlpost.core.presets import Choice, Preset, register_preset
 
 # ---------------------------------------------------------------------------------------
@@ -198,22 +199,44 @@ class GACController:
 
 def _nnls_gram(Q: Tensor, c: Tensor, iters: int, tol: float) -> Tensor:
     """argmin_{w >= 0} w^T Q w / 2 - c^T w by cyclic coordinate descent (``Q`` PSD, ``[M, M]``;
-    ``M`` = number of general-data gradients, small). Zero-norm rows get ``w = 0``."""
+    ``M`` = number of general-data gradients, small). Zero-norm rows get ``w = 0``.
+
+    The ``[M, M]`` problem is solved on the CPU in float64 Python scalars (one transfer
+    in, one out), so the per-coordinate loop costs no accelerator synchronisations.
+    Returns ``w`` on ``Q``'s device."""
     M = Q.shape[0]
-    w = torch.zeros(M, dtype=Q.dtype, device=Q.device)
-    diag = Q.diagonal()
-    scale = diag.max().clamp(min=1e-300)
+    q = Q.detach().to("cpu", torch.float64).tolist()
+    cc = c.detach().to("cpu", torch.float64).tolist()
+    w = [0.0] * M
+    scale = max(max((q[j][j] for j in range(M)), default=0.0), 1e-300)
     for _ in range(iters):
         moved = 0.0
         for j in range(M):  # coordinates of the small dual problem, not the batch
-            if diag[j] <= 1e-12 * scale:
+            if q[j][j] <= 1e-12 * scale:
                 continue
-            new = (w[j] + (c[j] - Q[j] @ w) / diag[j]).clamp(min=0)
-            moved = max(moved, abs((new - w[j]).item()))
+            qw = sum(q[j][i] * w[i] for i in range(M))
+            new = max(0.0, w[j] + (cc[j] - qw) / q[j][j])
+            moved = max(moved, abs(new - w[j]))
             w[j] = new
-        if moved <= tol * (1.0 + w.abs().max().item()):
+        if moved <= tol * (1.0 + max(abs(x) for x in w)):
             break
-    return w
+    return torch.tensor(w, dtype=Q.dtype, device=Q.device)
+
+
+CHUNK = 1 << 24  # columns of [M, D] gradients converted to float64 at a time
+
+
+def _gram(H: Tensor, g: Tensor, chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
+    """``H H^T`` ``[M, M]`` and ``H g`` ``[M]`` in float64, accumulated over column chunks
+    of ``H`` ``[M, D]`` / ``g`` ``[D]`` (never a float64 copy of the whole ``[M, D]``)."""
+    M, D = H.shape
+    Q = torch.zeros(M, M, dtype=torch.float64, device=H.device)
+    Hg = torch.zeros(M, dtype=torch.float64, device=H.device)
+    for i in range(0, D, chunk):  # loop over parameter chunks, vectorised inside
+        h, gc = H[:, i : i + chunk].double(), g[i : i + chunk].double()
+        Q += h @ h.T
+        Hg += h @ gc
+    return Q, Hg
 
 
 def dr_project(
@@ -243,9 +266,12 @@ def dr_project(
       for ``M = 0`` (nothing to select).
 
     ``strength`` ``s`` in [0, 1] sets the regularisation strength on the bias-variance
-    spectrum: ``d_s = (1 - s) g + s Proj_K(g)`` (``s = 0``: plain training). Computed in
-    float64 on the ``[M, M]`` Gram matrix, so the cost is one ``[M, D] @ [D]`` product plus
-    an ``M``-dimensional non-negative least squares. Returns ``[D]`` in ``target``'s dtype.
+    spectrum: ``d_s = (1 - s) g + s Proj_K(g)`` (``s = 0``: plain training). The ``[M, M]``
+    Gram matrix and ``H g`` are accumulated in float64 over column chunks of ``general``
+    (:func:`_gram`; extra memory O(M * chunk), not float64 copies of ``[M, D]`` and
+    ``[D]``), the ``M``-dimensional non-negative least squares runs on the CPU, and
+    ``d = g + H^T mu`` (or ``H^T w``) is assembled chunk by chunk in ``target``'s dtype.
+    Returns ``[D]`` in ``target``'s dtype.
     """
     if target.dim() != 1 or general.dim() != 2 or general.shape[1] != target.shape[0]:
         raise ValueError(
@@ -255,23 +281,24 @@ def dr_project(
         raise ValueError(f"feasible must be 'none', 'agree' or 'cone', got {feasible!r}")
     if not 0.0 <= strength <= 1.0:
         raise ValueError(f"strength must lie in [0, 1], got {strength}")
-    g = target.double()
     if feasible == "none" or strength == 0.0:
         return target.clone()
-    H = general.double()
-    if H.shape[0] == 0:
-        proj = g if feasible == "agree" else torch.zeros_like(g)
+    M = general.shape[0]
+    if M == 0:
+        return target.clone() if feasible == "agree" else target * (1.0 - strength)
+    Q, Hg = _gram(general, target)
+    if feasible == "agree":
+        if bool((Hg >= 0).all()):
+            return target.clone()
+        coef, keep_g = _nnls_gram(Q, -Hg, iters, tol), 1.0  # d = g + s H^T mu
     else:
-        Q, Hg = H @ H.T, H @ g
-        if feasible == "agree":
-            if (Hg >= 0).all():
-                proj = g
-            else:
-                mu = _nnls_gram(Q, -Hg, iters, tol)
-                proj = g + H.T @ mu
-        else:
-            proj = H.T @ _nnls_gram(Q, Hg, iters, tol)
-    return ((1.0 - strength) * g + strength * proj).to(target.dtype)
+        coef, keep_g = _nnls_gram(Q, Hg, iters, tol), 1.0 - strength  # (1 - s) g + s H^T w
+    out = torch.empty_like(target)
+    for i in range(0, target.shape[0], CHUNK):  # assemble d chunk by chunk in float64
+        h = general[:, i : i + CHUNK].double()
+        d = keep_g * target[i : i + CHUNK].double() + strength * (h.T @ coef)
+        out[i : i + CHUNK] = d.to(target.dtype)
+    return out
 
 
 def apply_dr_projection_(
@@ -308,19 +335,43 @@ def movement_fisher(
     sensitivity"): entries the prior task pushed far are the ones its objective was
     sensitive to; normalising by the mean makes ``F`` unit-free, so one coefficient fits
     every model. Ties at the cut are all kept. No movement at all gives ``F = 0``.
+
+    Memory: besides the float32 ``delta^2`` tensors it returns (as ``F``, in place), it
+    allocates no copy of all N entries: the mean is a float64 sum over the tensors and the
+    exact k-th largest value is found by a binary search on its float32 bit pattern (31
+    counting passes, :func:`_kth_largest`), not by a ``topk`` over the concatenation.
     """
     if len(start) != len(end) or any(a.shape != b.shape for a, b in zip(start, end, strict=True)):
         raise ValueError("start and end must hold tensors of the same shapes")
     if not 0.0 < density <= 1.0:
         raise ValueError(f"density must lie in (0, 1], got {density}")
-    sq = [(b.detach().float() - a.detach().float()) ** 2 for a, b in zip(start, end, strict=True)]
-    flat = torch.cat([s.reshape(-1) for s in sq])
-    mean = flat.mean()
-    if mean == 0:
-        return [torch.zeros_like(s) for s in sq]
-    k = max(1, math.ceil(density * flat.numel()))
-    cut = flat.topk(k).values[-1]
-    return [torch.where(s >= cut, s / mean, torch.zeros_like(s)) for s in sq]
+    sq = [
+        (b.detach().float() - a.detach().float()).square_() for a, b in zip(start, end, strict=True)
+    ]
+    n = sum(s.numel() for s in sq)
+    total = sum(float(s.sum(dtype=torch.float64)) for s in sq)
+    if total == 0:
+        return [s.zero_() for s in sq]
+    mean = total / n
+    cut = _kth_largest(sq, max(1, math.ceil(density * n)))
+    return [s.masked_fill_(s < cut, 0.0).div_(mean) for s in sq]
+
+
+def _kth_largest(values: Sequence[Tensor], k: int) -> float:
+    """Exact k-th largest entry of non-negative float32 tensors, without concatenating them.
+
+    Non-negative float32 values order like their int32 bit patterns, so the largest bit
+    pattern ``v`` with ``#{x >= v} >= k`` is found by bisection over [0, 2^31): each step
+    counts over every tensor (a bool temporary per tensor, no copy of all entries)."""
+    lo, hi = 0, (1 << 31) - 1  # invariant: count(bits >= lo) >= k > count(bits > hi)
+    bits = [v.reshape(-1).view(torch.int32) for v in values]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(int((b >= mid).sum()) for b in bits) >= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    return float(torch.tensor(lo, dtype=torch.int32).view(torch.float32))
 
 
 class CPORegularizer:
@@ -373,10 +424,13 @@ class CPORegularizer:
         return 0.5 * self.coef * total
 
     def state_dict(self) -> dict:
-        return {"fisher": self.fisher, "anchor": self.anchor}
+        """Fisher, anchor and, mid-task, the task's start parameters (so that a run resumed
+        between ``begin_task()`` and ``end_task()`` can still end the task)."""
+        return {"fisher": self.fisher, "anchor": self.anchor, "start": self._start}
 
     def load_state_dict(self, state: dict) -> None:
         self.fisher, self.anchor = state["fisher"], state["anchor"]
+        self._start = state.get("start")  # absent in states saved before it was recorded
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,8 +446,13 @@ class ResponseWeightedKLParams:
     estimator: Literal["k1", "k2", "k3"] = "k3"
     straight_through: bool = False
     clamp: float | None = 10.0
+    # centre of the reference entropy (nats per token); None: the mean over the valid
+    # tokens of the tensors passed in (one micro-batch under gradient accumulation)
+    entropy_center: float | None = None
 
     def __post_init__(self) -> None:
+        if self.entropy_center is not None and not math.isfinite(self.entropy_center):
+            raise ValueError(f"entropy_center must be finite or None, got {self.entropy_center}")
         if self.alpha < 0 or self.gamma < 0:
             raise ValueError(f"alpha and gamma must be >= 0, got {self.alpha}, {self.gamma}")
         if not 0 < self.w_min <= 1.0 <= self.w_max:
@@ -411,20 +470,28 @@ def reva_response_weights(
     """Detached per-response KL weights ``[B]`` of REVA-PO's RER (catalog 004-09).
 
         a_i = A_i ([B]) or the masked mean of A_i,t ([B, T])
-        h_i = masked mean over t of H_ref,t            (nats per token)
+        h_i = masked mean over t of H_ref,t - mean of H_ref over all valid batch tokens
         w_i = clip(exp(-alpha a_i - gamma h_i), w_min, w_max)
 
     High-advantage responses get a smaller weight (constraint relaxed), low-advantage ones
     a larger weight (tightened), as the abstract states. The entropy direction is our
     reading: where the reference is uncertain (high entropy) it is a weaker anchor, so the
-    constraint is relaxed there. ``a = h = 0`` gives ``w = 1`` (the plain KL).
+    constraint is relaxed there. The entropy is centred on its batch mean: only a
+    response's entropy *relative* to the batch moves its weight, so the typical response
+    keeps w ~ 1 (an uncentred h of 0.5-2 nats would give every weight exp(-gamma h) < 1 and
+    silently lower ``kl_coef``). ``a = 0`` and an entropy at the batch mean give ``w = 1``
+    (the plain KL). Masked entries are never read (``-inf`` / NaN padding is harmless).
+    The centre is a statistic of the tensors passed in: under gradient accumulation each
+    micro-batch is centred on its own mean, so the loss depends (slightly) on the split;
+    a fixed ``entropy_center`` (nats per token) makes it split-invariant.
     """
     B = advantages.shape[0]
-    m = torch.ones_like(ref_entropy) if mask is None else mask.to(ref_entropy.dtype)
-    n = m.sum(1).clamp(min=1)
-    A = advantages.detach().to(ref_entropy.dtype)
-    a = A if A.dim() == 1 else (A * m).sum(1) / n
-    h = (ref_entropy.detach() * m).sum(1) / n
+    H = ref_entropy.detach()
+    A = advantages.detach().to(H.dtype)
+    a = A if A.dim() == 1 else masked_mean(A, mask, dim=1)
+    h_resp = masked_mean(H, mask, dim=1)
+    centre = masked_mean(H, mask) if p.entropy_center is None else p.entropy_center
+    h = h_resp - centre  # centred on the batch's valid-token mean (or the fixed centre)
     w = torch.exp(-p.alpha * a - p.gamma * h).clamp(p.w_min, p.w_max)
     return w.reshape(B)
 
