@@ -146,3 +146,26 @@ def test_in_place_projection_on_a_model_protects_the_general_loss():
     plain, projected = general_rise(gt), general_rise(d)
     print(f"general-loss rise: plain {plain:.3e}, projected {projected:.3e}")
     assert plain > 0 and abs(projected) < 0.01 * plain  # second order only
+
+
+@pytest.mark.parametrize("feasible", ["agree", "cone"])
+def test_chunked_gram_and_assembly_match_one_chunk(feasible, monkeypatch):
+    # the Gram matrix, H g and the result are built over column chunks (float64 per chunk,
+    # never a float64 copy of [M, D]); 3-column chunks, the last one partial, must give the
+    # single-chunk result, also for float32 gradients (returned in float32)
+    import rlpost.core.regularizers as reg
+
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(11, generator=gen)
+    H = torch.randn(4, 11, generator=gen)
+    H[0] = -H[0] * torch.sign(H[0] @ g)  # a conflict, so "agree" projects
+    whole = dr_project(g, H, feasible, strength=0.7)
+    monkeypatch.setattr(reg, "CHUNK", 3)
+    chunked = dr_project(g, H, feasible, strength=0.7)
+    assert chunked.dtype == torch.float32
+    torch.testing.assert_close(chunked, whole)
+    assert not torch.equal(whole, g)  # the projection did something
+    # and both equal the plain float64 formula on the full matrices
+    Q, Hg = reg._gram(H, g, 3)
+    torch.testing.assert_close(Q, H.double() @ H.double().T)
+    torch.testing.assert_close(Hg, H.double() @ g.double())

@@ -286,7 +286,7 @@ def dr_project(
     M = general.shape[0]
     if M == 0:
         return target.clone() if feasible == "agree" else target * (1.0 - strength)
-    Q, Hg = _gram(general, target)
+    Q, Hg = _gram(general, target, CHUNK)
     if feasible == "agree":
         if bool((Hg >= 0).all()):
             return target.clone()
