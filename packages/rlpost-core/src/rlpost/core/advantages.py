@@ -632,7 +632,7 @@ def gcpo(inp: AdvantageInput, p: GCPOParams) -> AdvantageOutput:
 
 @dataclass(frozen=True)
 class EDGRPOParams:
-    alpha: float = 0.1  # weight of the self-information bonus (advantage units per nat)
+    alpha: float = 0.05  # weight of the self-information bonus (advantage units per nat)
     scale_by_std: bool = True
     eps: float = 1e-6
 
