@@ -35,7 +35,6 @@ def batch(seed=0):
 VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
 GROUP_LEVEL = GROUP_OBJECTIVES  # objectives coupling a group: whole groups per micro-batch
 BATCH_STAT = {"ess_adaptive"}  # a statistic of the whole step batch: one micro-batch
-BATCH_STAT_KL = {"reva_rer"}  # KL weights centred on the batch's reference entropy
 
 
 def step_inputs(preset: Preset, seed=0):
@@ -90,8 +89,7 @@ def test_preset_microbatching_equals_full_batch(name):
     g_acc, tot = torch.zeros_like(logp), 0.0
     n_tok, n_seq = mask.sum().item(), B
     splits = ([0, 1, 2, 3], [4, 5, 6, 7]) if grouped else ([0, 1, 2], [3, 4], [5, 6, 7])
-    kl_name = preset.kl.name if preset.kl is not None else None
-    if preset.objective.name in BATCH_STAT or kl_name in BATCH_STAT_KL:
+    if preset.objective.name in BATCH_STAT:
         splits = (list(range(B)),)
     for idx in splits:
         x = logp.detach()[idx].clone().requires_grad_(True)

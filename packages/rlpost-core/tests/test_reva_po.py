@@ -21,13 +21,13 @@ def _inputs(seed=0):
 
 
 def test_weights_relax_good_and_tighten_bad_responses():
-    p = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, w_min=0.1, w_max=10.0)
+    p = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, w_min=0.1, w_max=10.0, entropy_center=None)
     H = torch.zeros(5, 3)
     w = reva_response_weights(torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0]), H, None, p)
     # exp(-0.5 A): 2.718, 1.649, 1, 0.607, 0.368
     torch.testing.assert_close(w, torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0]).exp())
     assert (w.diff() < 0).all()  # higher advantage -> weaker constraint
-    # higher reference entropy -> weaker constraint; h is centred on the batch mean
+    # higher reference entropy -> weaker constraint; h centred on the batch mean (None)
     # (0 + 0.8 + 2) / 3 = 14/15: h = [-14/15, -2/15, 16/15], w = exp(-0.5 h)
     wh = reva_response_weights(
         torch.zeros(3), torch.tensor([0.0, 0.8, 2.0])[:, None].expand(3, 3), None, p
@@ -39,7 +39,7 @@ def test_weights_relax_good_and_tighten_bad_responses():
 
 
 def test_token_advantages_and_entropy_use_the_masked_mean():
-    p = ResponseWeightedKLParams()
+    p = ResponseWeightedKLParams(entropy_center=None)
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     A = torch.tensor([[1.0, 3.0, 99.0], [-1.0, 99.0, 99.0]])  # masked entries ignored
     H = torch.tensor([[0.2, 0.4, 99.0], [1.0, 99.0, 99.0]])
@@ -52,23 +52,41 @@ def test_token_advantages_and_entropy_use_the_masked_mean():
         torch.testing.assert_close(reva_response_weights(Af, Hf, m, p), want)
 
 
-def test_entropy_is_centred_so_typical_responses_keep_the_plain_kl():
-    # every response at 1.5 nats per token and A = 0: w = 1 (uncentred: exp(-0.75) = 0.47
-    # for all, i.e. kl_coef silently halved); over random entropies the mean log-weight
-    # is 0 for equal lengths
-    p = ResponseWeightedKLParams(alpha=0.5, gamma=0.5)
-    w = reva_response_weights(torch.zeros(6), torch.full((6, 4), 1.5), None, p)
-    torch.testing.assert_close(w, torch.ones(6))
+def test_entropy_centre_options():
+    # default centre 0 (split-invariant): 1.5 nats per token and A = 0 give exp(-0.75)
+    # for every response, i.e. the KL acts with 0.47 kl_coef; a centre at the typical
+    # entropy (1.5) keeps w = 1; None centres on the tensors passed in (mean log-weight 0)
+    H = torch.full((6, 4), 1.5)
+    default = ResponseWeightedKLParams(alpha=0.5, gamma=0.5)
+    w = reva_response_weights(torch.zeros(6), H, None, default)
+    torch.testing.assert_close(w, torch.full((6,), math.exp(-0.75)))
+    at_typical = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, entropy_center=1.5)
+    torch.testing.assert_close(
+        reva_response_weights(torch.zeros(6), H, None, at_typical), torch.ones(6)
+    )
+    batch = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, entropy_center=None)
+    torch.testing.assert_close(reva_response_weights(torch.zeros(6), H, None, batch), torch.ones(6))
     g = torch.Generator().manual_seed(0)
-    H = 0.5 + 1.5 * torch.rand(64, 8, generator=g)
-    lw = reva_response_weights(torch.zeros(64), H, None, p).log()
+    Hr = 0.5 + 1.5 * torch.rand(64, 8, generator=g)
+    lw = reva_response_weights(torch.zeros(64), Hr, None, batch).log()
     assert abs(float(lw.mean())) < 1e-6 and float(lw.std()) > 0.05
-    # a fixed centre replaces the batch mean (split-invariant): 1.5 nats at centre 1.0
-    fixed = ResponseWeightedKLParams(alpha=0.5, gamma=0.5, entropy_center=1.0)
-    w = reva_response_weights(torch.zeros(6), torch.full((6, 4), 1.5), None, fixed)
-    torch.testing.assert_close(w, torch.full((6,), math.exp(-0.25)))
     with pytest.raises(ValueError, match="entropy_center"):
         ResponseWeightedKLParams(entropy_center=math.inf)
+
+
+def test_fixed_centre_weights_do_not_depend_on_the_batch_split():
+    logp, ref, m = _inputs(2)
+    A = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    for centre, invariant in ((0.0, True), (1.0, True), (None, False)):
+        fn = KL_ESTIMATORS.build("reva_rer", entropy_center=centre)
+        full = fn(KLInput(logp, ref, m, advantages=A)).kl
+        parts = torch.cat(
+            [
+                fn(KLInput(logp[s], ref[s], m[s], advantages=A[s])).kl
+                for s in (slice(0, 1), slice(1, 4))
+            ]
+        )
+        assert torch.allclose(full, parts) == invariant, centre
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
@@ -79,9 +97,9 @@ def test_gradient_matches_the_weighted_closed_form(estimator):
         KLInput(logp, ref, m, advantages=A)
     ).kl
     (g,) = torch.autograd.grad(kl.sum(), logp)
-    # independent form: w_i = exp(-0.5 a_i - 0.5 h_i), h_i = mean over valid t of -ref,
-    # centred on the mean of -ref over all valid tokens of the batch
-    h = (-ref * m).sum(1) / m.sum(1) - (-ref * m).sum() / m.sum()
+    # independent form: w_i = exp(-0.5 a_i - 0.5 h_i), h_i = mean over valid t of -ref
+    # (the default centre is 0)
+    h = (-ref * m).sum(1) / m.sum(1)
     w = torch.exp(-0.5 * A - 0.5 * h).clamp(0.1, 10.0)
     lr = logp.detach() - ref
     dk = {"k1": torch.ones_like(lr), "k2": lr, "k3": 1 - torch.exp(-lr)}[estimator]
@@ -99,13 +117,13 @@ def test_explicit_reference_entropy_and_no_weight_reduces_to_the_plain_estimator
     ).kl
     torch.testing.assert_close(flat, plain)
     # an explicit entropy replaces -ref: response means [0.5, 0.5, 0.5, 1.5] over the
-    # valid tokens (lengths 5, 3, 4, 1), batch token mean (6 + 1.5) / 13 = 0.5769
+    # valid tokens (lengths 5, 3, 4, 1), relative to the centre 0.5
     Hx = torch.full((B, T), 0.5)
     Hx[3] = 1.5
-    kl = KL_ESTIMATORS.build("reva_rer", alpha=0.0, gamma=1.0)(
+    kl = KL_ESTIMATORS.build("reva_rer", alpha=0.0, gamma=1.0, entropy_center=0.5)(
         KLInput(logp, ref, m, advantages=A, ref_entropy=Hx)
     ).kl
-    h = torch.tensor([0.5, 0.5, 0.5, 1.5]) - 7.5 / 13
+    h = torch.tensor([0.0, 0.0, 0.0, 1.0])
     torch.testing.assert_close(kl, (-h).exp()[:, None] * plain)
 
 

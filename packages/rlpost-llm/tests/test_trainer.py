@@ -321,3 +321,7 @@ def test_group_objectives_need_whole_groups_per_micro_batch(fast_cfg):
 
     with pytest.raises(ConfigError, match=r"multiple of rollout\.group_size"):
         fast_cfg("algo.preset=lpo", "optim.micro_batch_size=6")
+    # the ESS of the batch: one micro-batch must hold the whole step (4 prompts x 4)
+    with pytest.raises(ConfigError, match="whole step batch"):
+        fast_cfg("algo.preset=ess_adaptive", "optim.micro_batch_size=8")
+    fast_cfg("algo.preset=ess_adaptive", "optim.micro_batch_size=16")

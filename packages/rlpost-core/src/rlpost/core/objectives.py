@@ -106,6 +106,9 @@ OBJECTIVES: Registry[ObjectiveInput, ObjectiveOutput] = Registry(
 # objectives that read ObjectiveInput.group_ids and couple the responses of a group
 # (registered in rlpost.core.group_objectives): only they need whole groups per micro-batch
 GROUP_OBJECTIVES: frozenset[str] = frozenset({"conspo", "lpo"})
+# objectives whose loss reads a statistic of all the tokens they are given (the batch's
+# normalised ESS): exact only when the whole step batch is one micro-batch on one process
+BATCH_OBJECTIVES: frozenset[str] = frozenset({"ess_adaptive"})
 
 # log-ratio bound before exp: e^40 ~ 2.4e17, so a ratio times an advantage, summed over
 # a batch of tokens, stays far below float32's max (~3.4e38 = e^88.7)

@@ -446,9 +446,10 @@ class ResponseWeightedKLParams:
     estimator: Literal["k1", "k2", "k3"] = "k3"
     straight_through: bool = False
     clamp: float | None = 10.0
-    # centre of the reference entropy (nats per token); None: the mean over the valid
-    # tokens of the tensors passed in (one micro-batch under gradient accumulation)
-    entropy_center: float | None = None
+    # centre of the reference entropy (nats per token). A fixed centre keeps the loss
+    # split-invariant (micro-batching = full batch); None: the mean over the valid tokens
+    # of the tensors passed in (each micro-batch its own mean: not split-invariant)
+    entropy_center: float | None = 0.0
 
     def __post_init__(self) -> None:
         if self.entropy_center is not None and not math.isfinite(self.entropy_center):
@@ -470,20 +471,19 @@ def reva_response_weights(
     """Detached per-response KL weights ``[B]`` of REVA-PO's RER (catalog 004-09).
 
         a_i = A_i ([B]) or the masked mean of A_i,t ([B, T])
-        h_i = masked mean over t of H_ref,t - mean of H_ref over all valid batch tokens
+        h_i = masked mean over t of H_ref,t - c       (c = ``entropy_center``)
         w_i = clip(exp(-alpha a_i - gamma h_i), w_min, w_max)
 
     High-advantage responses get a smaller weight (constraint relaxed), low-advantage ones
     a larger weight (tightened), as the abstract states. The entropy direction is our
     reading: where the reference is uncertain (high entropy) it is a weaker anchor, so the
-    constraint is relaxed there. The entropy is centred on its batch mean: only a
-    response's entropy *relative* to the batch moves its weight, so the typical response
-    keeps w ~ 1 (an uncentred h of 0.5-2 nats would give every weight exp(-gamma h) < 1 and
-    silently lower ``kl_coef``). ``a = 0`` and an entropy at the batch mean give ``w = 1``
-    (the plain KL). Masked entries are never read (``-inf`` / NaN padding is harmless).
-    The centre is a statistic of the tensors passed in: under gradient accumulation each
-    micro-batch is centred on its own mean, so the loss depends (slightly) on the split;
-    a fixed ``entropy_center`` (nats per token) makes it split-invariant.
+    constraint is relaxed there. The centre c only rescales every weight by exp(gamma c),
+    i.e. the effective ``kl_coef``: set it near the typical reference entropy per token to
+    keep the typical response at w ~ 1 (with the default c = 0 the weights are
+    exp(-gamma H) < 1 and ``kl_coef`` acts smaller). A fixed c keeps micro-batching exact;
+    ``None`` centres on the mean of the tensors passed in, i.e. of each micro-batch under
+    gradient accumulation, so the loss then depends (slightly) on the split. Masked
+    entries are never read (``-inf`` / NaN padding is harmless).
     """
     B = advantages.shape[0]
     H = ref_entropy.detach()
@@ -491,7 +491,7 @@ def reva_response_weights(
     a = A if A.dim() == 1 else masked_mean(A, mask, dim=1)
     h_resp = masked_mean(H, mask, dim=1)
     centre = masked_mean(H, mask) if p.entropy_center is None else p.entropy_center
-    h = h_resp - centre  # centred on the batch's valid-token mean (or the fixed centre)
+    h = h_resp - centre  # relative to the fixed centre (or the passed tensors' mean)
     w = torch.exp(-p.alpha * a - p.gamma * h).clamp(p.w_min, p.w_max)
     return w.reshape(B)
 

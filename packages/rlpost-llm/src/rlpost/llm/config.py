@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlpost.core.io.config import ConfigError, load_validated
-from rlpost.core.objectives import GROUP_OBJECTIVES  # loss couples a group: whole groups
+from rlpost.core.objectives import BATCH_OBJECTIVES, GROUP_OBJECTIVES
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
 
@@ -187,11 +187,19 @@ class Config(_Strict):
             raise ValueError(f"algo.advantage {adv!r}: {UNSUPPORTED_ADVANTAGES[adv]}")
         if corr in UNSUPPORTED_CORRECTIONS:
             raise ValueError(f"algo.correction {corr!r}: {UNSUPPORTED_CORRECTIONS[corr]}")
-        if obj in GROUP_OBJECTIVES and self.optim.micro_batch_size % self.rollout.group_size:
+        n = preset.group_size  # the rollout's, else the preset's
+        rows = self.rollout.prompts_per_step * n
+        if obj in BATCH_OBJECTIVES and self.optim.micro_batch_size < rows:
+            raise ValueError(
+                f"algo.objective {obj!r} reads a statistic of the whole step batch: "
+                f"optim.micro_batch_size ({self.optim.micro_batch_size}) must hold all "
+                f"{rows} rows (rollout.prompts_per_step x rollout.group_size)"
+            )
+        if obj in GROUP_OBJECTIVES and self.optim.micro_batch_size % n:
             raise ValueError(
                 f"algo.objective {obj!r} couples the responses of a group: "
                 f"optim.micro_batch_size ({self.optim.micro_batch_size}) must be a multiple "
-                f"of rollout.group_size ({self.rollout.group_size})"
+                f"of rollout.group_size ({n})"
             )
         if self.train.async_rollouts and self.rollout.engine == "vllm":
             raise ValueError("train.async_rollouts: supported with the hf engine only")

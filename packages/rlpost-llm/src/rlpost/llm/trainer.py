@@ -41,7 +41,7 @@ from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.core.objectives import GROUP_OBJECTIVES
+from rlpost.core.objectives import BATCH_OBJECTIVES, GROUP_OBJECTIVES
 from rlpost.llm.config import Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -117,11 +117,11 @@ class Trainer:
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.main = self.rank == 0
-        if self.world > 1 and cfg.preset().objective.name in GROUP_OBJECTIVES:
+        obj = cfg.preset().objective.name
+        if self.world > 1 and obj in GROUP_OBJECTIVES | BATCH_OBJECTIVES:
             raise ValueError(
-                f"algo.objective {cfg.preset().objective.name!r} couples the responses of a "
-                "group, but data-parallel ranks take strided rows (groups split across "
-                "ranks): run it on one process"
+                f"algo.objective {obj!r} couples the rows of a group or of the whole batch, "
+                "but data-parallel ranks take strided rows: run it on one process"
             )
         self.run_dir = Path(cfg.run.dir)
         if self.main:
