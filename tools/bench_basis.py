@@ -52,7 +52,7 @@ def run(
             f = u + noise * torch.randn(prompts, 16, generator=gen)
         r = torch.bernoulli(p, generator=gen)
         err["reinforce_pp"] += float(((r.mean() - p) ** 2).mean())
-        v = r - fn(AdvantageInput(r, features=f)).advantages
+        v = r - fn(AdvantageInput(r, prompt_features=f)).advantages
         err["basis"] += float(((v - p) ** 2).mean())
         for n in (2, 4, 8):
             rn = torch.bernoulli(p[:, None].expand(prompts, n), generator=gen)

@@ -57,7 +57,14 @@ import torch
 from benchlib import proc_status_mib as _proc_status_mib
 from tqdm import tqdm
 
-from rlpost.core import AdvantageInput, get_preset, kl_reward_penalty, logprobs_and_entropy
+from rlpost.core import (
+    AdvantageInput,
+    Input,
+    PolicyBatch,
+    get_preset,
+    kl_reward_penalty,
+    logprobs_and_entropy,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
@@ -129,7 +136,7 @@ def step(recipe, d: dict[str, torch.Tensor]) -> tuple[float, float, float]:
         token_rewards = kl_reward_penalty(
             logp.detach(), d["ref_logp"], d["mask"], beta=p.kl_coef, estimator=p.kl.name
         )
-    values = d["values"] if p.advantage.name == "gae" else None
+    values = d["values"] if Input.VALUES in recipe.advantage.reads else None
     adv = recipe.advantages(
         AdvantageInput(
             d["rewards"], d["group_ids"], d["mask"], values=values, token_rewards=token_rewards
@@ -137,11 +144,13 @@ def step(recipe, d: dict[str, torch.Tensor]) -> tuple[float, float, float]:
     ).advantages
     t1 = time.perf_counter()
     out = recipe.policy_loss(
-        logp,
-        d["old_logp"],
-        adv,
-        d["mask"],
-        ref_logp=d["ref_logp"] if kl_where == "loss" else None,
+        PolicyBatch(
+            logp,
+            d["old_logp"],
+            adv,
+            d["mask"],
+            ref_logp=d["ref_logp"] if kl_where == "loss" else None,
+        )
     )
     t2 = time.perf_counter()
     out.loss.backward()

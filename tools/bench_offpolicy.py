@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch
 from benchlib import mean_std, print_table, write_result
 
-from rlpost.core import AdvantageInput, Choice, get_preset
+from rlpost.core import AdvantageInput, Choice, PolicyBatch, get_preset
 
 # label -> (preset, how the staleness reaches it). "ratio": old_logp = rollout_logp = the
 # behaviour policy's log-probs, so the policy ratio pi / mu carries the staleness (PPO-style
@@ -118,13 +118,15 @@ def run(method: str, staleness: int, seed: int, a: argparse.Namespace) -> dict[s
         logp = token_logp(theta, seq)
         old = mu if mode == "ratio" else logp.detach()
         out = recipe.policy_loss(
-            logp,
-            old,
-            adv,
-            mask,
-            rollout_logp=mu,
-            global_tokens=float(mask.sum()),
-            global_sequences=float(P * G),
+            PolicyBatch(
+                logp,
+                old,
+                adv,
+                mask,
+                rollout_logp=mu,
+                global_tokens=float(mask.sum()),
+                global_sequences=float(P * G),
+            )
         )
         opt.zero_grad()
         out.loss.backward()

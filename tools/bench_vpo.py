@@ -30,7 +30,7 @@ import torch
 from benchlib import mean_std, print_table, write_result
 
 from rlpost.core import ADVANTAGES, AdvantageInput
-from rlpost.core.multi_reward import dirichlet_weights
+from rlpost.core.advantages.vector import dirichlet_weights
 
 KS = (1, 4, 16, 64)
 

@@ -12,6 +12,7 @@ from rlpost.core import (
     OBJECTIVES,
     AdvantageInput,
     ObjectiveInput,
+    PolicyBatch,
     RegistryError,
     get_preset,
 )
@@ -249,7 +250,9 @@ def test_masked_and_non_policy_tokens_get_zero_advantage_and_gradient():
     out = recipe.advantages(inp)
     policy = (turn_ids >= 0) & (mask > 0)
     assert (out.advantages[~policy] == 0).all() and (out.clip_range[~policy] == 0).all()
-    loss = recipe.policy_loss(logp, old, out.advantages, mask, clip_range=out.clip_range).loss
+    loss = recipe.policy_loss(
+        PolicyBatch(logp, old, out.advantages, mask, clip_range=out.clip_range)
+    ).loss
     (g,) = torch.autograd.grad(loss, logp)
     assert (g[~policy] == 0).all(), "tool outputs and padding must get zero gradient"
     assert (g[policy] != 0).sum() >= policy.sum() // 2  # the policy tokens do learn
@@ -259,21 +262,25 @@ def test_recipe_passes_clip_range_and_token_weights_and_stays_backward_compatibl
     inp, logp, old, mask, _ = _preset_batch()
     recipe = get_preset("a2tgpo").build()
     out = recipe.advantages(inp)
-    plain = recipe.policy_loss(logp, old, out.advantages, mask)
-    same = recipe.policy_loss(logp, old, out.advantages, mask, clip_range=None, token_weights=None)
+    plain = recipe.policy_loss(PolicyBatch(logp, old, out.advantages, mask))
+    same = recipe.policy_loss(
+        PolicyBatch(logp, old, out.advantages, mask, clip_range=None, token_weights=None)
+    )
     assert torch.equal(plain.loss, same.loss)
-    turn = recipe.policy_loss(logp, old, out.advantages, mask, clip_range=out.clip_range)
+    turn = recipe.policy_loss(
+        PolicyBatch(logp, old, out.advantages, mask, clip_range=out.clip_range)
+    )
     assert turn.loss != plain.loss and "clip_range_mean" in turn.metrics
     # token weights multiply each token's policy-gradient contribution
     w = torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) * 3
     (g1,) = torch.autograd.grad(turn.loss, logp)
     weighted = recipe.policy_loss(
-        logp, old, out.advantages, mask, clip_range=out.clip_range, token_weights=w
+        PolicyBatch(logp, old, out.advantages, mask, clip_range=out.clip_range, token_weights=w)
     )
     (gw,) = torch.autograd.grad(weighted.loss, logp)
     assert_close(gw, g1 * w)
     with pytest.raises(ValueError, match="token_weights must be"):
-        recipe.policy_loss(logp, old, out.advantages, mask, token_weights=w[:, :2])
+        recipe.policy_loss(PolicyBatch(logp, old, out.advantages, mask, token_weights=w[:, :2]))
 
 
 def test_microbatching_with_per_token_clip_range_equals_full_batch():
@@ -281,13 +288,15 @@ def test_microbatching_with_per_token_clip_range_equals_full_batch():
     recipe = get_preset("a2tgpo").build()
     out = recipe.advantages(inp)
     A, eps = out.advantages, out.clip_range
-    full = recipe.policy_loss(logp, old, A, mask, clip_range=eps)
+    full = recipe.policy_loss(PolicyBatch(logp, old, A, mask, clip_range=eps))
     (g_full,) = torch.autograd.grad(full.loss, logp)
     g_acc = torch.zeros_like(logp)
     for idx in ([0, 1, 2], [3, 4, 5, 6], [7]):
         x = logp.detach()[idx].clone().requires_grad_(True)
         li = recipe.policy_loss(
-            x, old[idx], A[idx], mask[idx], clip_range=eps[idx], global_tokens=mask.sum().item()
+            PolicyBatch(
+                x, old[idx], A[idx], mask[idx], clip_range=eps[idx], global_tokens=mask.sum().item()
+            )
         ).loss
         g_acc[idx] += torch.autograd.grad(li, x)[0]
     assert_close(g_acc, g_full)

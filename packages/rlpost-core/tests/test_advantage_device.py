@@ -10,11 +10,10 @@ numbers that differ from the reference computed with the default device on the C
 import pytest
 import torch
 
-from rlpost.core import ADVANTAGES, AdvantageInput, TrainingDynamics
-from rlpost.core.best_of_n import _h_table
+from rlpost.core import ADVANTAGES, AdvantageInput, Input, TrainingDynamics
+from rlpost.core.advantages.best_of_n import _h_table
 
 B, T = 8, 5
-VECTOR_REWARD = {"vpo", "rdpo"}
 
 
 def _input(name: str) -> AdvantageInput:
@@ -22,7 +21,7 @@ def _input(name: str) -> AdvantageInput:
     lengths = torch.tensor([5, 3, 1, 4, 5, 2, 4, 3])
     mask = (torch.arange(T) < lengths[:, None]).float()
     rewards = torch.tensor([1.0, 0.0, 0.3, 1.0, 0.7, 1.0, 0.2, 0.9])
-    if name in VECTOR_REWARD:
+    if Input.VECTOR_REWARDS in ADVANTAGES.build(name).needs:
         rewards = torch.stack([rewards, torch.rand(B, generator=g)], 1)
     return AdvantageInput(
         rewards,
@@ -31,7 +30,8 @@ def _input(name: str) -> AdvantageInput:
         values=torch.randn(B, T, generator=g),
         logprobs=-torch.rand(B, T, generator=g) * mask,
         turn_ids=torch.zeros(B, T, dtype=torch.long),
-        features=torch.randn(B, 4, generator=g),
+        prompt_features=torch.randn(B, 4, generator=g),
+        completion_features=torch.randn(B, 4, generator=g),
         turn_rewards=torch.randn(B, 1, generator=g),
         dynamics=TrainingDynamics(progress=0.5, entropy=0.8, initial_entropy=1.0),
     )

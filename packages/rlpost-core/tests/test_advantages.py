@@ -108,7 +108,7 @@ def test_gae_lambda_one_equals_monte_carlo_minus_value():
 
 
 def test_gae_requires_values():
-    with pytest.raises(ValueError, match="gae needs"):
+    with pytest.raises(ValueError, match="'gae' needs values"):
         adv("gae", [1.0], mask=torch.ones(1, 2))
 
 

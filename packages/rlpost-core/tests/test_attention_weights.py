@@ -10,6 +10,7 @@ from torch.testing import assert_close
 from rlpost.core import (
     OBJECTIVES,
     ObjectiveInput,
+    PolicyBatch,
     anchor_explorer_masks,
     attention_entropy,
     dynamic_entropy_weights,
@@ -186,6 +187,8 @@ def test_dynamic_weights_scale_each_tokens_gradient_in_a_recipe():
     old, A = logp.detach() + 0.01, torch.randn(B, generator=g)
     w = dynamic_entropy_weights(torch.rand(B, T, generator=g), mask, progress=0.0)
     recipe = get_preset("dapo").build()
-    (g0,) = torch.autograd.grad(recipe.policy_loss(logp, old, A, mask).loss, logp)
-    (gw,) = torch.autograd.grad(recipe.policy_loss(logp, old, A, mask, token_weights=w).loss, logp)
+    (g0,) = torch.autograd.grad(recipe.policy_loss(PolicyBatch(logp, old, A, mask)).loss, logp)
+    (gw,) = torch.autograd.grad(
+        recipe.policy_loss(PolicyBatch(logp, old, A, mask, token_weights=w)).loss, logp
+    )
     assert_close(gw, g0 * w)

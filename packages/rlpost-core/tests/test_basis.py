@@ -26,8 +26,13 @@ def test_loo_ridge_equals_refitting_without_each_prompt():
 
 
 def test_without_features_it_is_the_leave_one_out_batch_mean():
+    # basis declares that it needs prompt features; called without them it refuses
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
-    out = ADVANTAGES.build("basis", ridge=1e-6)(AdvantageInput(r)).advantages
+    with pytest.raises(ValueError, match="'basis' needs prompt_features"):
+        ADVANTAGES.build("basis")(AdvantageInput(r))
+    # the raw estimator on no features is the leave-one-out batch mean baseline
+    fn = ADVANTAGES.get("basis").fn
+    out = fn(AdvantageInput(r), ADVANTAGES.build("basis", ridge=1e-6).params).advantages
     loo = (r.sum() - r) / 4
     assert_close(out, r - loo, atol=1e-4, rtol=0)
 
@@ -38,10 +43,10 @@ def test_baseline_never_sees_its_own_reward():
     F = torch.randn(16, 4)
     r = torch.bernoulli(torch.full((16,), 0.5))
     fn = ADVANTAGES.build("basis", ridge=1.0)
-    a = fn(AdvantageInput(r, features=F)).advantages
+    a = fn(AdvantageInput(r, prompt_features=F)).advantages
     r2 = r.clone()
     r2[3] = 1 - r2[3]
-    a2 = fn(AdvantageInput(r2, features=F)).advantages
+    a2 = fn(AdvantageInput(r2, prompt_features=F)).advantages
     assert_close(a2[3] - a[3], r2[3] - r[3], atol=1e-5, rtol=0)
 
 
@@ -57,7 +62,7 @@ def test_informative_features_beat_the_batch_mean_baseline():
         v_basis = (
             r
             - ADVANTAGES.build("basis", normalize_features=False)(
-                AdvantageInput(r, features=F)
+                AdvantageInput(r, prompt_features=F)
             ).advantages
         )
         errs["basis"].append(((v_basis - p) ** 2).mean())
@@ -70,7 +75,7 @@ def test_validation_and_preset():
     # automatic ridge: uninformative features fall back towards the batch mean
     torch.manual_seed(3)
     r = torch.bernoulli(torch.full((128,), 0.4))
-    out = ADVANTAGES.build("basis")(AdvantageInput(r, features=torch.randn(128, 16)))
+    out = ADVANTAGES.build("basis")(AdvantageInput(r, prompt_features=torch.randn(128, 16)))
     assert out.metrics["basis_ridge"] >= 100
     with pytest.raises(ValueError, match="ridge"):
         ADVANTAGES.build("basis", ridge=0.0)

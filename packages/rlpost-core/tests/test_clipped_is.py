@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import CORRECTIONS, Choice, RatioInput, get_preset
+from rlpost.core import CORRECTIONS, Choice, PolicyBatch, RatioInput, get_preset
 
 torch.set_num_threads(1)
 
@@ -56,11 +56,20 @@ def test_preset_loss_equals_no_correction_when_engines_agree():
     old = logp.detach() + 0.1 * torch.randn(2, 4, generator=g)
     adv = torch.tensor([1.0, -0.5])
     preset = get_preset("ring_zero")
-    a = preset.build().policy_loss(logp, old, adv, MASK, rollout_logp=old.clone()).loss
-    b = preset.replace(correction=Choice("none")).build().policy_loss(logp, old, adv, MASK).loss
+    a = preset.build().policy_loss(PolicyBatch(logp, old, adv, MASK, rollout_logp=old.clone())).loss
+    b = (
+        preset.replace(correction=Choice("none"))
+        .build()
+        .policy_loss(PolicyBatch(logp, old, adv, MASK))
+        .loss
+    )
     assert torch.equal(a, b)
     # and it differs once the engines disagree
-    c = preset.build().policy_loss(logp, old, adv, MASK, rollout_logp=old - math.log(3)).loss
+    c = (
+        preset.build()
+        .policy_loss(PolicyBatch(logp, old, adv, MASK, rollout_logp=old - math.log(3)))
+        .loss
+    )
     assert not torch.equal(a, c)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import OBJECTIVES, ObjectiveInput, get_preset
-from rlpost.core.group_objectives import conspo_margin
+from rlpost.core import OBJECTIVES, ObjectiveInput, PolicyBatch, TrainingDynamics, get_preset
+from rlpost.core.objectives.group import conspo_margin
 
 torch.set_num_threads(1)
 
@@ -101,7 +101,7 @@ def test_groups_without_contrast_give_zero_and_group_ids_are_required():
     assert g.flatten().tolist() == pytest.approx(
         [-0.26894, -1.0, 1.26894, 0.0, 1.0, -1.0], abs=1e-5
     )
-    with pytest.raises(ValueError, match=r"conspo needs ObjectiveInput\.group_ids"):
+    with pytest.raises(ValueError, match=r"'conspo' needs group_ids \(ObjectiveInput\.group_ids\)"):
         OBJECTIVES.build("conspo")(ObjectiveInput(s, s.detach(), adv, torch.ones(4, 1)))
 
 
@@ -114,4 +114,13 @@ def test_curriculum_margin_and_whole_groups_per_microbatch():
     logp = -torch.rand(6, 3)
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
     with pytest.raises(ValueError, match=r"group\(s\) \[1\] have \[2\].*whole groups"):
-        recipe.policy_loss(logp, logp, adv, torch.ones(6, 3), group_ids=torch.arange(6) // 4)
+        recipe.policy_loss(
+            PolicyBatch(
+                logp,
+                logp,
+                adv,
+                torch.ones(6, 3),
+                group_ids=torch.arange(6) // 4,
+                dynamics=TrainingDynamics(0.5),
+            )
+        )

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import OBJECTIVES, RATIOS, ObjectiveInput, RatioInput, get_preset
+from rlpost.core import OBJECTIVES, RATIOS, ObjectiveInput, PolicyBatch, RatioInput, get_preset
 
 torch.set_num_threads(1)
 
@@ -92,7 +92,9 @@ def test_ctpo_preset_step():
     logp = (-torch.rand(4, 8, generator=g)).requires_grad_(True)
     old = logp.detach() + 0.05 * torch.randn(4, 8, generator=g)
     mask = (torch.arange(8) < torch.tensor([8, 5, 3, 8])[:, None]).float()
-    loss = recipe.policy_loss(logp, old, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask).loss
+    loss = recipe.policy_loss(
+        PolicyBatch(logp, old, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
+    ).loss
     (gr,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(gr).all() and (gr[mask == 0] == 0).all()
 
@@ -128,7 +130,7 @@ def test_ctpo_long_response_cumulative_ratio_stays_finite(sign):
     old = torch.full((1, T), -2.0)
     logp = (old + 0.1).requires_grad_(True)
     recipe = get_preset("ctpo").build()
-    loss = recipe.policy_loss(logp, old, torch.tensor([sign]), torch.ones(1, T))
+    loss = recipe.policy_loss(PolicyBatch(logp, old, torch.tensor([sign]), torch.ones(1, T)))
     (gr,) = torch.autograd.grad(loss.loss, logp)
     assert torch.isfinite(loss.loss) and torch.isfinite(gr).all()
     assert all(math.isfinite(v) for v in loss.metrics.values()), loss.metrics

@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import CORRECTIONS, RatioInput, get_preset
-from rlpost.core.divergence import (
+from rlpost.core import CORRECTIONS, PolicyBatch, RatioInput, get_preset
+from rlpost.core.ratios import TokenDistributions
+from rlpost.core.ratios.divergence import (
     divergence_and_direction,
     predictive_divergence,
     topk_predictive_divergence,
 )
-from rlpost.core.ratios import TokenDistributions
 
 torch.set_num_threads(1)
 
@@ -141,14 +141,14 @@ def test_recipe_plumbs_token_dists_and_validates_shapes():
     mask = torch.ones(B, T)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     recipe = get_preset("predictive_divergence_mask").build()
-    out = recipe.policy_loss(logp, old, adv, mask, token_dists=d)
+    out = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, token_dists=d))
     (gr,) = torch.autograd.grad(out.loss, logp)
     div, s = predictive_divergence(z, z_old, y, "tv")
     masked = (div > 0.15) & (adv[:, None] * s > 0)
     assert masked.any() and (gr[masked] == 0).all() and (gr[~masked] != 0).all()
     assert out.metrics["pdm_masked_frac"] == pytest.approx(masked.float().mean().item())
-    with pytest.raises(ValueError, match=r"needs RatioInput\.dists"):
-        recipe.policy_loss(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"needs token_dists: pass PolicyBatch\.token_dists"):
+        recipe.policy_loss(PolicyBatch(logp, old, adv, mask))
     with pytest.raises(ValueError, match="dists must be"):
         RatioInput(logp, old, mask, dists=TokenDistributions.from_logits(z[:2], z_old[:2], y[:2]))
     with pytest.raises(ValueError, match="sampled_index"):
@@ -167,7 +167,7 @@ def test_sampled_index_out_of_range_is_a_clear_error():
 def test_row_chunking_gives_the_same_mask(monkeypatch):
     # the entry processes [B, T, K] in row chunks to bound its float64 temporaries; the
     # result must not depend on the chunk size (here 1 row per chunk vs one chunk)
-    import rlpost.core.divergence as div_mod
+    import rlpost.core.ratios.divergence as div_mod
 
     g = torch.Generator().manual_seed(4)
     B, T, V = 5, 3, 8
@@ -187,7 +187,7 @@ def test_row_chunking_gives_the_same_mask(monkeypatch):
 
 
 def test_predictive_mask_params_validated():
-    from rlpost.core.divergence import PredictiveMaskParams
+    from rlpost.core.ratios.divergence import PredictiveMaskParams
 
     for bad in (float("nan"), float("inf"), -0.1):
         with pytest.raises(ValueError, match="threshold must be finite"):

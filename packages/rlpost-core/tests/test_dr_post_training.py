@@ -153,7 +153,7 @@ def test_chunked_gram_and_assembly_match_one_chunk(feasible, monkeypatch):
     # the Gram matrix, H g and the result are built over column chunks (float64 per chunk,
     # never a float64 copy of [M, D]); 3-column chunks, the last one partial, must give the
     # single-chunk result, also for float32 gradients (returned in float32)
-    import rlpost.core.regularizers as reg
+    import rlpost.core.regularizers.dr as reg
 
     gen = torch.Generator().manual_seed(3)
     g = torch.randn(11, generator=gen)

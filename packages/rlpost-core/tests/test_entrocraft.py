@@ -223,10 +223,14 @@ def test_masked_tokens_are_ignored_and_rows_rejected_whole():
 def test_validation_errors():
     inp = hand_input(1.0)
     no_lp = AdvantageInput(inp.rewards, inp.group_ids, dynamics=inp.dynamics)
-    with pytest.raises(ValueError, match=r"entrocraft needs AdvantageInput\.logprobs"):
+    with pytest.raises(
+        ValueError, match=r"'entrocraft' needs behaviour_logprobs \(AdvantageInput\.logprobs\)"
+    ):
         ADVANTAGES("entrocraft", no_lp)
     no_dyn = AdvantageInput(inp.rewards, inp.group_ids, logprobs=inp.logprobs)
-    with pytest.raises(ValueError, match=r"entrocraft needs AdvantageInput\.dynamics"):
+    with pytest.raises(
+        ValueError, match=r"'entrocraft' needs dynamics \(AdvantageInput\.dynamics\)"
+    ):
         ADVANTAGES("entrocraft", no_dyn)
     no_h0 = AdvantageInput(
         inp.rewards, logprobs=inp.logprobs, dynamics=TrainingDynamics(entropy=1.0)

@@ -106,7 +106,7 @@ def test_one_overflowing_ratio_gives_a_finite_loss():
 
 
 def test_log_space_ess_matches_direct_formula():
-    from rlpost.core.offpolicy import normalized_ess, normalized_ess_log
+    from rlpost.core.objectives.offpolicy import normalized_ess, normalized_ess_log
 
     g = torch.Generator().manual_seed(0)
     x = 1.5 * torch.randn(4, 9, generator=g, dtype=torch.float64)

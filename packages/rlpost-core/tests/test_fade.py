@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from rlpost.core import ADVANTAGES, AdvantageInput, RegistryError, TrainingDynamics, get_preset
-from rlpost.core.entropy_shaping import fade_decompose, fade_phase
+from rlpost.core.advantages.entropy import fade_decompose, fade_phase
 
 S = math.sqrt(3) / 2  # GRPO advantage magnitude of [1, 1, 0, 0]: 0.5 / sqrt(1/3)
 
@@ -164,7 +164,7 @@ def test_continuous_rewards_all_above_or_below_threshold_keep_their_signal(entro
 
 def test_validation_errors():
     inp = AdvantageInput(torch.tensor([1.0, 0.0]))
-    with pytest.raises(ValueError, match=r"fade needs AdvantageInput\.dynamics"):
+    with pytest.raises(ValueError, match=r"'fade' needs dynamics \(AdvantageInput\.dynamics\)"):
         ADVANTAGES("fade", inp)
     half = AdvantageInput(inp.rewards, dynamics=TrainingDynamics(entropy=1.0))
     with pytest.raises(ValueError, match=r"fade needs .*initial_entropy"):

@@ -9,7 +9,7 @@ from rlpost.core.advantages import semantic_disagreement
 
 
 def gcpo(r, g, f, **p):
-    return ADVANTAGES.build("gcpo", **p)(AdvantageInput(r, g, features=f))
+    return ADVANTAGES.build("gcpo", **p)(AdvantageInput(r, g, completion_features=f))
 
 
 def test_semantic_disagreement_hand_values():

@@ -52,5 +52,5 @@ def test_alpha_zero_is_grpo_and_validation():
     assert_close(hmpo(r, lens, alpha=0.0), plain)
     with pytest.raises(ValueError, match="alpha"):
         ADVANTAGES.build("hmpo", alpha=0.6)
-    with pytest.raises(ValueError, match=r"needs AdvantageInput\.mask"):
+    with pytest.raises(ValueError, match=r"needs mask \(AdvantageInput\.mask\)"):
         ADVANTAGES.build("hmpo")(AdvantageInput(torch.tensor(r)))

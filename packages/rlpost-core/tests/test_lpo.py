@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import OBJECTIVES, ObjectiveInput, get_preset
-from rlpost.core.group_objectives import lpo_projection_grad
+from rlpost.core import OBJECTIVES, ObjectiveInput, PolicyBatch, get_preset
+from rlpost.core.objectives.group import lpo_projection_grad
 
 torch.set_num_threads(1)
 DIVS = ("forward_kl", "reverse_kl", "hellinger")
@@ -128,13 +128,13 @@ def test_self_correcting_descent_reaches_the_target():
 
 def test_group_ids_required_and_split_groups_raise():
     mask, old, logp, adv, groups, _ = batch()
-    with pytest.raises(ValueError, match=r"lpo needs ObjectiveInput\.group_ids"):
+    with pytest.raises(ValueError, match=r"'lpo' needs group_ids \(ObjectiveInput\.group_ids\)"):
         OBJECTIVES.build("lpo")(ObjectiveInput(logp, old, adv, mask))
     with pytest.raises(ValueError, match="group_ids must be \\[B\\]"):
         ObjectiveInput(logp, old, adv, mask, group_ids=groups[:3])
     recipe = get_preset("lpo").replace(group_size=4).build()
     with pytest.raises(ValueError, match="whole groups"):
-        recipe.policy_loss(logp, old, adv, mask, group_ids=groups)
+        recipe.policy_loss(PolicyBatch(logp, old, adv, mask, group_ids=groups))
 
 
 @pytest.mark.parametrize("div", DIVS)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import OBJECTIVES, ObjectiveInput, get_preset
-from rlpost.core.group_objectives import first_trigger, veto_keep_mask
+from rlpost.core import OBJECTIVES, ObjectiveInput, PolicyBatch, get_preset
+from rlpost.core.objectives.group import first_trigger, veto_keep_mask
 
 torch.set_num_threads(1)
 B, T = 4, 6
@@ -73,7 +73,7 @@ def test_relaxed_clipping_keeps_stale_gradients_that_ppo_clips():
 def test_recipe_passes_trigger_pos_and_veto_false_is_ppo_clip():
     mask, old, logp, adv, trig = batch()
     recipe = get_preset("mu_grpo").build()
-    loss = recipe.policy_loss(logp, old, adv, mask, trigger_pos=trig).loss
+    loss = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, trigger_pos=trig)).loss
     (g,) = torch.autograd.grad(loss, logp)
     assert (g[0, 3:] == 0).all() and (g[3, 1:] == 0).all() and (g[0, :3] != 0).all()
     inp = ObjectiveInput(logp, old, adv, mask, trigger_pos=trig)

@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 from rlpost.core import KL_ESTIMATORS, OBJECTIVES, RATIOS, KLInput, ObjectiveInput, RatioInput
-from rlpost.core.objectives import LOG_RATIO_MAX, safe_ratio
+from rlpost.core.numerics import LOG_RATIO_MAX, safe_ratio
 
 torch.set_num_threads(1)
 B, T = 4, 6

@@ -189,7 +189,7 @@ def test_xi_dpo_validation():
         PREFERENCE_LOSSES.build("xi_dpo", xi=1.0)
     with pytest.raises(RegistryError, match="unknown parameter"):
         PREFERENCE_LOSSES.build("xi_dpo", gamma=1.0)  # SimPO's gamma has no meaning here
-    with pytest.raises(ValueError, match="xi_dpo needs chosen_len"):
+    with pytest.raises(ValueError, match=r"'xi_dpo' needs lengths \(PreferenceInput\.chosen_len"):
         PREFERENCE_LOSSES.build("xi_dpo")(inp(chosen_len=None))
 
 
@@ -297,7 +297,7 @@ def test_ed_dpo_exploration_term_by_hand():
 def test_ed_dpo_needs_reference_and_lengths():
     with pytest.raises(ValueError, match="ref_chosen_logp"):
         PREFERENCE_LOSSES.build("ed_dpo")(inp(ref_rejected_logp=None))
-    with pytest.raises(ValueError, match="ed_dpo needs chosen_len"):
+    with pytest.raises(ValueError, match=r"'ed_dpo' needs lengths \(PreferenceInput\.chosen_len"):
         PREFERENCE_LOSSES.build("ed_dpo")(inp(rejected_len=None))
     with pytest.raises(RegistryError, match="alpha must be >= 0"):
         PREFERENCE_LOSSES.build("ed_dpo", alpha=-0.1)

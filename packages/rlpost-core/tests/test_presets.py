@@ -6,6 +6,9 @@ from rlpost.core import (
     PRESETS,
     AdvantageInput,
     Choice,
+    Coupling,
+    Input,
+    PolicyBatch,
     Preset,
     RegistryError,
     TrainingDynamics,
@@ -13,7 +16,7 @@ from rlpost.core import (
     kl_reward_penalty,
     register_preset,
 )
-from rlpost.core.objectives import GROUP_OBJECTIVES, OBJECTIVES, ObjectiveInput
+from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
 
 B, T = 8, 6
 
@@ -32,9 +35,7 @@ def batch(seed=0):
     return mask, logp, old, ref, rollout, rewards, groups, values
 
 
-VECTOR_REWARD = {"vpo", "rdpo"}  # estimators of [B, K] rewards
-GROUP_LEVEL = GROUP_OBJECTIVES  # objectives coupling a group: whole groups per micro-batch
-BATCH_STAT = {"ess_adaptive"}  # a statistic of the whole step batch: one micro-batch
+DYN = TrainingDynamics(progress=0.5, entropy=1.0, initial_entropy=1.2)
 
 
 def step_inputs(preset: Preset, seed=0):
@@ -45,7 +46,7 @@ def step_inputs(preset: Preset, seed=0):
         if preset.kl_in_reward
         else None
     )
-    if preset.advantage.name in VECTOR_REWARD:  # a second reward component
+    if Input.VECTOR_REWARDS in recipe.advantage.needs:  # a second reward component
         rewards = torch.stack([rewards, torch.linspace(0, 1, B)], 1)
     adv = recipe.advantages(
         AdvantageInput(
@@ -56,8 +57,9 @@ def step_inputs(preset: Preset, seed=0):
             token_rewards=tr,
             # the optional inputs some seed estimators read
             logprobs=old * mask,
-            features=torch.randn(B, 4, generator=torch.Generator().manual_seed(seed)),
-            dynamics=TrainingDynamics(progress=0.5, entropy=1.0, initial_entropy=1.2),
+            prompt_features=torch.randn(B, 4, generator=torch.Generator().manual_seed(seed)),
+            completion_features=torch.randn(B, 4, generator=torch.Generator().manual_seed(7)),
+            dynamics=DYN,
         )
     ).advantages
     return recipe, mask, logp, old, ref, rollout, adv
@@ -76,35 +78,38 @@ def test_every_preset_builds_and_cites_its_paper(name):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_microbatching_equals_full_batch(name):
     preset = get_preset(name).replace(correction=Choice("tis"), entropy_coef=0.01)
-    grouped = preset.objective.name in GROUP_LEVEL
+    coupling = preset.build().coupling()
+    grouped = coupling == Coupling.GROUP
     if grouped:  # batch() has groups of 4
         preset = preset.replace(group_size=4)
     recipe, mask, logp, old, ref, rollout, adv = step_inputs(preset)
     ent = torch.rand(B, T)
     groups = torch.arange(B) // 4
-    kw = {"rollout_logp": rollout, "ref_logp": ref, "entropy": ent}
-    kw.update({"group_ids": groups} if grouped else {})
-    full = recipe.policy_loss(logp, old, adv, mask, **kw).loss
+    kw = {"rollout_logp": rollout, "ref_logp": ref, "entropy": ent, "dynamics": DYN}
+    kw["group_ids"] = groups  # entries that do not declare them never see them
+    full = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, **kw)).loss
     (g_full,) = torch.autograd.grad(full, logp)
     g_acc, tot = torch.zeros_like(logp), 0.0
     n_tok, n_seq = mask.sum().item(), B
     splits = ([0, 1, 2, 3], [4, 5, 6, 7]) if grouped else ([0, 1, 2], [3, 4], [5, 6, 7])
-    if preset.objective.name in BATCH_STAT:
+    if coupling == Coupling.BATCH:  # a statistic of the whole step batch: one call
         splits = (list(range(B)),)
     for idx in splits:
         x = logp.detach()[idx].clone().requires_grad_(True)
-        gkw = {"group_ids": groups[idx]} if grouped else {}
+        gkw = {"group_ids": groups[idx], "dynamics": DYN}
         li = recipe.policy_loss(
-            x,
-            old[idx],
-            adv[idx],
-            mask[idx],
-            rollout_logp=rollout[idx],
-            ref_logp=ref[idx],
-            entropy=ent[idx],
-            global_tokens=n_tok,
-            global_sequences=n_seq,
-            **gkw,
+            PolicyBatch(
+                x,
+                old[idx],
+                adv[idx],
+                mask[idx],
+                rollout_logp=rollout[idx],
+                ref_logp=ref[idx],
+                entropy=ent[idx],
+                global_tokens=n_tok,
+                global_sequences=n_seq,
+                **gkw,
+            )
         ).loss
         (g,) = torch.autograd.grad(li, x)
         g_acc[idx] += g
@@ -116,14 +121,14 @@ def test_preset_microbatching_equals_full_batch(name):
 
 def test_grpo_kl_in_loss_requires_reference():
     recipe, mask, logp, old, _, _, adv = step_inputs(get_preset("grpo"))
-    with pytest.raises(ValueError, match="pass ref_logp"):
-        recipe.policy_loss(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"needs ref_logprobs: pass PolicyBatch\.ref_logp"):
+        recipe.policy_loss(PolicyBatch(logp, old, adv, mask))
 
 
 def test_gspo_preset_is_sequence_level_objective():
     # GSPO: loss_i = -min(s_i A_i, clip(s_i) A_i), averaged over sequences
     recipe, mask, logp, old, _, _, adv = step_inputs(get_preset("gspo"))
-    loss = recipe.policy_loss(logp, old, adv, mask).loss
+    loss = recipe.policy_loss(PolicyBatch(logp, old, adv, mask)).loss
     s = (((logp - old) * mask).sum(1) / mask.sum(1)).exp()
     A = adv[:, 0]
     expected = -torch.minimum(s * A, s.clamp(1 - 3e-4, 1 + 4e-4) * A).mean()
@@ -145,35 +150,42 @@ def test_bad_preset_fails_at_registration_naming_field():
 
 
 @pytest.mark.parametrize("name", OBJECTIVES.names())
-def test_group_objectives_are_exactly_the_entries_reading_group_ids(name):
-    # GROUP_OBJECTIVES gates the whole-group check of Recipe.policy_loss (and the llm
-    # trainer's micro-batching): an entry outside it must not depend on group_ids, one
-    # inside it must (here: relabelling the groups changes its loss)
+def test_group_coupling_is_declared_by_exactly_the_entries_whose_loss_reads_groups(name):
+    # the declared coupling gates the whole-group check of Recipe.policy_loss and the
+    # trainers' micro-batching: an entry declaring GROUP must depend on the labels (here:
+    # relabelling the groups changes its loss); one not declaring it never sees them
     mask, logp, old, *_ = batch()
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])
     f = OBJECTIVES.build(name)
-    two = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 4)).loss
-    four = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 2)).loss
-    assert (name in GROUP_OBJECTIVES) == (not torch.equal(two, four))
+    dyn = {"dynamics": DYN}
+    two = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 4, **dyn)).loss
+    four = f(ObjectiveInput(logp, old, adv, mask, group_ids=torch.arange(B) // 2, **dyn)).loss
+    assert (f.coupling == Coupling.GROUP) == (not torch.equal(two, four))
+    assert (Input.GROUP_IDS in f.reads) == (f.coupling == Coupling.GROUP)
 
 
 def test_whole_group_check_only_for_group_objectives():
     odd = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])  # group sizes 3, 2, 3 != group_size
     recipe, mask, logp, old, ref, _, adv = step_inputs(get_preset("dapo"))
-    plain = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref).loss
-    assert recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, group_ids=odd).loss == plain
+    plain = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, ref_logp=ref)).loss
+    assert (
+        recipe.policy_loss(PolicyBatch(logp, old, adv, mask, ref_logp=ref, group_ids=odd)).loss
+        == plain
+    )
     recipe, mask, logp, old, _, _, adv = step_inputs(get_preset("conspo"))
     with pytest.raises(ValueError, match="whole groups"):
-        recipe.policy_loss(logp, old, adv, mask, group_ids=odd)
+        recipe.policy_loss(PolicyBatch(logp, old, adv, mask, group_ids=odd, dynamics=DYN))
 
 
 def test_policy_loss_forwards_ref_entropy_to_the_kl():
     # reva_rer weights the KL of each response by the reference entropy: KLInput.ref_entropy
     # when given, else the sampled-token estimate -log pi_ref; policy_loss must forward it
     recipe, mask, logp, old, ref, _, adv = step_inputs(get_preset("reva_po"))
-    base = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref).loss
-    same = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, ref_entropy=-ref).loss
+    base = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, ref_logp=ref)).loss
+    same = recipe.policy_loss(
+        PolicyBatch(logp, old, adv, mask, ref_logp=ref, ref_entropy=-ref)
+    ).loss
     h = torch.linspace(0.1, 3.0, B * T).reshape(B, T)
-    other = recipe.policy_loss(logp, old, adv, mask, ref_logp=ref, ref_entropy=h).loss
+    other = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, ref_logp=ref, ref_entropy=h)).loss
     assert_close(same, base)
     assert not torch.allclose(other, base)

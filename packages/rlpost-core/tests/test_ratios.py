@@ -69,7 +69,7 @@ def test_correction_requires_rollout_logp():
 
 def test_params_validate_literals_and_finiteness_at_construction():
     # Registry.build checks Literal fields, but a params object built directly must too
-    from rlpost.core.ratios import ClippedISParams, FTISParams, TISParams
+    from rlpost.core.ratios.corrections import ClippedISParams, FTISParams, TISParams
 
     with pytest.raises(ValueError, match=r"TISParams\.level must be one of"):
         TISParams(level="seq")

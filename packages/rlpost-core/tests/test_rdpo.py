@@ -5,7 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from rlpost.core import ADVANTAGES, AdvantageInput, get_preset
-from rlpost.core.multi_reward import magnitude_aware_quantile, whiten_subspaces
+from rlpost.core.advantages.vector import magnitude_aware_quantile, whiten_subspaces
 
 
 def test_binary_component_normalises_to_reward_minus_group_mean():

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from rlpost.core import KL_ESTIMATORS, Choice, KLInput, get_preset
-from rlpost.core.regularizers import ResponseWeightedKLParams, reva_response_weights
+from rlpost.core import KL_ESTIMATORS, Choice, KLInput, PolicyBatch, get_preset
+from rlpost.core.kl import ResponseWeightedKLParams, reva_response_weights
 
 B, T = 4, 5
 
@@ -140,10 +140,10 @@ def test_preset_passes_advantages_to_the_kl():
     old = logp.detach() + 0.01
     A = torch.tensor([1.0, -1.0, 0.5, -0.5])
     preset = get_preset("reva_po")
-    loss = preset.build().policy_loss(logp, old, A, m, ref_logp=ref).loss
+    loss = preset.build().policy_loss(PolicyBatch(logp, old, A, m, ref_logp=ref)).loss
     flat = preset.replace(kl=Choice("reva_rer", {"alpha": 0.0, "gamma": 0.0}))
     k3 = preset.replace(kl=Choice("k3"))
-    l_flat = flat.build().policy_loss(logp, old, A, m, ref_logp=ref).loss
-    l_k3 = k3.build().policy_loss(logp, old, A, m, ref_logp=ref).loss
+    l_flat = flat.build().policy_loss(PolicyBatch(logp, old, A, m, ref_logp=ref)).loss
+    l_k3 = k3.build().policy_loss(PolicyBatch(logp, old, A, m, ref_logp=ref)).loss
     torch.testing.assert_close(l_flat, l_k3)  # unit weights: the grpo-style k3 recipe
     assert (loss - l_k3).abs() > 1e-4  # the response weights change the loss

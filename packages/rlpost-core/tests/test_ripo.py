@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from rlpost.core import OBJECTIVES, ObjectiveInput
-from rlpost.core.offpolicy import fisher_rao_ratio_bounds
+from rlpost.core.objectives.offpolicy import fisher_rao_ratio_bounds
 
 torch.set_num_threads(1)
 P = torch.tensor([[1e-3, 0.01, 0.2, 0.5, 0.8]], dtype=torch.float64)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlpost.core import OBJECTIVES, AdvantageInput, ObjectiveInput, get_preset
+from rlpost.core import OBJECTIVES, AdvantageInput, ObjectiveInput, PolicyBatch, get_preset
 
 torch.set_num_threads(1)
 
@@ -49,7 +49,7 @@ def test_preset_uses_one_rollout_and_value_baseline_advantages():
     old = torch.full((3, 4), -1.0)
     x = torch.tensor([[0.0, 0.5, -0.5, 0.0], [0.1, 0.0, 0.0, 0.0], [0.0, 0.0, 0.3, 0.0]])
     logp = (old + x).requires_grad_(True)
-    loss = recipe.policy_loss(logp, old, out.advantages, mask).loss
+    loss = recipe.policy_loss(PolicyBatch(logp, old, out.advantages, mask)).loss
     (g,) = torch.autograd.grad(loss, logp)
     r = x.exp()
     inside = (r >= 0.8) & (r <= 1.2)

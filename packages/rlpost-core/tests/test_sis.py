@@ -106,7 +106,7 @@ def test_fixed_seed_draws_fresh_uniforms_for_new_inputs():
 
 
 def test_sis_params_validated_at_construction():
-    from rlpost.core.ratios import SISParams
+    from rlpost.core.ratios.corrections import SISParams
 
     with pytest.raises(ValueError, match="envelope must be finite"):
         SISParams(envelope=float("inf"))

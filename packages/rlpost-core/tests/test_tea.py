@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from rlpost.core import ADVANTAGES, AdvantageInput, get_preset
-from rlpost.core.best_of_n import (
+from rlpost.core.advantages.best_of_n import (
     PrefixTEAParams,
     best_of_k_ustat,
     gaussian_best_of_n_gain,

@@ -128,10 +128,12 @@ def test_anchor_is_zero_with_zero_gradient_at_the_pretrained_policy(contour_act)
     pi, _, obs = contour_act
     learner = PACACT(pi, PACACTConfig(hidden=16))
     terms = learner.prior_terms(obs[:16], None)
-    assert float(terms["anchor"].detach()) == 0.0
+    # zero up to rounding: the frozen prior runs under no_grad, where PyTorch's
+    # transformer layers may take their inference fast path (other kernels, ~1e-14 here)
+    assert float(terms["anchor"].detach()) < 1e-10
     terms["anchor"].backward()
     grads = [p.grad for p in pi.act.parameters() if p.grad is not None]
-    assert grads and all(float(g.abs().max()) == 0.0 for g in grads)
+    assert grads and all(float(g.abs().max()) < 1e-6 for g in grads)
     pi.zero_grad(set_to_none=True)
 
 

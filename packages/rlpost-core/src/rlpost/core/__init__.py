@@ -1,9 +1,11 @@
 """rlpost.core: the shared RL post-training math (torch + numpy only).
 
-One registry per independent choice; entries share a frozen-dataclass input type.
+One registry per independent choice, one subpackage per registry; entries share a
+frozen-dataclass input type and declare their side of the method/trainer contract
+(:mod:`rlpost.core.contract`) where they are registered.
 
 ========================  =====================================  ===========================
-registry                  input -> output                        module
+registry                  input -> output                        subpackage
 ========================  =====================================  ===========================
 ``ADVANTAGES``            AdvantageInput -> AdvantageOutput      :mod:`rlpost.core.advantages`
 ``RATIOS``                RatioInput -> RatioOutput              :mod:`rlpost.core.ratios`
@@ -12,28 +14,24 @@ registry                  input -> output                        module
 ``AGGREGATIONS``          AggregationInput -> AggregationOutput  :mod:`rlpost.core.aggregation`
 ``KL_ESTIMATORS``         KLInput -> KLOutput                    :mod:`rlpost.core.kl`
 ``PREFERENCE_LOSSES``     PreferenceInput -> PreferenceOutput    :mod:`rlpost.core.preference`
+``OPTIMIZERS``            OptimizerInput -> torch Optimizer      :mod:`rlpost.core.optim`
+``REGULARIZERS``          GradientInput -> GradientOutput        :mod:`rlpost.core.regularizers`
+``TOKEN_WEIGHTINGS``      TokenWeightInput -> TokenWeightOutput  :mod:`rlpost.core.weights`
 ========================  =====================================  ===========================
 
-Presets (:mod:`rlpost.core.presets`) combine entries with a paper's hyper-parameters.
+Presets (:mod:`rlpost.core.presets`, one module per family) combine entries with a
+paper's hyper-parameters; ``Preset.build()`` gives the :class:`Recipe` a trainer calls.
 """
 
-from rlpost.core import (  # noqa: F401  (importing registers their entries and presets)
-    best_of_n,
-    divergence,
-    entropy_shaping,
-    group_objectives,
-    multi_reward,
-    offpolicy,
-    ratio_presets,
-    regularizers,
-)
 from rlpost.core.advantages import (
     ADVANTAGES,
     AdvantageInput,
     AdvantageOutput,
     TrainingDynamics,
 )
+from rlpost.core.advantages.turns import A2TGPOParams
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput, AggregationOutput
+from rlpost.core.contract import ContractError, Coupling, Input
 from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, kl_reward_penalty
 from rlpost.core.logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
 from rlpost.core.masked import (
@@ -45,20 +43,30 @@ from rlpost.core.masked import (
     masked_whiten,
 )
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
+from rlpost.core.optim import OPTIMIZERS, OptimizerInput
 from rlpost.core.preference import PREFERENCE_LOSSES, PreferenceInput, PreferenceOutput
 from rlpost.core.presets import (
     PRESETS,
     Choice,
+    PolicyBatch,
     PolicyLoss,
     Preset,
     Recipe,
     get_preset,
     register_preset,
 )
-from rlpost.core.ratios import CORRECTIONS, RATIOS, CorrectionOutput, RatioInput, RatioOutput
+from rlpost.core.ratios import (
+    CORRECTIONS,
+    RATIOS,
+    CorrectionOutput,
+    RatioInput,
+    RatioOutput,
+    TokenDistributions,
+)
 from rlpost.core.registry import Bound, NoParams, Registry, RegistryError
-from rlpost.core.turns import A2TGPOParams  # importing it registers a2tgpo + its preset
+from rlpost.core.regularizers import REGULARIZERS, GradientInput, GradientOutput
 from rlpost.core.weights import (
+    TOKEN_WEIGHTINGS,
     AnchorExplorerMasks,
     TokenSubset,
     anchor_explorer_masks,
@@ -77,6 +85,9 @@ REGISTRIES = {
     "aggregation": AGGREGATIONS,
     "kl": KL_ESTIMATORS,
     "preference": PREFERENCE_LOSSES,
+    "optimizer": OPTIMIZERS,
+    "regularizer": REGULARIZERS,
+    "token_weighting": TOKEN_WEIGHTINGS,
 }
 
 __all__ = [
@@ -85,10 +96,13 @@ __all__ = [
     "CORRECTIONS",
     "KL_ESTIMATORS",
     "OBJECTIVES",
+    "OPTIMIZERS",
     "PREFERENCE_LOSSES",
     "PRESETS",
     "RATIOS",
     "REGISTRIES",
+    "REGULARIZERS",
+    "TOKEN_WEIGHTINGS",
     "A2TGPOParams",
     "AdvantageInput",
     "AdvantageOutput",
@@ -97,12 +111,19 @@ __all__ = [
     "AnchorExplorerMasks",
     "Bound",
     "Choice",
+    "ContractError",
     "CorrectionOutput",
+    "Coupling",
+    "GradientInput",
+    "GradientOutput",
+    "Input",
     "KLInput",
     "KLOutput",
     "NoParams",
     "ObjectiveInput",
     "ObjectiveOutput",
+    "OptimizerInput",
+    "PolicyBatch",
     "PolicyLoss",
     "PreferenceInput",
     "PreferenceOutput",
@@ -112,6 +133,7 @@ __all__ = [
     "Recipe",
     "Registry",
     "RegistryError",
+    "TokenDistributions",
     "TokenSubset",
     "TrainingDynamics",
     "anchor_explorer_masks",

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlpost.core.contract import Coupling, Input
 from rlpost.core.io.config import ConfigError, load_validated
-from rlpost.core.objectives import BATCH_OBJECTIVES, GROUP_OBJECTIVES
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
 
@@ -76,19 +76,28 @@ class ChoiceConfig(_Strict):
     params: dict[str, Any] = {}
 
 
-# core estimators whose inputs this trainer cannot provide (checked at load)
-UNSUPPORTED_ADVANTAGES = {
-    "vpo": "needs vector rewards [B, K]; this trainer scores one reward function",
-    "rdpo": "needs vector rewards [B, K]; this trainer scores one reward function",
-    "a2tgpo": "needs per-turn information gain (turn_ids / turn_rewards) of multi-turn "
-    "agent rollouts; this trainer is single-turn",
-    "gae": "needs a critic's values V(s_t); this trainer is critic-free (use a group-relative "
-    "estimator such as grpo or rloo)",
-}
-UNSUPPORTED_CORRECTIONS = {
-    "predictive_divergence_mask": "needs both policies' per-token distributions "
-    "(token_dists); this trainer's fused log-prob path does not materialise them",
-}
+# the inputs of the method/trainer contract (rlpost.core.contract) this trainer computes
+# for any recipe that reads them
+PROVIDES = frozenset(
+    {
+        Input.MASK,
+        Input.BEHAVIOUR_LOGPROBS,  # the engine's log-probs of the sampled tokens
+        Input.PROMPT_FEATURES,  # mean-pooled last hidden state over the prompt
+        Input.COMPLETION_FEATURES,  # ... over the completion
+        Input.DYNAMICS,  # progress, sampled-token entropy estimate and its first value
+        Input.ROLLOUT_LOGPROBS,
+        Input.REF_LOGPROBS,
+        Input.REF_ENTROPY,  # the reference forward's per-position entropy
+        Input.ENTROPY,
+        Input.GROUP_IDS,
+        Input.CLIP_RANGE,  # whatever the advantage estimator returns
+    }
+)
+
+
+def provided_inputs(cfg: Config) -> frozenset[Input]:
+    """What the GRPO-family trainer provides under ``cfg``."""
+    return PROVIDES
 
 
 class AlgoConfig(_Strict):
@@ -182,22 +191,21 @@ class Config(_Strict):
         except (RegistryError, ValueError, TypeError) as exc:
             raise ValueError(f"algo: {exc}") from exc
         preset = self.preset()
-        adv, corr, obj = preset.advantage.name, preset.correction.name, preset.objective.name
-        if adv in UNSUPPORTED_ADVANTAGES:
-            raise ValueError(f"algo.advantage {adv!r}: {UNSUPPORTED_ADVANTAGES[adv]}")
-        if corr in UNSUPPORTED_CORRECTIONS:
-            raise ValueError(f"algo.correction {corr!r}: {UNSUPPORTED_CORRECTIONS[corr]}")
+        recipe = preset.build()
+        recipe.check(provided_inputs(self), who="the rlpost-llm trainer with this config")
         n = preset.group_size  # the rollout's, else the preset's
         rows = self.rollout.prompts_per_step * n
-        if obj in BATCH_OBJECTIVES and self.optim.micro_batch_size < rows:
+        coupling = recipe.coupling()
+        who = ", ".join(str(e) for e in recipe.loss_entries() if e.coupling == coupling)
+        if coupling == Coupling.BATCH and self.optim.micro_batch_size < rows:
             raise ValueError(
-                f"algo.objective {obj!r} reads a statistic of the whole step batch: "
+                f"{who} reads a statistic of the whole step batch: "
                 f"optim.micro_batch_size ({self.optim.micro_batch_size}) must hold all "
                 f"{rows} rows (rollout.prompts_per_step x rollout.group_size)"
             )
-        if obj in GROUP_OBJECTIVES and self.optim.micro_batch_size % n:
+        if coupling == Coupling.GROUP and self.optim.micro_batch_size % n:
             raise ValueError(
-                f"algo.objective {obj!r} couples the responses of a group: "
+                f"{who} couples the responses of a group: "
                 f"optim.micro_batch_size ({self.optim.micro_batch_size}) must be a multiple "
                 f"of rollout.group_size ({n})"
             )

@@ -10,12 +10,15 @@ One step::
     A        = recipe.advantages(rewards, groups, mask[, -beta KL token rewards])
     for each update and micro-batch:
         logp, H = trainer forward (chunked log-softmax at the sampling temperature)
-        loss    = recipe.policy_loss(logp, old, A, mask, rollout_logp, ref_logp, H,
-                                     global_tokens, global_sequences)   # global normalisers
+        loss    = recipe.policy_loss(PolicyBatch(logp, old, A, mask, rollout_logp, ref_logp,
+                                     ..., global_tokens, global_sequences))  # by role
         loss.backward()
     (all-reduce gradients across ranks) -> clip -> step (skipped if loss / grad is not finite)
 
-Any :mod:`rlpost.core` preset plugs in unchanged. Asynchronous "one-step-off" mode
+Any :mod:`rlpost.core` preset plugs in unchanged: the trainer computes the optional inputs
+the recipe's entries declare they read (:meth:`rlpost.core.presets.Recipe.reads`), and the
+config refuses at load a recipe needing one it cannot provide
+(:data:`rlpost.llm.config.PROVIDES`). Asynchronous "one-step-off" mode
 generates step t+1's rollouts on a weight snapshot in a background thread while step t
 trains; every batch carries the policy version that generated it and the staleness bound
 is enforced. Data parallelism: rank 0 generates and scores, the batch is broadcast, each
@@ -38,10 +41,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput, TrainingDynamics
+from rlpost.core.contract import Coupling, Input
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.core.objectives import BATCH_OBJECTIVES, GROUP_OBJECTIVES
+from rlpost.core.presets import PolicyBatch
 from rlpost.llm.config import Config
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -55,9 +59,6 @@ from rlpost.llm.policy import (
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.tasks import Example
-
-# estimators that read features, and which part of each row they pool
-FEATURE_SOURCE = {"basis": "prompt", "gcpo": "completion"}
 
 
 @dataclass
@@ -117,11 +118,11 @@ class Trainer:
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.main = self.rank == 0
-        obj = cfg.preset().objective.name
-        if self.world > 1 and obj in GROUP_OBJECTIVES | BATCH_OBJECTIVES:
+        coupling = cfg.preset().build().coupling()
+        if self.world > 1 and coupling > Coupling.ROW:
             raise ValueError(
-                f"algo.objective {obj!r} couples the rows of a group or of the whole batch, "
-                "but data-parallel ranks take strided rows: run it on one process"
+                f"preset {cfg.preset().name!r}'s loss couples the rows of a {coupling}, but "
+                "data-parallel ranks take strided rows: run it on one process"
             )
         self.run_dir = Path(cfg.run.dir)
         if self.main:
@@ -133,6 +134,7 @@ class Trainer:
         self.model, self.tok = model, tokenizer
         self.preset = cfg.preset()
         self.recipe = self.preset.build()
+        self.reads = set(self.recipe.reads())  # the optional inputs worth computing
         self.source = make_prompt_source(
             cfg.data.task,
             dict(cfg.data.task_params),
@@ -140,9 +142,8 @@ class Trainer:
             cfg.data.eval_size,
             cfg.data.seed,
         )
-        p = self.preset
-        self.kl_in_loss = p.kl is not None and p.kl_coef > 0 and not p.kl_in_reward
-        self.kl_in_reward = p.kl is not None and p.kl_coef > 0 and p.kl_in_reward
+        self.kl_in_loss = self.recipe.kl_in_loss
+        self.kl_in_reward = self.recipe.kl_in_reward
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
         params = [q for q in model.parameters() if q.requires_grad]
         o = cfg.optim
@@ -289,8 +290,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ update
     @torch.no_grad()
-    def _logprobs_nograd(self, model, batch: RolloutBatch, mask: Tensor) -> Tensor:
+    def _logprobs_nograd(self, model, batch: RolloutBatch, mask: Tensor, entropy: bool = False):
+        """``[N, L]`` log-probs of the sampled tokens under ``model`` (and, with ``entropy``,
+        the per-position entropy too), masked, in micro-batches."""
         out = torch.zeros_like(mask)
+        ent = torch.zeros_like(mask) if entropy else None
         mbs = self.cfg.optim.micro_batch_size
         for s in range(0, len(batch), mbs):
             sl = slice(s, s + mbs)
@@ -301,28 +305,40 @@ class Trainer:
                 batch.pad_id,
                 pack=self.cfg.model.pack_prompts,
             )
-            lp = completion_logprobs(
+            lp, h = completion_logprobs(
                 model, sb, self.sampling.temperature, impl=self.cfg.model.logprob_impl
-            )[0]
+            )
             out[sl] = lp * batch.mask[sl]
-        return out
+            if ent is not None:
+                ent[sl] = h * batch.mask[sl]
+        return (out, ent) if entropy else out
 
-    def _advantage_extras(self, model, batch: RolloutBatch) -> dict[str, Any]:
-        """The optional estimator inputs: behaviour log-probs, training dynamics (progress,
-        the sampled tokens' mean -log-prob as the entropy estimate, and its first value),
-        and for ``basis`` / ``gcpo`` mean-pooled last hidden states of the prompt / the
-        completion as features."""
+    def _dynamics(self, batch: RolloutBatch) -> TrainingDynamics | None:
+        """Training progress, the sampled tokens' mean -log-prob as the entropy estimate,
+        and its first value (``None`` when the engine log-probs are not finite)."""
         m = batch.mask
         entropy = float(-(batch.logprobs * m).sum() / m.sum().clamp_min(1.0))
         if self.initial_entropy is None and math.isfinite(entropy):
             self.initial_entropy = entropy
         progress = min(1.0, self.step / max(1, self.cfg.train.steps - 1))
-        extras: dict[str, Any] = {"logprobs": batch.logprobs * m}
-        if math.isfinite(entropy):  # a non-finite engine log-prob leaves dynamics out
-            extras["dynamics"] = TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy)
-        part = FEATURE_SOURCE.get(self.preset.advantage.name)
-        if part is not None:
-            extras["features"] = self._pooled_hidden(model, batch, part)
+        if not math.isfinite(entropy):
+            return None
+        return TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy)
+
+    def _advantage_extras(self, model, batch: RolloutBatch) -> dict[str, Any]:
+        """The optional estimator inputs the recipe reads: behaviour log-probs, training
+        dynamics, and mean-pooled last hidden states of the prompt / the completion as
+        prompt / completion features (entries see only what they declare)."""
+        extras: dict[str, Any] = {"logprobs": batch.logprobs * batch.mask}
+        dyn = self._dynamics(batch)
+        if dyn is not None:
+            extras["dynamics"] = dyn
+        for need, part in (
+            (Input.PROMPT_FEATURES, "prompt"),
+            (Input.COMPLETION_FEATURES, "completion"),
+        ):
+            if need in self.reads:
+                extras[f"{part}_features"] = self._pooled_hidden(model, batch, part)
         return extras
 
     @torch.no_grad()
@@ -370,22 +386,21 @@ class Trainer:
             mask[truncated] = 0.0
         need_old = cfg.optim.updates_per_batch > 1 or self.kl_in_reward
         old_logp = self._logprobs_nograd(model, batch, batch.mask) if need_old else None
-        ref_logp = None
+        ref_logp = ref_entropy = None
         if self.reference is not None:
             with self.reference.active(model) as ref:
-                ref_logp = self._logprobs_nograd(ref, batch, batch.mask)
+                ref_logp, ref_entropy = self._logprobs_nograd(ref, batch, batch.mask, entropy=True)
         token_rewards = None
         if self.kl_in_reward:
             token_rewards = kl_reward_penalty(old_logp, ref_logp, batch.mask, p.kl_coef, p.kl.name)
-        adv = self.recipe.advantages(
+        extras = self._advantage_extras(model, batch)
+        adv_out = self.recipe.advantages(
             AdvantageInput(
-                col.rewards,
-                batch.group,
-                batch.mask,
-                token_rewards=token_rewards,
-                **self._advantage_extras(model, batch),
+                col.rewards, batch.group, batch.mask, token_rewards=token_rewards, **extras
             )
-        ).advantages
+        )
+        adv, clip_range = adv_out.advantages, adv_out.clip_range
+        dynamics = extras.get("dynamics")
         global_tokens = float(mask.sum())
         global_seqs = float((mask.sum(1) > 0).sum())
         mine = torch.arange(len(batch))[self.rank :: self.world]  # this rank's rows
@@ -413,16 +428,21 @@ class Trainer:
                 m = mask[idx]
                 old = old_logp[idx] if old_logp is not None else logp.detach()
                 out = self.recipe.policy_loss(
-                    logp,
-                    old,
-                    adv[idx],
-                    m,
-                    rollout_logp=batch.logprobs[idx] if p.correction.name != "none" else None,
-                    ref_logp=ref_logp[idx] if self.kl_in_loss else None,
-                    entropy=ent,
-                    global_tokens=global_tokens,
-                    global_sequences=global_seqs,
-                    group_ids=batch.group[idx] if p.objective.name in GROUP_OBJECTIVES else None,
+                    PolicyBatch(
+                        logp,
+                        old,
+                        adv[idx],
+                        m,
+                        rollout_logp=batch.logprobs[idx],
+                        ref_logp=ref_logp[idx] if ref_logp is not None else None,
+                        ref_entropy=ref_entropy[idx] if ref_entropy is not None else None,
+                        entropy=ent,
+                        clip_range=clip_range[idx] if clip_range is not None else None,
+                        group_ids=batch.group[idx],
+                        dynamics=dynamics,
+                        global_tokens=global_tokens,
+                        global_sequences=global_seqs,
+                    )
                 )
                 if not torch.isfinite(out.loss):
                     bad = True

@@ -1,0 +1,82 @@
+"""The contract between methods and trainers: a vocabulary of inputs and of couplings.
+
+Every registry entry declares, where it is registered, which inputs it reads beyond its
+registry's base ones and how it couples the rows of a batch::
+
+    @OBJECTIVES.register("lpo", LPOParams, needs={Input.GROUP_IDS}, coupling=Coupling.GROUP)
+
+* ``needs``: inputs the entry cannot run without (a trainer that cannot provide one is
+  refused at config load, naming the entry and the input);
+* ``reads``: inputs it uses when present (e.g. ``mu_grpo`` takes an explicit trigger
+  position, else finds one itself);
+* ``coupling``: whether its output for a row depends on that row alone (``ROW``), on the
+  rows sharing its prompt (``GROUP``) or on the whole batch (``BATCH``). Coupling decides
+  how a trainer may split a batch into micro-batches and across ranks.
+
+Either may be a callable of the entry's params when it depends on them (``gate_dpo``
+needs whatever its base loss needs). A trainer declares the :class:`Input` s it provides
+and checks a recipe against them with :meth:`rlpost.core.presets.Recipe.check`. Entries
+only ever *see* the inputs they declared: :class:`rlpost.core.registry.Bound` hides the
+others (sets them to ``None``), so reading an undeclared input cannot go unnoticed, and the
+contract tests fill undeclared inputs with values that raise on use.
+
+Adding a new kind of input (teacher log-probs, say) is one member here, one field on the
+registry's input dataclass, and the trainers that can provide it; no method name appears
+anywhere outside its registration.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class Input(StrEnum):
+    """Named inputs an entry may read beyond its registry's base ones."""
+
+    MASK = "mask"  # [B, T] response-token mask (advantage estimators that need lengths)
+    VALUES = "values"  # [B, T] critic values V(s_t)
+    VECTOR_REWARDS = "vector_rewards"  # [B, K] reward components (+ weights, active mask)
+    BEHAVIOUR_LOGPROBS = "behaviour_logprobs"  # [B, T] log-probs of the sampled tokens
+    PROMPT_FEATURES = "prompt_features"  # [B, D] embeddings of each row's prompt
+    COMPLETION_FEATURES = "completion_features"  # [B, D] embeddings of each completion
+    TURNS = "turns"  # [B, T] turn index of each token and [B, U] per-turn signals
+    DYNAMICS = "dynamics"  # TrainingDynamics: progress, current and initial entropy
+    ROLLOUT_LOGPROBS = "rollout_logprobs"  # [B, T] the rollout engine's own log-probs
+    TOKEN_DISTS = "token_dists"  # [B, T, K] both policies' top-K (or full) distributions
+    ADVANTAGES = "advantages"  # [B] / [B, T] advantages (ratio / KL entries; the recipe's)
+    REF_LOGPROBS = "ref_logprobs"  # log-probs of a frozen reference policy
+    REF_ENTROPY = "ref_entropy"  # [B, T] entropy of the reference at each position
+    ENTROPY = "entropy"  # [B, T] entropy of the current policy at each position
+    CLIP_RANGE = "clip_range"  # [B, T] per-token clip half-width (an advantage's output)
+    GROUP_IDS = "group_ids"  # [B] prompt labels
+    TRIGGER_POS = "trigger_pos"  # [B] per-response trigger token (-1: none)
+    TOKEN_WEIGHTS = "token_weights"  # [B, T] detached per-token loss weights
+    LENGTHS = "lengths"  # [B] response lengths (preference losses)
+    AUX_GRADIENTS = "aux_gradients"  # [M, D] gradients on an auxiliary data set
+    GRAD_SAMPLES = "grad_samples"  # [K, D] per-micro-batch samples of the step gradient
+    PARAMETERS = "parameters"  # [D] the current parameters, flat
+    TASK_BOUNDARY = "task_boundary"  # a task of a continual sequence starts / ends
+
+
+class Coupling(IntEnum):
+    """How an entry's per-row output depends on the other rows (ordered: ROW < GROUP < BATCH).
+
+    ``ROW``: each row alone, so any split of the batch is exact. ``GROUP``: the rows that
+    share a prompt, so micro-batches and ranks must hold whole groups. ``BATCH``: a
+    statistic of every row passed in, so the whole step batch must be one call.
+    """
+
+    ROW = 0
+    GROUP = 1
+    BATCH = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class ContractError(ValueError):
+    """A recipe needs an input its trainer does not provide, or an entry read an input it
+    did not declare."""
+
+
+__all__ = ["ContractError", "Coupling", "Input"]

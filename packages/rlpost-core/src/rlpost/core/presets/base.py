@@ -1,0 +1,346 @@
+"""Presets: a paper's recipe as a combination of registry entries and hyper-parameters.
+
+A :class:`Preset` names one entry (with parameters) per registry plus the scalars that
+combine them (KL coefficient and placement, entropy bonus, group size, dynamic
+sampling) and the trainer schedules a method prescribes (Mu-GRPO's generation stages,
+REVA-PO's validation-anchored reset). ``Preset.build()`` validates every choice and
+returns a :class:`Recipe`, whose :meth:`Recipe.policy_loss` is the one call a trainer
+makes per micro-batch, with one :class:`PolicyBatch` of tensors by role:
+
+    log_ratio  = RATIOS[ratio](logp, old_logp, mask)
+    w, mask'   = CORRECTIONS[correction](old_logp, rollout_logp, mask)
+    l_tok      = OBJECTIVES[objective](logp, old_logp, A, mask', log_ratio, w)
+               + kl_coef * KL[kl](logp, ref_logp)        (when the KL is in the loss)
+               - entropy_coef * H                          (entropy bonus)
+    loss       = AGGREGATIONS[aggregation](l_tok, mask', global counts)
+
+The recipe is also the trainer's side of the contract (:mod:`rlpost.core.contract`):
+:meth:`Recipe.needs` lists each input the chosen entries need and who needs it,
+:meth:`Recipe.coupling` how far the loss couples rows, and :meth:`Recipe.check` refuses a
+trainer that cannot provide a needed input, naming the entry and the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from torch import Tensor
+
+from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput, TrainingDynamics
+from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
+from rlpost.core.contract import ContractError, Coupling, Input
+from rlpost.core.kl import KL_ESTIMATORS, KLInput
+from rlpost.core.masked import masked_mean
+from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
+from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput, TokenDistributions
+from rlpost.core.registry import Bound, RegistryError
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One registry entry and its parameters, e.g. ``Choice("ppo_clip", {"clip_high": 0.28})``."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+class PolicyLoss(NamedTuple):
+    loss: Tensor  # scalar to backpropagate (already globally normalised)
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """One micro-batch's tensors by role, the single argument of :meth:`Recipe.policy_loss`.
+
+    Shapes ``[B, T]`` (``B`` responses, ``T`` response tokens) unless noted. The first
+    four are always needed; the others only by the entries that declare them (pass what
+    your trainer has: entries never see inputs they did not declare).
+
+    * ``logp``: log pi_theta of the sampled tokens (differentiable);
+    * ``old_logp``: log pi_old, the behaviour policy as the trainer computes it (on-policy:
+      ``logp.detach()``);
+    * ``advantages``: ``[B]`` or ``[B, T]``; ``mask``: response-token mask;
+    * ``rollout_logp``: the rollout engine's own log-probs (importance corrections);
+    * ``ref_logp`` / ``ref_entropy``: log-probs and per-position entropy of the reference;
+    * ``entropy``: per-position entropy of the current policy (bonus, logging);
+    * ``clip_range``: per-token clip half-width (``AdvantageOutput.clip_range``);
+    * ``token_weights``: detached per-token weights multiplying the correction weights (so
+      they scale the policy-gradient term only); compute them on the whole step's batch,
+      then slice, to keep micro-batching exact;
+    * ``group_ids`` ``[B]`` prompt labels; ``trigger_pos`` ``[B]`` trigger token (-1: none);
+    * ``token_dists``: per-token distributions of both policies (``[B, T, K]``);
+    * ``dynamics``: :class:`TrainingDynamics` (progress; curriculum-scheduled objectives);
+    * ``global_tokens`` / ``global_sequences``: valid tokens / responses of the *whole*
+      step's batch, so that summed micro-batch gradients equal the full-batch gradient.
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    rollout_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    ref_entropy: Tensor | None = None
+    entropy: Tensor | None = None
+    clip_range: Tensor | None = None
+    token_weights: Tensor | None = None
+    group_ids: Tensor | None = None
+    trigger_pos: Tensor | None = None
+    token_dists: TokenDistributions | None = None
+    dynamics: TrainingDynamics | None = None
+    global_tokens: float | None = None
+    global_sequences: float | None = None
+
+    def __post_init__(self) -> None:
+        tw = self.token_weights
+        if tw is not None and tw.shape != self.logp.shape:
+            raise ValueError(
+                f"token_weights must be [B, T] {tuple(self.logp.shape)}, got {tuple(tw.shape)}"
+            )
+
+
+#: where each input a loss entry may need lives on :class:`PolicyBatch`
+BATCH_FIELDS: dict[Input, str] = {
+    Input.ROLLOUT_LOGPROBS: "rollout_logp",
+    Input.REF_LOGPROBS: "ref_logp",
+    Input.REF_ENTROPY: "ref_entropy",
+    Input.ENTROPY: "entropy",
+    Input.CLIP_RANGE: "clip_range",
+    Input.TOKEN_WEIGHTS: "token_weights",
+    Input.GROUP_IDS: "group_ids",
+    Input.TRIGGER_POS: "trigger_pos",
+    Input.TOKEN_DISTS: "token_dists",
+    Input.DYNAMICS: "dynamics",
+}
+# produced inside the recipe itself: the advantages it passes to ratio / KL entries
+_INTERNAL = frozenset({Input.ADVANTAGES})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Bound registry entries of a validated preset."""
+
+    preset: Preset
+    advantage: Bound
+    ratio: Bound
+    correction: Bound
+    objective: Bound
+    aggregation: Bound
+    kl: Bound | None
+
+    # ------------------------------------------------------------------ the contract
+    @property
+    def kl_in_loss(self) -> bool:
+        p = self.preset
+        return self.kl is not None and p.kl_coef > 0 and not p.kl_in_reward
+
+    @property
+    def kl_in_reward(self) -> bool:
+        p = self.preset
+        return self.kl is not None and p.kl_coef > 0 and p.kl_in_reward
+
+    def loss_entries(self) -> tuple[Bound, ...]:
+        """The entries :meth:`policy_loss` calls (per micro-batch)."""
+        kl = (self.kl,) if self.kl_in_loss and self.kl is not None else ()
+        return (self.ratio, self.correction, self.objective, *kl, self.aggregation)
+
+    def entries(self) -> tuple[Bound, ...]:
+        return (self.advantage, *self.loss_entries())
+
+    def _declared(self, attr: str) -> dict[Input, list[str]]:
+        out: dict[Input, list[str]] = {}
+        for e in self.entries():
+            for i in getattr(e, attr):
+                if i not in _INTERNAL:
+                    out.setdefault(i, []).append(str(e))
+        if self.kl is not None and self.preset.kl_coef > 0:
+            out.setdefault(Input.REF_LOGPROBS, []).append(f"the KL term ({self.kl})")
+        if self.preset.entropy_coef != 0:
+            out.setdefault(Input.ENTROPY, []).append(f"preset {self.preset.name!r}'s entropy bonus")
+        return out
+
+    def needs(self) -> dict[Input, list[str]]:
+        """Each input the recipe cannot run without, and the entries that need it."""
+        return self._declared("needs")
+
+    def reads(self) -> dict[Input, list[str]]:
+        """Each input any entry uses (needed or optional): what a trainer should compute."""
+        return self._declared("reads")
+
+    def coupling(self) -> Coupling:
+        """The strongest coupling of the per-micro-batch loss (ROW: any split is exact)."""
+        return max(e.coupling for e in self.loss_entries())
+
+    def advantage_coupling(self) -> Coupling:
+        return self.advantage.coupling
+
+    def check(self, provides: Iterable[Input], who: str = "this trainer") -> None:
+        """Raise :class:`ContractError` naming every needed input ``who`` does not provide
+        and the entries that need it."""
+        have = set(provides)
+        missing = {i: by for i, by in self.needs().items() if i not in have}
+        if missing:
+            parts = [f"{', '.join(by)} needs {i}" for i, by in missing.items()]
+            raise ContractError(
+                f"preset {self.preset.name!r}: {'; '.join(parts)}, which {who} does not "
+                f"provide (it provides: {', '.join(sorted(have)) or 'nothing optional'})"
+            )
+
+    # ------------------------------------------------------------------ the calls
+    def advantages(self, inp: AdvantageInput) -> AdvantageOutput:
+        return self.advantage(inp)
+
+    def policy_loss(self, batch: PolicyBatch) -> PolicyLoss:
+        """Scalar loss of one micro-batch (see :class:`PolicyBatch` for its fields).
+
+        A loss entry coupling the rows of a group (``conspo``, ``lpo``) needs whole groups
+        in the call: every label of ``group_ids`` must occur exactly ``preset.group_size``
+        times, else this raises (a group split across micro-batches would silently become
+        two smaller groups and the summed gradients would not equal the full batch's). One
+        coupling the whole batch (``ess_adaptive``) needs the whole step's batch in one call
+        (checked against ``global_sequences`` when given).
+        """
+        b, p = batch, self.preset
+        for i, by in self.needs().items():
+            if i in BATCH_FIELDS and getattr(b, BATCH_FIELDS[i]) is None:
+                raise ContractError(
+                    f"preset {p.name!r}: {', '.join(by)} needs {i}: pass "
+                    f"PolicyBatch.{BATCH_FIELDS[i]}"
+                )
+        self._check_coupling(b)
+        rin = RatioInput(
+            b.logp, b.old_logp, b.mask, b.rollout_logp, advantages=b.advantages, dists=b.token_dists
+        )
+        ratio = self.ratio(rin)
+        corr = self.correction(rin)
+        w = corr.weights if b.token_weights is None else corr.weights * b.token_weights.detach()
+        obj = self.objective(
+            ObjectiveInput(
+                b.logp,
+                b.old_logp,
+                b.advantages,
+                corr.mask,
+                ratio.log_ratio,
+                w,
+                clip_range=b.clip_range,
+                group_ids=b.group_ids,
+                trigger_pos=b.trigger_pos,
+                dynamics=b.dynamics,
+            )
+        )
+        tok = obj.loss
+        metrics = {**ratio.metrics, **corr.metrics, **obj.metrics}
+        m = corr.mask
+        if self.kl_in_loss and self.kl is not None:
+            kin = KLInput(b.logp, b.ref_logp, m, advantages=b.advantages, ref_entropy=b.ref_entropy)
+            kl = self.kl(kin).kl
+            tok = tok + p.kl_coef * kl
+            metrics["kl"] = masked_mean(kl.detach(), m).item()
+        if p.entropy_coef != 0:
+            tok = tok - p.entropy_coef * b.entropy * m
+        if b.entropy is not None:
+            metrics["entropy"] = masked_mean(b.entropy.detach(), m).item()
+        agg = self.aggregation(AggregationInput(tok, m, b.global_tokens, b.global_sequences))
+        return PolicyLoss(agg.loss, metrics)
+
+    def _check_coupling(self, b: PolicyBatch) -> None:
+        c, p = self.coupling(), self.preset
+        if c == Coupling.GROUP and b.group_ids is not None and b.group_ids.numel():
+            labels, counts = b.group_ids.unique(return_counts=True)
+            if (counts != p.group_size).any():
+                bad = (counts != p.group_size).nonzero().flatten()[:5]
+                raise ValueError(
+                    f"group_ids: group(s) {labels[bad].tolist()} have {counts[bad].tolist()} "
+                    f"responses in this micro-batch, preset {p.name!r} has group_size "
+                    f"{p.group_size}: split micro-batches on group boundaries (whole groups)"
+                )
+        if c == Coupling.BATCH and b.global_sequences is not None:
+            rows = int((b.mask.sum(1) > 0).sum())
+            if rows < b.global_sequences:
+                who = [str(e) for e in self.loss_entries() if e.coupling == Coupling.BATCH]
+                raise ValueError(
+                    f"{', '.join(who)} reads a statistic of the whole step batch, but this call "
+                    f"holds {rows} of its {b.global_sequences:g} responses: pass the whole "
+                    "batch in one policy_loss call"
+                )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named recipe citing its paper; see the module docstring for how it composes.
+
+    ``stages``: Mu-GRPO's schedule (000-17): training runs in this many large stages; each
+    generates all of its steps' rollouts with the stage's starting policy, then optimises
+    on them in turn (1: ordinary on-policy steps). ``validation_reset``: REVA-PO's VAPR
+    (004-09): at every evaluation the policy and the reference are reset to the best
+    validation checkpoint so far when the current one is worse.
+    """
+
+    name: str
+    paper: str
+    catalog_id: str
+    advantage: Choice
+    objective: Choice
+    aggregation: Choice
+    ratio: Choice = Choice("token")
+    correction: Choice = Choice("none")
+    kl: Choice | None = None
+    kl_coef: float = 0.0
+    kl_in_reward: bool = False  # True: -kl_coef * KL enters the token rewards instead
+    entropy_coef: float = 0.0
+    group_size: int = 8
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill
+    stages: int = 1
+    validation_reset: bool = False
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kl_coef < 0:
+            raise ValueError(f"preset {self.name!r}: kl_coef must be >= 0")
+        if self.kl_coef > 0 and self.kl is None:
+            raise ValueError(f"preset {self.name!r}: kl_coef > 0 needs a kl estimator")
+        if self.group_size < 1:
+            raise ValueError(f"preset {self.name!r}: group_size must be >= 1")
+        if self.stages < 1:
+            raise ValueError(f"preset {self.name!r}: stages must be >= 1")
+
+    def replace(self, **changes: Any) -> Preset:
+        return dataclasses.replace(self, **changes)
+
+    def build(self) -> Recipe:
+        def bind(reg, c: Choice) -> Bound:
+            return reg.build(c.name, **dict(c.params))
+
+        return Recipe(
+            self,
+            bind(ADVANTAGES, self.advantage),
+            bind(RATIOS, self.ratio),
+            bind(CORRECTIONS, self.correction),
+            bind(OBJECTIVES, self.objective),
+            bind(AGGREGATIONS, self.aggregation),
+            bind(KL_ESTIMATORS, self.kl) if self.kl is not None else None,
+        )
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def register_preset(preset: Preset) -> Preset:
+    if preset.name in PRESETS:
+        raise RegistryError(f"preset {preset.name!r} is already registered")
+    preset.build()  # validate every choice now, not at training time
+    PRESETS[preset.name] = preset
+    return preset
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise RegistryError(
+            f"unknown preset {name!r}; valid names: {', '.join(sorted(PRESETS))}"
+        ) from None
