@@ -16,8 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlpost.core.contract import Coupling, Input
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.optim import OPTIMIZERS
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
+from rlpost.core.regularizers import REGULARIZERS
+from rlpost.core.weights import TOKEN_WEIGHTINGS
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -49,14 +52,45 @@ class ModelConfig(_Strict):
     the prompt is processed once instead of N times. Needs a model that accepts 4D masks."""
 
 
+TaskName = Literal["arithmetic", "countdown"]
+
+
+class TaskStage(_Strict):
+    """One task of a continual sequence (``data.curriculum``)."""
+
+    task: TaskName
+    task_params: dict[str, Any] = {}
+    steps: int = Field(ge=1)
+
+
 class DataConfig(_Strict):
-    task: Literal["arithmetic", "countdown"] = "arithmetic"
+    task: TaskName = "arithmetic"
     task_params: dict[str, Any] = {}
     path: str | None = None
     """Local JSONL / parquet with "prompt" and "answer" columns (scored by math-verify);
     overrides ``task`` for the training prompts."""
     eval_size: int = Field(256, ge=1)
     seed: int = 0
+    curriculum: list[TaskStage] = []
+    """A sequence of tasks trained one after the other (continual post-training, e.g. with
+    the ``cpo`` regulariser): stage ``i`` runs ``steps`` steps on its task; held-out
+    accuracy is logged for every task of the sequence (``eval/<i>-<task>/accuracy``)."""
+
+    @model_validator(mode="after")
+    def _check_curriculum(self) -> DataConfig:
+        if self.curriculum and self.path is not None:
+            raise ValueError("data.curriculum and data.path are exclusive")
+        return self
+
+
+class AuxDataConfig(_Strict):
+    """Supervised examples (prompt + reference answer) of an auxiliary data set: GAC's SFT
+    data, Dr. Post-Training's general data."""
+
+    task: TaskName = "arithmetic"
+    task_params: dict[str, Any] = {}
+    path: str | None = None  # JSONL / parquet with "prompt" and "answer" columns
+    seed: int = 1
 
 
 class RolloutConfig(_Strict):
@@ -76,11 +110,43 @@ class ChoiceConfig(_Strict):
     params: dict[str, Any] = {}
 
 
+class CriticConfig(_Strict):
+    """The value model, built when the recipe needs critic values (``gae``: PPO, SAO)."""
+
+    model: str = "policy"
+    """"policy": a copy of the policy's decoder (its weights at the start); else a local
+    path or hub id of a causal LM whose decoder carries the value head."""
+    lora: LoraConfig | None = None
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip: float | None = Field(0.2, gt=0)
+    """PPO value clipping: V stays within +-clip of the values the advantages used."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    """Steps at the start during which only the critic trains (the policy is not updated)."""
+
+
+class RegularizerConfig(_Strict):
+    """A gradient regulariser (``rlpost.core.regularizers.REGULARIZERS``: gac,
+    dr_post_training, cpo) applied to every policy update."""
+
+    name: str
+    params: dict[str, Any] = {}
+    data: AuxDataConfig | None = None
+    """The auxiliary data set for entries that need auxiliary gradients (GAC's SFT data,
+    Dr. Post-Training's general data)."""
+    batches: int = Field(4, ge=1)
+    """M: auxiliary batches (one gradient each) per update."""
+    batch_size: int = Field(16, ge=1)
+
+
 # the inputs of the method/trainer contract (rlpost.core.contract) this trainer computes
-# for any recipe that reads them
+# for any recipe that reads them; provided_inputs adds those that depend on the config
 PROVIDES = frozenset(
     {
         Input.MASK,
+        Input.VALUES,  # the critic (built when an entry needs values; `critic` section)
+        Input.TOKEN_DISTS,  # top-K of the behaviour policy and the current one (algo.topk)
         Input.BEHAVIOUR_LOGPROBS,  # the engine's log-probs of the sampled tokens
         Input.PROMPT_FEATURES,  # mean-pooled last hidden state over the prompt
         Input.COMPLETION_FEATURES,  # ... over the completion
@@ -91,13 +157,33 @@ PROVIDES = frozenset(
         Input.ENTROPY,
         Input.GROUP_IDS,
         Input.CLIP_RANGE,  # whatever the advantage estimator returns
+        Input.GRAD_SAMPLES,  # per-micro-batch gradients (with >= 2 micro-batches)
+        Input.PARAMETERS,
     }
 )
 
 
+# how to make the trainer provide the inputs that depend on the config
+HINTS = {
+    Input.VECTOR_REWARDS: "set two or more reward.funcs, e.g. reward.funcs='[{name: "
+    "correct}, {name: format}]'",
+    Input.AUX_GRADIENTS: "set regularizer.data (the auxiliary data set)",
+    Input.TASK_BOUNDARY: "set data.curriculum (a sequence of tasks)",
+}
+
+
 def provided_inputs(cfg: Config) -> frozenset[Input]:
-    """What the GRPO-family trainer provides under ``cfg``."""
-    return PROVIDES
+    """What the GRPO-family trainer provides under ``cfg``: :data:`PROVIDES`, vector rewards
+    with two or more ``reward.funcs``, auxiliary gradients with ``regularizer.data``, task
+    boundaries with ``data.curriculum``."""
+    extra = set()
+    if len(cfg.reward.funcs) >= 2:
+        extra.add(Input.VECTOR_REWARDS)
+    if cfg.regularizer is not None and cfg.regularizer.data is not None:
+        extra.add(Input.AUX_GRADIENTS)
+    if cfg.data.curriculum:
+        extra.add(Input.TASK_BOUNDARY)
+    return PROVIDES | extra
 
 
 class AlgoConfig(_Strict):
@@ -111,6 +197,17 @@ class AlgoConfig(_Strict):
     kl_coef: float | None = Field(None, ge=0)
     entropy_coef: float | None = None
     dynamic_sampling: bool | None = None
+    stages: int | None = Field(None, ge=1)
+    """Mu-GRPO's large generation-optimisation stages (None: the preset's)."""
+    validation_reset: bool | None = None
+    """REVA-PO's VAPR (None: the preset's)."""
+    token_weights: ChoiceConfig | None = None
+    """Per-token loss weights from attention entropy (catalog 001-08): an
+    ``rlpost.core.weights.TOKEN_WEIGHTINGS`` entry (anchors, explorers, random_subset,
+    dynamic); the maps come from an extra no-grad forward with eager attention."""
+    topk: int = Field(16, ge=1)
+    """K of the per-token top-K distributions for entries that read them
+    (``predictive_divergence_mask``)."""
 
     def build_preset(
         self, group_size: int | None = None, max_new_tokens: int | None = None
@@ -121,7 +218,7 @@ class AlgoConfig(_Strict):
             c = getattr(self, key)
             if c is not None:
                 changes[key] = Choice(c.name, dict(c.params))
-        for key in ("kl_coef", "entropy_coef", "dynamic_sampling"):
+        for key in ("kl_coef", "entropy_coef", "dynamic_sampling", "stages", "validation_reset"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
         if group_size is not None:
@@ -137,14 +234,34 @@ class AlgoConfig(_Strict):
 
 
 class OptimConfig(_Strict):
+    name: str = "adamw"
+    """An ``rlpost.core.optim.OPTIMIZERS`` entry: ``adamw``, ``muon`` or ``pion`` (the matrix
+    optimisers update hidden-layer matrices at ``params.matrix_lr`` and the embeddings,
+    head, norms and biases with AdamW at ``lr``)."""
+    params: dict[str, Any] = {}
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW's (also the matrix optimisers' AdamW part)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
     updates_per_batch: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check_optimizer(self) -> OptimConfig:
+        try:
+            self.entry_params()
+        except RegistryError as exc:
+            raise ValueError(f"optim: {exc}") from exc
+        return self
+
+    def entry_params(self) -> dict[str, Any]:
+        """The validated parameters of the ``OPTIMIZERS`` entry (``betas`` from here unless
+        ``params`` sets them)."""
+        params = {"betas": tuple(self.betas), **self.params}
+        OPTIMIZERS.build(self.name, **params)
+        return params
 
 
 class TrainConfig(_Strict):
@@ -158,9 +275,36 @@ class TrainConfig(_Strict):
     max_staleness: int = Field(1, ge=0)
 
 
+class RewardFunction(_Strict):
+    name: str
+    """"correct": the task's verifier (math-verify for ``data.path`` files); "format": a
+    well-formed answer (non-empty, answer characters only); else "package.module:function"
+    with the signature ``fn(completion: str, example) -> float`` (module level, picklable)."""
+    weight: float = 1.0
+
+
 class RewardConfig(_Strict):
     workers: int = Field(2, ge=0)
     timeout_s: float = Field(5.0, gt=0)
+    funcs: list[RewardFunction] = [RewardFunction(name="correct")]
+    """The reward functions (TRL's ``reward_funcs`` / ``reward_weights``): the scalar reward
+    is their weighted sum; estimators of vector rewards (vpo, rdpo) get the components.
+    Each is logged (``reward/<name>/mean``); accuracy is the "correct" component."""
+
+    @model_validator(mode="after")
+    def _check_funcs(self) -> RewardConfig:
+        names = [f.name for f in self.funcs]
+        if not names:
+            raise ValueError("reward.funcs: at least one reward function")
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward.funcs: duplicate names {names}")
+        for n in names:
+            if n not in ("correct", "format") and ":" not in n:
+                raise ValueError(
+                    f"reward.funcs: unknown reward {n!r}; use 'correct', 'format' or "
+                    "'package.module:function'"
+                )
+        return self
 
 
 class RunConfig(_Strict):
@@ -182,6 +326,8 @@ class Config(_Strict):
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     reward: RewardConfig = RewardConfig()
+    critic: CriticConfig = CriticConfig()
+    regularizer: RegularizerConfig | None = None
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -192,7 +338,9 @@ class Config(_Strict):
             raise ValueError(f"algo: {exc}") from exc
         preset = self.preset()
         recipe = preset.build()
-        recipe.check(provided_inputs(self), who="the rlpost-llm trainer with this config")
+        recipe.check(
+            provided_inputs(self), who="the rlpost-llm trainer with this config", hints=HINTS
+        )
         n = preset.group_size  # the rollout's, else the preset's
         rows = self.rollout.prompts_per_step * n
         coupling = recipe.coupling()
@@ -209,9 +357,44 @@ class Config(_Strict):
                 f"optim.micro_batch_size ({self.optim.micro_batch_size}) must be a multiple "
                 f"of rollout.group_size ({n})"
             )
+        self._check_options(preset, rows)
         if self.train.async_rollouts and self.rollout.engine == "vllm":
             raise ValueError("train.async_rollouts: supported with the hf engine only")
         return self
+
+    def _check_options(self, preset: Preset, rows: int) -> None:
+        """Token weightings, the regulariser and the schedules against this trainer."""
+        have = provided_inputs(self)
+        mbs = self.optim.micro_batch_size
+        for where, reg, c in (
+            ("algo.token_weights", TOKEN_WEIGHTINGS, self.algo.token_weights),
+            ("regularizer", REGULARIZERS, self.regularizer),
+        ):
+            if c is None:
+                continue
+            try:
+                bound = reg.build(c.name, **dict(c.params))
+            except RegistryError as exc:
+                raise ValueError(f"{where}: {exc}") from exc
+            lacking = sorted(bound.needs - have)
+            if lacking:
+                raise ValueError(
+                    f"{where}: {bound} needs {', '.join(lacking)}: "
+                    + "; ".join(HINTS.get(i, "not provided by this trainer") for i in lacking)
+                )
+            if Input.GRAD_SAMPLES in bound.needs and mbs >= rows:
+                raise ValueError(
+                    f"{where}: {bound} needs per-micro-batch gradient samples: "
+                    f"optim.micro_batch_size ({mbs}) must be below the {rows} rows of a step"
+                )
+        if preset.stages > 1 and self.train.async_rollouts:
+            raise ValueError("algo.stages > 1 (Mu-GRPO) and train.async_rollouts are exclusive")
+        if preset.validation_reset and not self.run.eval_every:
+            raise ValueError("validation_reset (REVA-PO's VAPR) needs run.eval_every > 0")
+
+    def train_steps(self) -> int:
+        """Total steps: the curriculum's when one is set, else ``train.steps``."""
+        return sum(s.steps for s in self.data.curriculum) or self.train.steps
 
     def preset(self) -> Preset:
         return self.algo.build_preset(self.rollout.group_size, self.rollout.max_new_tokens)

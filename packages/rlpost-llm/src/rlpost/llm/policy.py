@@ -140,9 +140,15 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     impl: str = "auto",
-) -> tuple[Tensor, Tensor]:
+    dists: int | Tensor | None = None,
+) -> tuple[Tensor, ...]:
     """log pi(y_t | x, y_<t) and the entropy of pi(. | x, y_<t) for every completion
     position, ``[B, L]`` float32, at the sampling temperature.
+
+    ``dists``: also return ``(ids, logp)`` ``[B, L, K]`` (detached) of a per-token
+    distribution: with an int ``K`` the policy's top-K ids and their log-probs, with a
+    ``[B, L, K]`` id tensor the log-probs of those ids (the other policy's top-K), computed
+    in row chunks from the full log-softmax (for ``TokenDistributions``).
 
     ``impl="fused"`` runs the decoder and feeds its last hidden states and the LM-head
     weight to :func:`rlpost.kernels.ops.linear_logprob.linear_logprob_entropy` (Triton on
@@ -160,7 +166,7 @@ def completion_logprobs(
         raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
     targets = sb.targets.to(dev)
     if sb.packed is not None:
-        return _packed_logprobs(model, sb, head, targets, temperature, chunk_size)
+        return _packed_logprobs(model, sb, head, targets, temperature, chunk_size, dists)
     inputs = {
         "input_ids": sb.input_ids.to(dev),
         "attention_mask": sb.attention_mask.to(dev),
@@ -183,6 +189,7 @@ def completion_logprobs(
         temperature,
         chunk_size,
         {"logits_to_keep": L + 1},
+        dists=dists,
     )
 
 
@@ -196,7 +203,8 @@ def _head_logprobs(
     chunk: int,
     logits_kwargs: dict | None = None,
     mode=None,
-) -> tuple[Tensor, Tensor]:
+    dists: int | Tensor | None = None,
+) -> tuple[Tensor, ...]:
     """One forward (inside ``mode``, a context manager), then log-probs / entropies
     ``[B, L]`` of ``targets``: through the fused kernel op from the decoder's hidden states
     when ``head`` (see :func:`fused_head`), else from the logits (called with
@@ -214,14 +222,49 @@ def _head_logprobs(
 
         flat = selects[0](hidden).reshape(B * L, -1)
         logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
-        return logp.view(B, L), ent.view(B, L)
-    res = logprobs_and_entropy(
-        selects[1](logits), targets, chunk_size=chunk, temperature=temperature
-    )
-    return res.logp, res.entropy
+        out = (logp.view(B, L), ent.view(B, L))
+        if dists is None:
+            return out
+
+        def chunk_logits(s: slice) -> Tensor:
+            return flat[s].detach() @ weight.detach().T
+
+        return (*out, _dist_logprobs(chunk_logits, B, L, dists, temperature, chunk))
+    sel = selects[1](logits)
+    res = logprobs_and_entropy(sel, targets, chunk_size=chunk, temperature=temperature)
+    if dists is None:
+        return res.logp, res.entropy
+    flat_logits = sel.detach().reshape(B * L, -1)
+    extra = _dist_logprobs(lambda s: flat_logits[s], B, L, dists, temperature, chunk)
+    return res.logp, res.entropy, extra
 
 
-def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int):
+def _dist_logprobs(
+    chunk_logits, B: int, L: int, dists: int | Tensor, temperature: float, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """``(ids, logp)`` ``[B, L, K]``: the top-K (``dists`` an int) or the given ids' log-probs
+    under ``log_softmax(logits / temperature)``, from row chunks of ``[N, V]`` logits."""
+    ids_in = None if isinstance(dists, int) else dists.reshape(B * L, -1)
+    out_ids, out_lp = [], []
+    with torch.no_grad():
+        for s in range(0, B * L, chunk):
+            sl = slice(s, s + chunk)
+            lsm = (chunk_logits(sl).float() / temperature).log_softmax(-1)
+            if ids_in is None:
+                k = min(int(dists), lsm.shape[-1])
+                vals, ids = lsm.topk(k, dim=-1)
+            else:
+                ids = ids_in[sl].to(lsm.device)
+                vals = lsm.gather(-1, ids)
+            out_ids.append(ids)
+            out_lp.append(vals)
+    K = out_ids[0].shape[-1] if out_ids else 0
+    return torch.cat(out_ids).view(B, L, K), torch.cat(out_lp).view(B, L, K)
+
+
+def _packed_logprobs(
+    model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int, dists=None
+):
     """Shared-prompt packed forward: one sequence per prompt, the shared-prompt attention
     function (or a dense 4D mask for non-transformers models), gathered outputs."""
     from rlpost.llm.packing import shared_prompt_attention_mode, supports_shared_attention
@@ -247,5 +290,5 @@ def _packed_logprobs(model, sb: SeqBatch, head, targets: Tensor, temperature: fl
         return x.reshape(-1, x.shape[-1])[idx]
 
     return _head_logprobs(
-        model, inputs, head, (select, select), targets, temperature, chunk, mode=mode
+        model, inputs, head, (select, select), targets, temperature, chunk, mode=mode, dists=dists
     )

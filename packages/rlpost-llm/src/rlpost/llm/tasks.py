@@ -34,6 +34,7 @@ __all__ = [
     "Example",
     "Task",
     "extract_answer",
+    "format_reward",
     "make_task",
     "safe_eval",
 ]
@@ -299,3 +300,19 @@ def make_task(name: str, **params: Any) -> Task:
             f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}"
         ) from None
     return cls(**params)
+
+
+# ----------------------------------------------------------------------------- format
+
+_WELL_FORMED = re.compile(r"[0-9+\-*() ]+")
+
+
+def format_reward(completion: str, example: Example) -> float:
+    """1.0 iff the answer part of ``completion`` (:func:`extract_answer`) is non-empty,
+    uses only answer characters (digits, ``+ - * ( )`` and spaces) and is no longer than
+    twice the reference answer, else 0.0: a well-formed, concise answer, right or wrong
+    (``reward.funcs`` name ``format``; a second reward component for vector-reward
+    estimators)."""
+    ans = extract_answer(completion)
+    ok = bool(ans) and _WELL_FORMED.fullmatch(ans) is not None
+    return 1.0 if ok and len(ans) <= 2 * max(1, len(example.answer)) else 0.0

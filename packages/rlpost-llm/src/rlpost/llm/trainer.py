@@ -4,30 +4,38 @@ One step::
 
     prompts  = source.next_batch(prompts_per_step)                 (resumable position)
     rollouts = engine.generate(prompts, n=group_size)              (+ engine log-probs)
-    rewards  = RewardPool.score(...)                               (worker processes, time limit)
+    rewards  = RewardPool.score(...)             (reward.funcs in worker processes, time limit)
     dynamic sampling: drop groups whose rewards are all equal, refill up to max_refill rounds
     overlong masking: responses cut by max_new_tokens leave the loss (not the advantages)
-    A        = recipe.advantages(rewards, groups, mask[, -beta KL token rewards])
+    A        = recipe.advantages(rewards, groups, mask, + the inputs the estimator reads)
     for each update and micro-batch:
         logp, H = trainer forward (chunked log-softmax at the sampling temperature)
-        loss    = recipe.policy_loss(PolicyBatch(logp, old, A, mask, rollout_logp, ref_logp,
-                                     ..., global_tokens, global_sequences))  # by role
-        loss.backward()
-    (all-reduce gradients across ranks) -> clip -> step (skipped if loss / grad is not finite)
+        loss    = recipe.policy_loss(PolicyBatch(logp, old, A, mask, ..., global counts))
+        loss.backward()                    (and the critic's value loss, when there is one)
+    (regulariser on the flat gradient) -> (all-reduce across ranks) -> clip -> step
 
 Any :mod:`rlpost.core` preset plugs in unchanged: the trainer computes the optional inputs
 the recipe's entries declare they read (:meth:`rlpost.core.presets.Recipe.reads`), and the
 config refuses at load a recipe needing one it cannot provide
-(:data:`rlpost.llm.config.PROVIDES`). Asynchronous "one-step-off" mode
-generates step t+1's rollouts on a weight snapshot in a background thread while step t
-trains; every batch carries the policy version that generated it and the staleness bound
-is enforced. Data parallelism: rank 0 generates and scores, the batch is broadcast, each
-rank trains on its slice, and gradients are summed with ``all_reduce`` so a W-process run
-equals a 1-process run with the same global batch.
+(:func:`rlpost.llm.config.provided_inputs`): critic values come from a value model built
+when an entry needs them (:mod:`rlpost.llm.critic`), vector rewards from several
+``reward.funcs``, per-token top-K distributions from the trainer's own forwards, features
+and attention maps from no-grad forwards (:mod:`rlpost.llm.provide`). The preset's
+schedules run here too: Mu-GRPO's large stages (``Preset.stages``) and REVA-PO's
+validation-anchored reset (``Preset.validation_reset``), plus the optimiser choice
+(``optim.name``), a gradient regulariser (``regularizer``) and a task curriculum
+(``data.curriculum``).
+
+Asynchronous "one-step-off" mode generates step t+1's rollouts on a weight snapshot in a
+background thread while step t trains; every batch carries the policy version that
+generated it and the staleness bound is enforced. Data parallelism: rank 0 generates and
+scores, the batch is broadcast, each rank trains on its slice, and gradients are summed
+with ``all_reduce`` so a W-process run equals a 1-process run with the same global batch.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import time
@@ -42,32 +50,49 @@ from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.contract import Coupling, Input
-from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlpost.core.io.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_tensors,
+    save_checkpoint,
+)
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
 from rlpost.core.presets import PolicyBatch
+from rlpost.core.regularizers import REGULARIZERS, GradientInput, flat_grad, set_flat_grad_
+from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
+from rlpost.llm.aux_data import AuxData, aux_gradients
 from rlpost.llm.config import Config
+from rlpost.llm.critic import ValueModel, explained_variance
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
-from rlpost.llm.policy import (
-    Reference,
-    completion_logprobs,
-    fused_head,
-    load_policy,
-    make_seq_batch,
-)
+from rlpost.llm.optim import build_optimizer
+from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_distributions
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
-from rlpost.llm.tasks import Example
+from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
+from rlpost.llm.tasks import Example, format_reward
 
 
 @dataclass
 class Collected:
     batch: RolloutBatch
     examples: list[Example]  # one per row
-    rewards: Tensor  # [N]
-    accuracy: Tensor  # [N] verifier score
+    rewards: Tensor  # [N] weighted sum of the reward functions
+    components: Tensor  # [N, K] one column per reward function (reward.funcs order)
+    accuracy: Tensor  # [N] the verifier ("correct" component) solved the example
     metrics: dict[str, float]
+    old_logp: Tensor | None = None  # [N, L] behaviour log-probs taken at generation (stages)
+
+
+@dataclass
+class Forward:
+    """One no-grad pass of a policy over a rollout batch (all ``[N, L]``, masked)."""
+
+    logp: Tensor
+    entropy: Tensor | None = None
+    dists: tuple[Tensor, Tensor] | None = None  # (ids, logp) [N, L, K]
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int):
@@ -98,6 +123,25 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return sd
 
 
+def import_reward(spec: str):
+    """``"package.module:function"`` -> the function (a picklable module-level callable)."""
+    mod, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward.funcs: cannot import {spec!r}: {exc}") from exc
+    if not callable(fn):
+        raise ValueError(f"reward.funcs: {spec!r} is not callable")
+    return fn
+
+
+def _split_state(state: dict[str, Any], prefix: str) -> tuple[dict[str, Tensor], dict]:
+    """A regulariser state as (tensors for safetensors, JSON for the rest)."""
+    tensors = {f"{prefix}.{k}": v for k, v in state.items() if isinstance(v, Tensor)}
+    rest = {k: v for k, v in state.items() if not isinstance(v, Tensor)}
+    return tensors, rest
+
+
 class Trainer:
     def __init__(
         self,
@@ -118,12 +162,16 @@ class Trainer:
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.main = self.rank == 0
-        coupling = cfg.preset().build().coupling()
+        self.preset = cfg.preset()
+        self.recipe = self.preset.build()
+        coupling = self.recipe.coupling()
         if self.world > 1 and coupling > Coupling.ROW:
             raise ValueError(
-                f"preset {cfg.preset().name!r}'s loss couples the rows of a {coupling}, but "
+                f"preset {self.preset.name!r}'s loss couples the rows of a {coupling}, but "
                 "data-parallel ranks take strided rows: run it on one process"
             )
+        if self.world > 1 and cfg.regularizer is not None:
+            raise ValueError("regularizer: supported on one process only")
         self.run_dir = Path(cfg.run.dir)
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,41 +180,58 @@ class Trainer:
         if model is None:
             model, tokenizer = load_policy(cfg, progress=cfg.run.progress and self.main)
         self.model, self.tok = model, tokenizer
-        self.preset = cfg.preset()
-        self.recipe = self.preset.build()
         self.reads = set(self.recipe.reads())  # the optional inputs worth computing
-        self.source = make_prompt_source(
+        self.curriculum = (
+            CurriculumSource(list(cfg.data.curriculum), cfg.data.eval_size, cfg.data.seed)
+            if cfg.data.curriculum
+            else None
+        )
+        self.source = self.curriculum or make_prompt_source(
             cfg.data.task,
             dict(cfg.data.task_params),
             cfg.data.path,
             cfg.data.eval_size,
             cfg.data.seed,
         )
+        self.total_steps = cfg.train_steps()
         self.kl_in_loss = self.recipe.kl_in_loss
         self.kl_in_reward = self.recipe.kl_in_reward
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
-        params = [q for q in model.parameters() if q.requires_grad]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
-        )
+        self.optimizer = build_optimizer(model, o)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(o.schedule, o.warmup_steps, cfg.train.steps)
+            self.optimizer, _lr_lambda(o.schedule, o.warmup_steps, self.total_steps)
         )
+        self.critic = (
+            ValueModel(cfg.critic, model, cfg.model.dtype) if Input.VALUES in self.reads else None
+        )
+        tw = cfg.algo.token_weights
+        self.token_weighting = (
+            TOKEN_WEIGHTINGS.build(tw.name, **dict(tw.params)) if tw is not None else None
+        )
+        rc = cfg.regularizer
+        self.regularizer = REGULARIZERS.build(rc.name, **dict(rc.params)) if rc else None
+        self.reg_state: dict[str, Any] = {}
+        self.aux = AuxData(rc.data) if rc is not None and rc.data is not None else None
+        self.stage_len = math.ceil(self.total_steps / self.preset.stages)
+        self.stages = StageBuffer() if self.preset.stages > 1 else None
+        self.anchor = ValidationAnchor(self.run_dir) if self.preset.validation_reset else None
         r = cfg.rollout
         self.sampling = SamplingParams(
             r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop)
         )
         self.engine = engine
         self.pool = None
+        self.reward_names = [f.name for f in cfg.reward.funcs]
         if self.main:
             if self.engine is None:
                 self.engine = self._make_engine()
-            fn = reward_fn or (
-                self.source.task.score if cfg.data.path is None else math_verify_reward
-            )
+            fns = {f.name: self._reward_function(f.name, reward_fn) for f in cfg.reward.funcs}
             self.pool = RewardPool(
-                {"correct": fn}, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
+                fns,
+                workers=cfg.reward.workers,
+                timeout_s=cfg.reward.timeout_s,
+                weights={f.name: f.weight for f in cfg.reward.funcs},
             )
         self.step, self.version = 0, 0
         self.skipped = 0
@@ -181,6 +246,17 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ setup
+    def _reward_function(self, name: str, override=None):
+        if name == "correct":
+            if override is not None:
+                return override
+            if self.curriculum is not None:
+                return StagedScore(self.curriculum.tasks)
+            return self.source.task.score if self.cfg.data.path is None else math_verify_reward
+        if name == "format":
+            return format_reward
+        return import_reward(name)
+
     def _make_engine(self) -> RolloutEngine:
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
@@ -205,17 +281,35 @@ class Trainer:
 
         return HFEngine(self.model, self.tok, own_copy=cfg.train.async_rollouts)
 
+    def _extras(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+        return {"critic": (self.critic.module, self.critic.optimizer)} if self.critic else {}
+
     def _resume(self) -> int | None:
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is None:
             return None
-        state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler)
+        state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler, self._extras())
         self.step, self.version, self.skipped = state["step"], state["version"], state["skipped"]
         self.initial_entropy = state.get("initial_entropy")
         self.source.load_state_dict(state["data"])
+        tensors = load_tensors(ckpt)
+        if self.regularizer is not None:
+            reg = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("reg.")}
+            self.reg_state = {**state["regularizer"], **reg}
+        if self.aux is not None:
+            self.aux.load_state_dict(state["aux_data"])
+        if self.stages is not None:
+            st = {k: v for k, v in tensors.items() if k.startswith("stage")}
+            self.stages.load(st, state["stage_buffer"], self._collected)
+        if self.anchor is not None:
+            self.anchor.load_state_dict(state["vapr"])
         if self.engine is not None:
             self._sync_engine()
         return self.step
+
+    @staticmethod
+    def _collected(batch, examples, rewards, components, accuracy, metrics, old_logp):
+        return Collected(batch, examples, rewards, components, accuracy, metrics, old_logp)
 
     def _sync_engine(self) -> None:
         eng = self.engine
@@ -233,25 +327,30 @@ class Trainer:
             eng.update_weights({}, self.version)
 
     # ---------------------------------------------------------------- rollouts
-    def _score(
-        self, batch: RolloutBatch, examples: list[Example]
-    ) -> tuple[Tensor, dict[str, float]]:
+    def _score(self, batch: RolloutBatch, examples: list[Example]):
         rows = [examples[g] for g in batch.group.tolist()]
-        res = self.pool.score(batch.texts(self.tok), rows)
-        return res.rewards, res.metrics
+        return self.pool.score(batch.texts(self.tok), rows)
+
+    def _accuracy(self, components: Tensor) -> Tensor:
+        """The verifier's verdict: the "correct" component (else the first) at 1."""
+        k = self.reward_names.index("correct") if "correct" in self.reward_names else 0
+        return (components[:, k] >= 1.0).float()
 
     def collect(self) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""
         p, want = self.preset, self.cfg.rollout.prompts_per_step
+        if self.curriculum is not None:
+            self.curriculum.set_step(self.step)
         t0 = time.perf_counter()
-        parts: list[tuple[RolloutBatch, list[Example], Tensor]] = []
+        parts: list[tuple[RolloutBatch, list[Example], Tensor, Tensor]] = []
         kept, rounds, seen_groups, metrics = 0, 0, 0, {}
         while True:
             examples = self.source.next_batch(want - kept if rounds else want)
             prompts = [self.tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
             batch = self.engine.generate(prompts, p.group_size, self.sampling)
-            rewards, metrics_r = self._score(batch, examples)
-            for k, v in metrics_r.items():
+            res = self._score(batch, examples)
+            rewards = res.rewards
+            for k, v in res.metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v if k.endswith(("timeouts", "errors")) else v
             seen_groups += len(examples)
             rounds += 1
@@ -265,53 +364,82 @@ class Trainer:
                 rows = torch.nonzero(torch.isin(batch.group, good)).flatten()
                 if len(good):
                     parts.append(
-                        (batch.select(rows), [examples[g] for g in good.tolist()], rewards[rows])
+                        (
+                            batch.select(rows),
+                            [examples[g] for g in good.tolist()],
+                            rewards[rows],
+                            res.components[rows],
+                        )
                     )
                 kept += len(good)
                 if kept >= want or rounds > self.cfg.train.max_refill:
                     break
             else:
-                parts.append((batch, examples, rewards))
+                parts.append((batch, examples, rewards, res.components))
                 kept = len(examples)
                 break
         if not parts:
-            return Collected(batch, [], torch.zeros(0), torch.zeros(0), {"dynamic/kept_frac": 0.0})
-        merged = RolloutBatch.concat([b for b, _, _ in parts])
-        exs = [e for _, es, _ in parts for e in es]
-        rew = torch.cat([r for _, _, r in parts])
+            empty = torch.zeros(0)
+            return Collected(
+                batch, [], empty, torch.zeros(0, len(self.reward_names)), empty,
+                {"dynamic/kept_frac": 0.0},
+            )  # fmt: skip
+        merged = RolloutBatch.concat([b for b, *_ in parts])
+        exs = [e for _, es, _, _ in parts for e in es]
+        rew = torch.cat([r for _, _, r, _ in parts])
+        comp = torch.cat([c for *_, c in parts])
         if kept > want:  # trim surplus groups
             rows = torch.nonzero(merged.group < want).flatten()
-            merged, exs, rew = merged.select(rows), exs[:want], rew[rows]
+            merged, exs, rew, comp = merged.select(rows), exs[:want], rew[rows], comp[rows]
         metrics["dynamic/kept_frac"] = kept / max(seen_groups, 1) if p.dynamic_sampling else 1.0
         metrics["dynamic/rounds"] = float(rounds)
         metrics["time/rollout"] = time.perf_counter() - t0
-        acc = (rew >= 1.0).float()  # the single verifier's score is the reward
-        return Collected(merged, [exs[g] for g in merged.group.tolist()], rew, acc, metrics)
+        return Collected(
+            merged,
+            [exs[g] for g in merged.group.tolist()],
+            rew,
+            comp,
+            self._accuracy(comp),
+            metrics,
+        )
 
     # ------------------------------------------------------------------ update
-    @torch.no_grad()
-    def _logprobs_nograd(self, model, batch: RolloutBatch, mask: Tensor, entropy: bool = False):
-        """``[N, L]`` log-probs of the sampled tokens under ``model`` (and, with ``entropy``,
-        the per-position entropy too), masked, in micro-batches."""
-        out = torch.zeros_like(mask)
-        ent = torch.zeros_like(mask) if entropy else None
+    def _seq_batches(self, batch: RolloutBatch, pack: bool | None = None):
         mbs = self.cfg.optim.micro_batch_size
+        pack = self.cfg.model.pack_prompts if pack is None else pack
         for s in range(0, len(batch), mbs):
             sl = slice(s, s + mbs)
-            sb = make_seq_batch(
-                batch.prompt_ids[sl],
-                batch.completion_ids[sl],
-                batch.mask[sl],
-                batch.pad_id,
-                pack=self.cfg.model.pack_prompts,
+            yield sl, make_seq_batch(
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
+                pack=pack,
+            )  # fmt: skip
+
+    @torch.no_grad()
+    def _forward_nograd(
+        self, model, batch: RolloutBatch, entropy: bool = False, dists: bool = False
+    ) -> Forward:
+        """Log-probs of the sampled tokens under ``model`` (and, on request, the
+        per-position entropy and the top-``algo.topk`` distribution), in micro-batches."""
+        mask = batch.mask
+        out = torch.zeros_like(mask)
+        ent = torch.zeros_like(mask) if entropy else None
+        ids_parts, lp_parts = [], []
+        for sl, sb in self._seq_batches(batch):
+            res = completion_logprobs(
+                model,
+                sb,
+                self.sampling.temperature,
+                impl=self.cfg.model.logprob_impl,
+                dists=self.cfg.algo.topk if dists else None,
             )
-            lp, h = completion_logprobs(
-                model, sb, self.sampling.temperature, impl=self.cfg.model.logprob_impl
-            )
-            out[sl] = lp * batch.mask[sl]
+            out[sl] = res[0] * mask[sl]
             if ent is not None:
-                ent[sl] = h * batch.mask[sl]
-        return (out, ent) if entropy else out
+                ent[sl] = res[1] * mask[sl]
+            if dists:
+                ids_parts.append(res[2][0].cpu())
+                lp_parts.append(res[2][1].cpu())
+        d = (torch.cat(ids_parts), torch.cat(lp_parts)) if dists else None
+        return Forward(out, ent, d)
 
     def _dynamics(self, batch: RolloutBatch) -> TrainingDynamics | None:
         """Training progress, the sampled tokens' mean -log-prob as the entropy estimate,
@@ -320,7 +448,7 @@ class Trainer:
         entropy = float(-(batch.logprobs * m).sum() / m.sum().clamp_min(1.0))
         if self.initial_entropy is None and math.isfinite(entropy):
             self.initial_entropy = entropy
-        progress = min(1.0, self.step / max(1, self.cfg.train.steps - 1))
+        progress = min(1.0, self.step / max(1, self.total_steps - 1))
         if not math.isfinite(entropy):
             return None
         return TrainingDynamics(progress, max(entropy, 0.0), self.initial_entropy)
@@ -333,47 +461,49 @@ class Trainer:
         dyn = self._dynamics(batch)
         if dyn is not None:
             extras["dynamics"] = dyn
+        mbs = self.cfg.optim.micro_batch_size
         for need, part in (
             (Input.PROMPT_FEATURES, "prompt"),
             (Input.COMPLETION_FEATURES, "completion"),
         ):
             if need in self.reads:
-                extras[f"{part}_features"] = self._pooled_hidden(model, batch, part)
+                extras[f"{part}_features"] = pooled_hidden(model, batch, part, mbs)
         return extras
 
-    @torch.no_grad()
-    def _pooled_hidden(self, model, batch: RolloutBatch, part: str) -> Tensor:
-        """``[N, H]`` (CPU, float32) mean of the last hidden states over the prompt or the
-        completion tokens. Uses the decoder alone when the model has one (no logits, no
-        per-layer states kept), in eval mode (no dropout); every rank computes all rows,
-        so ranks agree on the features."""
-        dec = fused_head(model)
-        body = dec[0] if dec is not None else model
-        dev = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        out = []
-        mbs = self.cfg.optim.micro_batch_size
-        try:
-            for s in range(0, len(batch), mbs):
-                sl = slice(s, s + mbs)
-                sb = make_seq_batch(
-                    batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
-                )
-                res = body(
-                    input_ids=sb.input_ids.to(dev),
-                    attention_mask=sb.attention_mask.to(dev),
-                    position_ids=sb.position_ids.to(dev),
-                    output_hidden_states=dec is None,
-                )
-                h = res.last_hidden_state if dec is not None else res.hidden_states[-1]
-                cols = slice(0, sb.P) if part == "prompt" else slice(sb.P, None)
-                w = sb.attention_mask[:, cols].to(dev, h.dtype)[..., None]
-                pooled = (h[:, cols] * w).sum(1) / w.sum(1).clamp_min(1.0)
-                out.append(pooled.float().cpu())
-        finally:
-            model.train(was_training)
-        return torch.cat(out)
+    def _rewards_input(self, col: Collected) -> dict[str, Tensor]:
+        """Vector rewards (components and weights) for estimators that read them, else the
+        weighted sum."""
+        if Input.VECTOR_REWARDS in self.reads:
+            w = torch.tensor([f.weight for f in self.cfg.reward.funcs])
+            return {"rewards": col.components, "reward_weights": w}
+        return {"rewards": col.rewards}
+
+    def _flat_params(self, params: list[Tensor]) -> Tensor:
+        return torch.cat([q.detach().reshape(-1) for q in params])
+
+    def _regularize(
+        self, params: list[Tensor], aux: Tensor | None, samples: list[Tensor], first: bool
+    ) -> dict[str, float]:
+        """Apply the configured gradient regulariser to ``p.grad`` in place."""
+        g = flat_grad(params)
+        events = self.curriculum.events(self.step) if (self.curriculum and first) else []
+        kw: dict[str, Any] = {
+            "aux_grads": aux,
+            "grad_samples": torch.stack(samples) if len(samples) >= 2 else None,
+            "parameters": self._flat_params(params),
+        }
+        for ev in events[:-1]:  # e.g. the previous task's end before this one's begin
+            self.reg_state = self.regularizer(
+                GradientInput(g, task_boundary=ev, state=self.reg_state, **kw)
+            ).state
+        out = self.regularizer(
+            GradientInput(
+                g, task_boundary=events[-1] if events else None, state=self.reg_state, **kw
+            )
+        )
+        self.reg_state = out.state
+        set_flat_grad_(params, out.grad)
+        return out.metrics
 
     def update(self, col: Collected) -> dict[str, float]:
         cfg, p, batch = self.cfg, self.preset, col.batch
@@ -384,37 +514,87 @@ class Trainer:
         truncated = torch.tensor([r == "length" for r in batch.finish_reasons])
         if cfg.train.overlong_mask:
             mask[truncated] = 0.0
-        need_old = cfg.optim.updates_per_batch > 1 or self.kl_in_reward
-        old_logp = self._logprobs_nograd(model, batch, batch.mask) if need_old else None
+        want_dists = Input.TOKEN_DISTS in self.reads
+        need_old = cfg.optim.updates_per_batch > 1 or self.kl_in_reward or want_dists
+        old = None
+        if col.old_logp is not None and not want_dists:
+            old = Forward(col.old_logp)
+        elif need_old:
+            old = self._forward_nograd(model, batch, dists=want_dists)
+        old_logp = old.logp if old is not None else None
         ref_logp = ref_entropy = None
         if self.reference is not None:
             with self.reference.active(model) as ref:
-                ref_logp, ref_entropy = self._logprobs_nograd(ref, batch, batch.mask, entropy=True)
+                fwd = self._forward_nograd(ref, batch, entropy=Input.REF_ENTROPY in self.reads)
+                ref_logp, ref_entropy = fwd.logp, fwd.entropy
         token_rewards = None
         if self.kl_in_reward:
             token_rewards = kl_reward_penalty(old_logp, ref_logp, batch.mask, p.kl_coef, p.kl.name)
+        old_values = None
+        if self.critic is not None:
+            parts = [sb for _, sb in self._seq_batches(batch, pack=False)]
+            old_values = self.critic.values(parts) * batch.mask
         extras = self._advantage_extras(model, batch)
         adv_out = self.recipe.advantages(
             AdvantageInput(
-                col.rewards, batch.group, batch.mask, token_rewards=token_rewards, **extras
+                group_ids=batch.group,
+                mask=batch.mask,
+                token_rewards=token_rewards,
+                values=old_values,
+                **self._rewards_input(col),
+                **extras,
             )
         )
         adv, clip_range = adv_out.advantages, adv_out.clip_range
         dynamics = extras.get("dynamics")
+        token_weights, tw_metrics = None, {}
+        if self.token_weighting is not None:
+            att = attention_token_entropy(model, batch, cfg.optim.micro_batch_size)
+            tw = self.token_weighting(TokenWeightInput(att, mask, dynamics))
+            token_weights, tw_metrics = tw.weights, tw.metrics
+        returns = adv_out.returns if self.critic is not None else None
+        if self.critic is not None and returns is None:
+            raise ValueError(f"{self.recipe.advantage} returns no value targets for the critic")
         global_tokens = float(mask.sum())
         global_seqs = float((mask.sum(1) > 0).sum())
         mine = torch.arange(len(batch))[self.rank :: self.world]  # this rank's rows
         mbs = cfg.optim.micro_batch_size
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
+
+        def add(ms: dict[str, float]) -> None:
+            for k, v in ms.items():
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
+
         mism = {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0}
         ent_sum = 0.0
         bad, grad_norm = False, float("nan")
         params = [q for q in model.parameters() if q.requires_grad]
+        warmup = self.critic is not None and self.step < cfg.critic.warmup_steps
+        reg_needs = self.regularizer.needs if self.regularizer is not None else frozenset()
         for epoch in range(cfg.optim.updates_per_batch):
+            aux = None
+            if Input.AUX_GRADIENTS in reg_needs and not warmup:
+                rc = cfg.regularizer
+                aux, aux_loss = aux_gradients(
+                    model, params, self.tok, self.aux, rc.batches, rc.batch_size
+                )
+                add({"aux/loss": aux_loss})
+            samples: list[Tensor] = []
+            n_mb = math.ceil(len(mine) / mbs)
             for s in range(0, len(mine), mbs):
                 idx = mine[s : s + mbs]
                 sub = batch.select(idx) if len(idx) != len(batch) else batch
+                if self.critic is not None:
+                    vsb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id)
+                    vloss, vm = self.critic.loss(
+                        vsb, old_values[idx], returns[idx], mask[idx], global_tokens
+                    )
+                    vloss.backward()
+                    add(vm)
+                if warmup:
+                    continue
                 sb = make_seq_batch(
                     sub.prompt_ids,
                     sub.completion_ids,
@@ -422,23 +602,38 @@ class Trainer:
                     batch.pad_id,
                     pack=cfg.model.pack_prompts,
                 )
-                logp, ent = completion_logprobs(
-                    model, sb, self.sampling.temperature, impl=cfg.model.logprob_impl
+                res = completion_logprobs(
+                    model,
+                    sb,
+                    self.sampling.temperature,
+                    impl=cfg.model.logprob_impl,
+                    dists=old.dists[0][idx] if want_dists else None,
                 )
+                logp, ent = res[0], res[1]
                 m = mask[idx]
-                old = old_logp[idx] if old_logp is not None else logp.detach()
+                old_mb = old_logp[idx] if old_logp is not None else logp.detach()
+                dists = None
+                if want_dists:
+                    behaviour = (old.dists[0][idx], old.dists[1][idx])
+                    dists = token_distributions(res[2], behaviour, sub.completion_ids)
+
+                def sl(t: Tensor | None, idx=idx) -> Tensor | None:
+                    return t[idx] if t is not None else None
+
                 out = self.recipe.policy_loss(
                     PolicyBatch(
                         logp,
-                        old,
+                        old_mb,
                         adv[idx],
                         m,
                         rollout_logp=batch.logprobs[idx],
-                        ref_logp=ref_logp[idx] if ref_logp is not None else None,
-                        ref_entropy=ref_entropy[idx] if ref_entropy is not None else None,
+                        ref_logp=sl(ref_logp),
+                        ref_entropy=sl(ref_entropy),
                         entropy=ent,
-                        clip_range=clip_range[idx] if clip_range is not None else None,
+                        clip_range=sl(clip_range),
+                        token_weights=sl(token_weights),
                         group_ids=batch.group[idx],
+                        token_dists=dists,
                         dynamics=dynamics,
                         global_tokens=global_tokens,
                         global_sequences=global_seqs,
@@ -447,10 +642,11 @@ class Trainer:
                 if not torch.isfinite(out.loss):
                     bad = True
                     break
+                before = flat_grad(params) if Input.GRAD_SAMPLES in reg_needs else None
                 out.loss.backward()
-                for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                    counts[k] = counts.get(k, 0) + 1
+                if before is not None:  # this micro-batch's share, rescaled to the batch
+                    samples.append((flat_grad(params) - before) * n_mb)
+                add(out.metrics)
                 if epoch == 0:  # training-inference mismatch on the behaviour policy's tokens
                     bm = sub.mask
                     d = (logp.detach() - sub.logprobs) * bm
@@ -459,6 +655,15 @@ class Trainer:
                     mism["k3"] += float((((-d).exp() - 1 + d) * bm).sum())
                     mism["tok"] += float(bm.sum())
                     ent_sum += float((ent.detach() * bm).sum())
+            if self.critic is not None:
+                if self.world > 1:
+                    for q in self.critic.module.parameters():
+                        if q.grad is None:
+                            q.grad = torch.zeros_like(q)
+                        dist.all_reduce(q.grad)
+                add({"value/grad_norm": self.critic.step()})
+            if warmup:
+                continue
             if self.world > 1:
                 flag = torch.tensor([float(bad)])
                 dist.all_reduce(flag)
@@ -467,6 +672,8 @@ class Trainer:
                     if q.grad is None:
                         q.grad = torch.zeros_like(q)
                     dist.all_reduce(q.grad)
+            if not bad and self.regularizer is not None:
+                add(self._regularize(params, aux, samples, first=epoch == 0))
             if not bad:
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else float("inf")
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
@@ -476,7 +683,9 @@ class Trainer:
                 break
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        if bad:  # the schedule advances with applied updates only
+        if warmup:
+            pass  # only the critic trained: the policy and its schedule stay
+        elif bad:  # the schedule advances with applied updates only
             self.skipped += 1
         else:
             self.version += 1
@@ -488,16 +697,31 @@ class Trainer:
         ntok = max(mism["tok"], 1.0)
         lengths = batch.mask.sum(1)
         metrics = {k: sums[k] / counts[k] for k in sums}
+        if "value/clip_tokens" in sums:  # a count: the fraction of clipped value tokens
+            metrics["value/clip_frac"] = sums.pop("value/clip_tokens") / max(
+                global_tokens * cfg.optim.updates_per_batch, 1.0
+            )
+            metrics.pop("value/clip_tokens", None)
+        metrics.update(tw_metrics)
+        if self.critic is not None:
+            metrics["value/explained_variance"] = explained_variance(
+                old_values, returns, batch.mask
+            )
+        if not warmup:
+            metrics.update(
+                {
+                    "entropy": ent_sum / ntok,
+                    "mismatch/abs_mean": mism["abs"] / ntok,
+                    "mismatch/abs_max": mism["max"],
+                    "mismatch/k3": mism["k3"] / ntok,
+                    "grad_norm": grad_norm,
+                }
+            )
         metrics.update(
             {
-                "entropy": ent_sum / ntok,
                 "response_length": float(lengths.mean()),
                 "truncated_frac": float(truncated.float().mean()),
-                "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0],
-                "mismatch/abs_mean": mism["abs"] / ntok,
-                "mismatch/abs_max": mism["max"],
-                "mismatch/k3": mism["k3"] / ntok,
                 "adv_abs_mean": float(masked_mean(adv.abs(), batch.mask)),
                 "skipped_steps": float(self.skipped),
                 "tokens/trained": global_tokens,
@@ -508,14 +732,33 @@ class Trainer:
         return metrics
 
     # -------------------------------------------------------------------- loop
-    def evaluate(self, examples: list[Example] | None = None) -> float:
-        """Greedy held-out accuracy (via the engine, after syncing the current weights)."""
-        examples = examples or self.source.eval_examples
+    def _eval_accuracy(self, examples: list[Example]) -> float:
         prompts = [self.tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
         greedy = SamplingParams(self.sampling.max_new_tokens, 0.0, stop=self.sampling.stop)
         batch = self.engine.generate(prompts, 1, greedy)
-        rewards, _ = self._score(batch, examples)
-        return float((rewards >= 1.0).float().mean())
+        return float(self._accuracy(self._score(batch, examples).components).mean())
+
+    def evaluate(self, examples: list[Example] | None = None) -> float:
+        """Greedy held-out accuracy (via the engine, after syncing the current weights)."""
+        return self._eval_accuracy(examples or self.source.eval_examples)
+
+    def _eval_metrics(self) -> dict[str, float]:
+        """``eval/accuracy`` (the current task), every curriculum task's, and VAPR."""
+        if self.curriculum is not None:
+            self.curriculum.set_step(min(self.step, self.total_steps - 1))
+        out = {"eval/accuracy": self.evaluate()}
+        if self.curriculum is not None:
+            for name, src in zip(self.curriculum.names(), self.curriculum.sources, strict=True):
+                out[f"eval/{name}/accuracy"] = self._eval_accuracy(src.eval_examples)
+        if self.anchor is not None and self.anchor.update(self.model, out["eval/accuracy"]):
+            refs = [self.reference.model] if self.reference and not self.reference.lora else []
+            self.anchor.restore(self.model, *refs)
+            self._sync_engine()
+            out["vapr/reset"] = 1.0
+        if self.anchor is not None:
+            out["vapr/best"] = float(self.anchor.best)
+            out["vapr/resets"] = float(self.anchor.resets)
+        return out
 
     def _broadcast(self, col: Collected | None) -> Collected:
         if self.world == 1:
@@ -524,9 +767,24 @@ class Trainer:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def _next_staged(self) -> Collected:
+        """Mu-GRPO: at a stage's first step, generate the whole stage's rollouts with the
+        current policy (and its log-probs of them); then one per step."""
+        if not len(self.stages):
+            n = min(self.stage_len, self.total_steps - self.step)
+            fill = []
+            for _ in range(n):
+                col = self.collect()
+                col.old_logp = self._forward_nograd(self.model, col.batch).logp
+                fill.append(col)
+            self.stages.items = fill
+        return self.stages.items.pop(0)
+
     def _next_collected(self) -> Collected | None:
         if not self.main:
             return None
+        if self.stages is not None:
+            return self._next_staged()
         if not self.cfg.train.async_rollouts:
             return self.collect()
         if self._executor is None:
@@ -538,7 +796,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
-        total = cfg.train.steps
+        total = self.total_steps
         bar = None
         if self.main and cfg.run.progress:
             from tqdm.auto import tqdm
@@ -546,15 +804,16 @@ class Trainer:
             bar = tqdm(total=total, initial=self.step, desc="grpo", unit="step", dynamic_ncols=True)
         t_start = time.perf_counter()
         if self.main and self.step == 0 and cfg.run.eval_every:
-            self.logger.log(0, {"eval/accuracy": self.evaluate()})
+            self.logger.log(0, self._eval_metrics())
+        max_stale = cfg.train.max_staleness
+        if self.stages is not None:
+            max_stale = max(max_stale, self.stage_len - 1)
         try:
             while self.step < total:
                 col = self._broadcast(self._next_collected())
                 staleness = self.version - col.batch.policy_version
-                if staleness > cfg.train.max_staleness:
-                    raise RuntimeError(
-                        f"rollouts are {staleness} versions stale (max {cfg.train.max_staleness})"
-                    )
+                if staleness > max_stale:
+                    raise RuntimeError(f"rollouts are {staleness} versions stale (max {max_stale})")
                 if self.main and cfg.train.async_rollouts and self.step + 1 < total:
                     self._pending = self._executor.submit(self.collect)  # overlaps the update
                 metrics = dict(col.metrics)
@@ -581,7 +840,7 @@ class Trainer:
                 if cfg.run.eval_every and (
                     self.step % cfg.run.eval_every == 0 or self.step == total
                 ):
-                    metrics["eval/accuracy"] = self.evaluate()
+                    metrics.update(self._eval_metrics())
                 self.logger.log(self.step, metrics)
                 if cfg.run.save_every and (
                     self.step % cfg.run.save_every == 0 or self.step == total
@@ -609,12 +868,25 @@ class Trainer:
         return result
 
     def save(self) -> Path:
-        state = {
+        state: dict[str, Any] = {
             "version": self.version,
             "skipped": self.skipped,
             "data": self.source.state_dict(),
             "initial_entropy": self.initial_entropy,
         }
+        tensors: dict[str, Tensor] = {}
+        if self.regularizer is not None:
+            t, rest = _split_state(self.reg_state, "reg")
+            tensors.update(t)
+            state["regularizer"] = rest
+        if self.aux is not None:
+            state["aux_data"] = self.aux.state_dict()
+        if self.stages is not None:
+            t, metas = self.stages.state()
+            tensors.update(t)
+            state["stage_buffer"] = metas
+        if self.anchor is not None:
+            state["vapr"] = self.anchor.state_dict()
         return save_checkpoint(
             self.run_dir / "checkpoints",
             self.step,
@@ -623,6 +895,8 @@ class Trainer:
             self.scheduler,
             state,
             keep=self.cfg.run.keep_checkpoints,
+            extras=self._extras(),
+            tensors=tensors,
         )
 
     def close(self) -> None:

@@ -6,7 +6,10 @@ Layout of ``<run>/checkpoints/step-000010/``:
 * ``optimizer.safetensors`` + ``optimizer.json`` — per-parameter state tensors and the
   param groups (hyper-parameters);
 * ``rng.safetensors`` — torch CPU (and CUDA) generator states;
-* ``state.json`` — step, policy version, scheduler, data position, python RNG.
+* ``state.json`` — step, policy version, scheduler, data position, python RNG;
+* ``<name>.safetensors`` (+ ``<name>-optimizer.*``) — each extra module of ``extras``
+  (e.g. a critic with its own optimiser);
+* ``tensors.safetensors`` — extra named state tensors (e.g. a regulariser's state).
 
 Everything is written into ``step-000010.tmp-<pid>`` and renamed into place, then the
 ``latest`` pointer is replaced atomically, so a run killed at any instant leaves either
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,20 @@ def _load_optimizer(
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def _save_optimizer(opt: torch.optim.Optimizer, folder: Path, stem: str) -> None:
+    tensors, meta = _optimizer_tensors(opt)
+    save_file(tensors, str(folder / f"{stem}.safetensors"))
+    (folder / f"{stem}.json").write_text(json.dumps(meta))
+
+
+def _restore_optimizer(opt: torch.optim.Optimizer, folder: Path, stem: str) -> None:
+    _load_optimizer(
+        opt,
+        load_file(str(folder / f"{stem}.safetensors")),
+        json.loads((folder / f"{stem}.json").read_text()),
+    )
+
+
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in names}
@@ -71,11 +89,15 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 2,
     trainable_only: bool = False,
+    extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
+    tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
     ``trainable_only``: store only the parameters with ``requires_grad`` (LoRA adapters on
     a frozen multi-billion-parameter base); the frozen rest comes from the base on load.
+    ``extras``: further ``name -> (module, optimizer or None)`` pairs saved beside the
+    model; ``tensors``: named state tensors (restore them with :func:`load_tensors`).
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -86,9 +108,16 @@ def save_checkpoint(
         save_file(_trainable_state(model), str(tmp / "model.safetensors"))
     else:
         save_model(model, str(tmp / "model.safetensors"))
-    tensors, meta = _optimizer_tensors(optimizer)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "optimizer.json").write_text(json.dumps(meta))
+    _save_optimizer(optimizer, tmp, "optimizer")
+    for name, (module, opt) in (extras or {}).items():
+        save_model(module, str(tmp / f"{name}.safetensors"))
+        if opt is not None:
+            _save_optimizer(opt, tmp, f"{name}-optimizer")
+    if tensors:
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+            str(tmp / "tensors.safetensors"),
+        )
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
@@ -145,16 +174,30 @@ def load_weights(path: Path, model: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The extra state tensors a checkpoint was saved with (empty when none)."""
+    f = Path(path) / "tensors.safetensors"
+    return load_file(str(f)) if f.is_file() else {}
+
+
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
 ) -> dict[str, Any]:
-    """Restore everything saved by :func:`save_checkpoint`; returns ``state.json``."""
+    """Restore everything saved by :func:`save_checkpoint` (with the same ``extras``
+    names); returns ``state.json``."""
+    path = Path(path)
     state = load_weights(path, model)
-    _load_optimizer(
-        optimizer,
-        load_file(str(path / "optimizer.safetensors")),
-        json.loads((path / "optimizer.json").read_text()),
-    )
+    _restore_optimizer(optimizer, path, "optimizer")
+    for name, (module, opt) in (extras or {}).items():
+        if not (path / f"{name}.safetensors").is_file():
+            raise FileNotFoundError(f"checkpoint {path} has no {name}.safetensors")
+        load_model(module, str(path / f"{name}.safetensors"), strict=True)
+        if opt is not None:
+            _restore_optimizer(opt, path, f"{name}-optimizer")
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
     rng = load_file(str(path / "rng.safetensors"))

@@ -178,13 +178,22 @@ class Recipe:
     def advantage_coupling(self) -> Coupling:
         return self.advantage.coupling
 
-    def check(self, provides: Iterable[Input], who: str = "this trainer") -> None:
+    def check(
+        self,
+        provides: Iterable[Input],
+        who: str = "this trainer",
+        hints: Mapping[Input, str] | None = None,
+    ) -> None:
         """Raise :class:`ContractError` naming every needed input ``who`` does not provide
-        and the entries that need it."""
+        and the entries that need it (``hints``: how to make ``who`` provide an input)."""
         have = set(provides)
         missing = {i: by for i, by in self.needs().items() if i not in have}
         if missing:
-            parts = [f"{', '.join(by)} needs {i}" for i, by in missing.items()]
+            hints = hints or {}
+            parts = [
+                f"{', '.join(by)} needs {i}" + (f" ({hints[i]})" if i in hints else "")
+                for i, by in missing.items()
+            ]
             raise ContractError(
                 f"preset {self.preset.name!r}: {'; '.join(parts)}, which {who} does not "
                 f"provide (it provides: {', '.join(sorted(have)) or 'nothing optional'})"
