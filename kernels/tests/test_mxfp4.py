@@ -1,6 +1,7 @@
 """MXFP4 fake quantisation (000-13): format, exact three-way error split, corrections."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -40,14 +41,57 @@ def test_block_format_hand_worked():
     torch.testing.assert_close(p.grid[1], torch.tensor(0.5 * 5 / 6 - 0.3))
 
 
+def _fp4(v: float) -> float:
+    """Scalar E2M1 rounding written out: nearest grid value, ties to the even mantissa."""
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    a = min(abs(v), 6.0)
+    best = min(range(8), key=lambda i: (abs(a - grid[i]), i % 2))  # tie: even index
+    return math.copysign(grid[best], v) if grid[best] else 0.0
+
+
+def _scalar_parts(row: list[float], macro: int | None, outliers: int) -> list[tuple]:
+    """Per-entry (q, scale_bias, deadzone, grid) of one row, block by block, in plain
+    Python floats: an independent reading of the format and of the three error parts."""
+    out = []
+    blocks = [row[i : i + 32] for i in range(0, len(row), 32)]
+    for b, blk in enumerate(blocks):
+        r = 1.0
+        if macro:
+            mb = [
+                v for blk2 in blocks[(b // macro) * macro : (b // macro + 1) * macro] for v in blk2
+            ]
+            m = max(abs(v) for v in mb) or 1.0
+            r = m / (6.0 * 2.0 ** math.floor(math.log2(m / 6.0)))
+        amax_r = max(abs(v / r) for v in blk) or 1.0
+        s = 2.0 ** (math.floor(math.log2(amax_r)) - 2)
+        amax = max(abs(v) for v in blk) or 1.0
+        s_ideal = amax / 6.0
+        ent = []
+        for v in blk:
+            q = r * s * _fp4(v / r / s)
+            ideal = s_ideal * _fp4(v / s_ideal)
+            dead = ideal == 0.0
+            ent.append([q, q - ideal, -v if dead else 0.0, 0.0 if dead else ideal - v, v])
+        if outliers:  # exact value for the largest-error entries; their parts balance to 0
+            for e in sorted(ent, key=lambda e: -abs(e[0] - e[4]))[:outliers]:
+                e[0], e[1] = e[4], -(e[2] + e[3])
+        out.extend(tuple(e[:4]) for e in ent)
+    return out
+
+
 @pytest.mark.parametrize("kw", [{}, {"macro": 8}, {"outliers": 1}, {"macro": 4, "outliers": 3}])
-def test_three_parts_sum_exactly_to_the_error(kw):
-    x = _heavy()
+def test_each_error_part_matches_an_independent_scalar_quantiser(kw):
+    # not the sum (which holds by construction): each part against a plain-Python
+    # element-by-element computation of the format and the decomposition
+    x = _heavy(rows=2)
     p = decompose_mxfp4(x, **kw)
-    torch.testing.assert_close(p.scale_bias + p.deadzone + p.grid, p.q - x, atol=1e-12, rtol=0)
-    # each part lives where it should: deadzone only on entries the ideal quantiser zeroes
+    want = [_scalar_parts(row, kw.get("macro"), kw.get("outliers", 0)) for row in x.tolist()]
+    for k, name in enumerate(("q", "scale_bias", "deadzone", "grid")):
+        ref = torch.tensor([[e[k] for e in row] for row in want], dtype=x.dtype)
+        torch.testing.assert_close(getattr(p, name), ref, atol=1e-12, rtol=1e-12, msg=name)
+    # the parts live where they should: deadzone only on entries the ideal quantiser zeroes
     dead = p.deadzone != 0
-    assert (p.grid[dead] == 0).all() and (p.deadzone[dead] == -x[dead]).all()
+    assert (p.grid[dead] == 0).all() and dead.any() and (p.scale_bias != 0).any()
 
 
 def test_components_behave_as_named():

@@ -26,17 +26,21 @@ def fade(rewards, groups, entropy, mask=None, **params):
     return ADVANTAGES.build("fade", **params)(inp)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_decomposition_sums_back_to_the_advantage(seed):
-    g = torch.Generator().manual_seed(seed)
-    adv = torch.randn(97, generator=g, dtype=torch.float64)
-    p = torch.rand(97, generator=g, dtype=torch.float64)
+def test_decomposition_hand_worked_values():
+    # A = [2, -1, 0.5, -3], p = [0.25, 0.5, 1.0, 0.0] (group success rates):
+    #   A+ = [2, 0, 0.5, 0],  A- = [0, -1, 0, -3]
+    #   hard = x (1 - p):  pos_hard = [1.5, 0, 0, 0],    neg_hard = [0, -0.5, 0, -3]
+    #   easy = x p:        pos_easy = [0.5, 0, 0.5, 0],  neg_easy = [0, -0.5, 0, 0]
+    adv = torch.tensor([2.0, -1.0, 0.5, -3.0], dtype=torch.float64)
+    p = torch.tensor([0.25, 0.5, 1.0, 0.0], dtype=torch.float64)
     parts = fade_decompose(adv, p)
-    assert_close(sum(parts), adv, rtol=0, atol=1e-15)
-    assert (parts.pos_hard >= 0).all() and (parts.pos_easy >= 0).all()
-    assert (parts.neg_hard <= 0).all() and (parts.neg_easy <= 0).all()
-    assert_close(parts.pos_hard + parts.neg_hard, adv * (1 - p))  # the hard axis
-    assert_close(parts.pos_easy + parts.pos_hard, adv.clamp_min(0))  # the positive mass
+    f64 = torch.float64
+    assert_close(parts.pos_hard, torch.tensor([1.5, 0.0, 0.0, 0.0], dtype=f64))
+    assert_close(parts.pos_easy, torch.tensor([0.5, 0.0, 0.5, 0.0], dtype=f64))
+    assert_close(parts.neg_hard, torch.tensor([0.0, -0.5, 0.0, -3.0], dtype=f64))
+    assert_close(parts.neg_easy, torch.tensor([0.0, -0.5, 0.0, 0.0], dtype=f64))
+    # a fully solved problem (p = 1) is all easy, an unsolved one (p = 0) all hard
+    assert parts.pos_hard[2] == 0 and parts.neg_easy[3] == 0
     with pytest.raises(ValueError, match=r"\[B\] adv and success_rate"):
         fade_decompose(adv, p[:3])
 
