@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from rlpost.llm.config import CriticConfig
-from rlpost.llm.policy import DTYPES, SeqBatch, fused_head
+from rlpost.llm.policy import DTYPES, SeqBatch, apply_lora, fused_head
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
@@ -75,18 +75,7 @@ def build_value_model(cfg: CriticConfig, policy: torch.nn.Module, dtype: str) ->
         decoder, hidden = _decoder(lm), lm.config.hidden_size
     decoder.requires_grad_(True)
     if cfg.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lc = cfg.lora
-        decoder = get_peft_model(
-            decoder,
-            LoraConfig(
-                r=lc.r,
-                lora_alpha=lc.alpha,
-                lora_dropout=lc.dropout,
-                target_modules=list(lc.target_modules),
-            ),
-        )
+        decoder = apply_lora(decoder, cfg.lora)
     dev = next(policy.parameters()).device
     return ValueHeadModel(decoder, hidden).to(dev)
 

@@ -41,19 +41,23 @@ def load_policy(cfg: Config, progress: bool = True):
         tok.pad_token = tok.eos_token
     model = model.to(DTYPES[cfg.model.dtype])
     if cfg.model.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lc = cfg.model.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lc.r,
-                lora_alpha=lc.alpha,
-                lora_dropout=lc.dropout,
-                target_modules=list(lc.target_modules),
-            ),
-        )
+        model = apply_lora(model, cfg.model.lora)
     return model, tok
+
+
+def apply_lora(model: torch.nn.Module, lc) -> torch.nn.Module:
+    """``model`` wrapped with PEFT LoRA adapters of a ``LoraConfig`` section."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+        ),
+    )
 
 
 class Reference:

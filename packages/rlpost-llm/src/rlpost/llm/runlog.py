@@ -13,32 +13,46 @@ from rlpost.core.io.metrics import MetricsLogger, read_metrics
 __all__ = ["MetricsLogger", "plot_curves", "read_metrics", "summary_table"]
 
 
-PANELS = [
-    ("reward/mean", "reward (train)"),
-    ("accuracy", "accuracy"),
-    ("entropy", "policy entropy (nats/token)"),
-    ("response_length", "response length (tokens)"),
+Panel = tuple[str, tuple[str, ...]]  # (title, metric keys drawn in it)
+
+PANELS: list[Panel] = [
+    ("reward (train)", ("reward/mean",)),
+    ("accuracy", ("accuracy", "eval/accuracy")),
+    ("policy entropy (nats/token)", ("entropy",)),
+    ("response length (tokens)", ("response_length",)),
 ]
+LABELS = {"reward/mean": "train", "accuracy": "train", "eval/accuracy": "held-out (greedy)"}
+VALUE_PANEL: Panel = ("critic: value loss", ("value/loss",))
+SUMMARY_KEYS = ["reward/mean", "accuracy", "entropy", "response_length", "kl", "clip_frac"]
 
 
-def plot_curves(run_dir: Path, title: str = "") -> Path:
-    """``curves.png``: reward, train/held-out accuracy, entropy and length vs step."""
+def plot_curves(
+    run_dir: Path,
+    title: str = "",
+    panels: list[Panel] | None = None,
+    labels: dict[str, str] | None = None,
+) -> Path:
+    """``curves.png``: one panel per ``(title, keys)`` of ``panels`` (default: reward,
+    train / held-out accuracy, entropy, length, and the critic's value loss when the run
+    has one), each key a curve vs step; ``eval/`` keys (held-out points) with markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for ax, (key, label) in zip(axes, PANELS, strict=True):
-        pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), label="train", lw=1.2)
-        if key == "accuracy":
-            ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-            if ev:
-                ax.plot(*zip(*ev, strict=True), "o-", label="held-out (greedy)", lw=1.5)
-            ax.legend(fontsize=8)
+    if panels is None:
+        panels = PANELS + ([VALUE_PANEL] if any("value/loss" in r for r in rows) else [])
+    labels = LABELS if labels is None else labels
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
+    for ax, (label, keys) in zip(axes[0], panels, strict=True):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                style = "o-" if key.startswith("eval/") else "-"
+                ax.plot(*zip(*pts, strict=True), style, label=labels.get(key, key), lw=1.2, ms=3)
+        if len(ax.lines) > 1:
+            ax.legend(fontsize=7)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -51,17 +65,16 @@ def plot_curves(run_dir: Path, title: str = "") -> Path:
     return out
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """First vs last value of the main curves, and held-out accuracy before / after."""
+def summary_table(rows: list[dict[str, Any]], keys: list[str] | None = None) -> str:
+    """First vs last value of the main curves (``keys``, default the GRPO trainer's), and
+    held-out accuracy before / after."""
     if not rows:
         return "(no steps)"
-    keys = ["reward/mean", "accuracy", "entropy", "response_length", "kl", "clip_frac"]
-    lines = [f"{'metric':<22}{'first':>10}{'last':>10}"]
-    for k in keys:
+    keys = SUMMARY_KEYS if keys is None else keys
+    width = max(22, max(len(k) for k in keys) + 2)
+    lines = [f"{'metric':<{width}}{'first':>10}{'last':>10}"]
+    for k in [*keys, *([] if "eval/accuracy" in keys else ["eval/accuracy"])]:
         vals = [r[k] for r in rows if k in r]
         if vals:
-            lines.append(f"{k:<22}{vals[0]:>10.4f}{vals[-1]:>10.4f}")
-    ev = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    if ev:
-        lines.append(f"{'eval/accuracy':<22}{ev[0]:>10.4f}{ev[-1]:>10.4f}")
+            lines.append(f"{k:<{width}}{vals[0]:>10.4f}{vals[-1]:>10.4f}")
     return "\n".join(lines)

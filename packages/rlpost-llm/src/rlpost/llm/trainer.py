@@ -66,7 +66,7 @@ from rlpost.llm.config import Config
 from rlpost.llm.critic import ValueModel, explained_variance
 from rlpost.llm.data import make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
-from rlpost.llm.optim import build_optimizer
+from rlpost.llm.optim import build_optimizer, lr_schedule
 from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
 from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_distributions
 from rlpost.llm.rewards import RewardPool, math_verify_reward
@@ -93,20 +93,6 @@ class Forward:
     logp: Tensor
     entropy: Tensor | None = None
     dists: tuple[Tensor, Tensor] | None = None  # (ids, logp) [N, L, K]
-
-
-def _lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        frac = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return 1.0 - frac
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * frac))
-        return 1.0
-
-    return f
 
 
 def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -200,7 +186,7 @@ class Trainer:
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(o.schedule, o.warmup_steps, self.total_steps)
+            self.optimizer, lr_schedule(o.schedule, o.warmup_steps, self.total_steps)
         )
         self.critic = (
             ValueModel(cfg.critic, model, cfg.model.dtype) if Input.VALUES in self.reads else None

@@ -4,6 +4,7 @@ rlpost-llm demo                                 # tiny model, GRPO on 3-digit ad
 rlpost-llm train --config grpo_arithmetic optim.lr=1e-4 train.steps=100
 rlpost-llm train --config my.yaml --resume      # continue the run in run.dir exactly
 rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
+rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -56,6 +57,27 @@ def _demo(args: argparse.Namespace) -> int:
     _report(result)
     with open(f"{cfg.run.dir}/summary.json", "w") as fh:
         json.dump({k: v for k, v in result.items() if k != "summary"}, fh, indent=1)
+    return 0
+
+
+def _dpo(args: argparse.Namespace) -> int:
+    from rlpost.llm.preference import PreferenceTrainer, load_preference_config
+
+    path = recipe_path(args.config) if args.config else None
+    cfg = load_preference_config(path, args.overrides)
+    result = PreferenceTrainer(cfg, resume=args.resume).train()
+    print(result.get("summary", ""))
+    if "eval_before" in result:
+        print(
+            f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
+        )
+    if "margin_before" in result:
+        print(
+            f"preference margin: {result['margin_before']:.3f} -> {result['margin_after']:.3f} "
+            "(held-out log pi(chosen) - log pi(rejected), nats); preference accuracy: "
+            f"{result['pref_acc_before']:.3f} -> {result['pref_acc_after']:.3f}"
+        )
+    print(f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}")
     return 0
 
 
@@ -116,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("overrides", nargs="*")
     d.set_defaults(fn=_demo)
+    p = with_config(
+        sub.add_parser("dpo", help="preference training with any preference loss (loss.name=...)")
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
+    )
+    p.set_defaults(fn=_dpo)
     e = with_config(sub.add_parser("eval", help="held-out accuracy of a policy / checkpoint"))
     e.add_argument("--checkpoint", default=None)
     e.add_argument("--samples", type=int, default=0, help="also pass@k with k sampled answers")

@@ -1,0 +1,173 @@
+"""Typed, validated configuration of a preference-optimisation run (``rlpost-llm dpo``).
+
+``load_preference_config(yaml_path, overrides)`` merges the defaults below, a YAML recipe
+and ``key.sub=value`` overrides (OmegaConf dot-lists) and validates the result with
+pydantic, like :func:`rlpost.llm.config.load_config`. The loss is built through the
+``rlpost.core.preference.PREFERENCE_LOSSES`` registry at load time, so an unknown name or
+parameter fails before anything loads, naming the valid ones; what the entry declares it
+needs is checked against what this trainer provides (:data:`PROVIDES`).
+
+``loss.params`` are the chosen entry's parameters; a recipe ships its parameters for every
+loss in ``loss.per_loss`` (a recipe's ``loss.params`` would survive a ``loss.name``
+override, since OmegaConf merges dictionaries, and land on the wrong entry).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlpost.core.contract import ContractError, Coupling, Input
+from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.preference import PREFERENCE_LOSSES
+from rlpost.core.registry import Bound, RegistryError
+from rlpost.llm.config import ModelConfig, OptimConfig, RewardConfig, RunConfig
+
+__all__ = [
+    "PROVIDES",
+    "ConfigError",
+    "LossConfig",
+    "OnlineConfig",
+    "PreferenceConfig",
+    "PreferenceDataConfig",
+    "PreferenceTrainConfig",
+    "load_preference_config",
+]
+
+#: The inputs of the method/trainer contract this trainer computes for any loss that
+#: reads them: the reference policy's sequence log-probs and the response lengths.
+PROVIDES = frozenset({Input.REF_LOGPROBS, Input.LENGTHS})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PreferenceDataConfig(_Strict):
+    task: Literal["arithmetic", "countdown"] = "arithmetic"
+    """The built-in task: the source of the embedded default's pairs (chosen = the
+    reference answer, rejected = a perturbed wrong answer), of the online prompts and of
+    the held-out greedy accuracy; also the task the ``tiny`` model is built on."""
+    task_params: dict[str, Any] = {}
+    path: str | None = None
+    """Local JSONL / parquet with TRL's columns ``prompt``, ``chosen``, ``rejected`` (plain
+    strings); replaces the task's pairs. The last ``eval_size`` rows are held out."""
+    train_size: int = Field(2048, ge=1)
+    """Training pairs built from the task (one per prompt; held-out prompts excluded)."""
+    eval_size: int = Field(256, ge=1)
+    eval_max_new_tokens: int = Field(6, ge=1)
+    """Generation budget of the held-out greedy accuracy."""
+    seed: int = 0
+
+
+class LossConfig(_Strict):
+    name: str = "dpo"
+    """A ``PREFERENCE_LOSSES`` entry: dpo, ipo, simpo, xi_dpo, gate_dpo, ed_dpo."""
+    params: dict[str, Any] = {}
+    """The chosen entry's parameters (over ``per_loss[name]``)."""
+    per_loss: dict[str, dict[str, Any]] = {}
+    """Parameters a recipe ships for each loss name (every one validated at load). The
+    entry is built with ``{**per_loss.get(name, {}), **params}``, so ``loss.name=simpo`` on
+    the command line takes the recipe's SimPO parameters instead of carrying DPO's."""
+
+    @model_validator(mode="after")
+    def _check_loss(self) -> LossConfig:
+        try:
+            for name, params in self.per_loss.items():
+                PREFERENCE_LOSSES.build(name, **params)
+            self.build()
+        except RegistryError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    def resolved_params(self) -> dict[str, Any]:
+        """The parameters the chosen entry is built with."""
+        return {**self.per_loss.get(self.name, {}), **self.params}
+
+    def build(self) -> Bound:
+        """The validated registry entry (``.needs`` / ``.reads`` / ``.coupling``)."""
+        return PREFERENCE_LOSSES.build(self.name, **self.resolved_params())
+
+
+class OnlineConfig(_Strict):
+    """``mode: online``: pairs sampled from the current policy and ranked by the task's
+    verifier every step (iterative DPO with ``refresh_reference``)."""
+
+    pairs_per_step: int = Field(32, ge=1)
+    samples_per_prompt: int = Field(4, ge=2)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(6, ge=1)
+    max_refill: int = Field(3, ge=0)
+    """Extra generation rounds (fresh prompts) when prompts without both a correct and a
+    wrong sample left fewer than ``pairs_per_step`` pairs."""
+    refresh_reference: bool = False
+    """Iterative DPO: every ``round_steps`` steps the reference becomes the current policy."""
+    round_steps: int = Field(10, ge=1)
+
+
+class PreferenceTrainConfig(_Strict):
+    steps: int = Field(100, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    """Offline: train for this many passes over the training pairs (replaces ``steps``:
+    ``ceil(epochs * pairs / batch_size)`` steps)."""
+    batch_size: int = Field(64, ge=1)
+    """Offline: pairs per optimizer step (``online.pairs_per_step`` online)."""
+
+
+class PreferenceConfig(_Strict):
+    model: ModelConfig = ModelConfig()
+    data: PreferenceDataConfig = PreferenceDataConfig()
+    loss: LossConfig = LossConfig()
+    mode: Literal["offline", "online"] = "offline"
+    online: OnlineConfig = OnlineConfig()
+    optim: OptimConfig = OptimConfig()
+    train: PreferenceTrainConfig = PreferenceTrainConfig()
+    reward: RewardConfig = RewardConfig()
+    run: RunConfig = RunConfig(dir="runs/dpo")
+
+    @model_validator(mode="after")
+    def _check(self) -> PreferenceConfig:
+        bound = self.loss.build()
+        missing = sorted(str(i) for i in bound.needs - PROVIDES)
+        if missing:
+            raise ContractError(
+                f"loss: {bound} needs {missing}, which this trainer does not provide"
+            )
+        if bound.coupling > Coupling.ROW and self.optim.micro_batch_size < self.batch_pairs():
+            raise ValueError(
+                f"loss: {bound} couples the pairs of a {bound.coupling}: "
+                f"optim.micro_batch_size ({self.optim.micro_batch_size}) must hold all "
+                f"{self.batch_pairs()} pairs of a step"
+            )
+        if self.mode == "online" and self.data.path is not None:
+            raise ValueError(
+                "mode: online ranks samples with the task's verifier; data.path gives fixed "
+                "pairs (use mode=offline, or drop data.path)"
+            )
+        if self.mode == "offline" and self.online.refresh_reference:
+            raise ValueError("online.refresh_reference: needs mode=online (iterative rounds)")
+        if self.mode == "online" and self.train.epochs is not None:
+            raise ValueError("train.epochs: offline only (online pairs are fresh every step)")
+        if self.optim.updates_per_batch != 1:
+            raise ValueError(
+                "optim.updates_per_batch: the preference trainer takes one update per batch "
+                "(raise train.steps instead)"
+            )
+        return self
+
+    def batch_pairs(self) -> int:
+        """Pairs per optimizer step."""
+        return self.online.pairs_per_step if self.mode == "online" else self.train.batch_size
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def load_preference_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> PreferenceConfig:
+    """Defaults <- YAML recipe <- ``a.b=c`` overrides, validated (raises :class:`ConfigError`)."""
+    return load_validated(PreferenceConfig, path, overrides)
