@@ -17,7 +17,7 @@ import sys
 
 import rlpost.llm as llm
 from rlpost.llm.config import ConfigError, load_config
-from rlpost.llm.presets import PRESETS
+from rlpost.llm.presets import preset_table
 from rlpost.llm.recipes import recipe_path
 
 
@@ -104,11 +104,7 @@ def _doctor(_: argparse.Namespace) -> int:
 
 
 def _presets(_: argparse.Namespace) -> int:
-    for p in PRESETS.values():
-        print(
-            f"{p.name:<14} {p.advantage.name:>13} | {p.ratio.name:>8} | {p.objective.name:>9} | "
-            f"{p.aggregation.name:<19} | {p.paper}"
-        )
+    print(preset_table())
     return 0
 
 
