@@ -150,6 +150,7 @@ def step(recipe, d: dict[str, torch.Tensor]) -> tuple[float, float, float]:
             adv,
             d["mask"],
             ref_logp=d["ref_logp"] if kl_where == "loss" else None,
+            generation_budget=float(d["mask"].shape[1]),
         )
     )
     t2 = time.perf_counter()

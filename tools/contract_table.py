@@ -17,7 +17,7 @@ def _defaults(reg, name: str):
     kw = {}
     for f in dataclasses.fields(entry.params_cls):
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kw[f.name] = 1.0  # required parameters (e.g. constant's normalizer)
+            kw[f.name] = 1.0  # required parameters without a default
     return reg.build(name, **kw)
 
 

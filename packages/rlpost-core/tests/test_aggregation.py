@@ -22,6 +22,14 @@ def test_hand_values(name, params, expected):
     assert out.loss.item() == pytest.approx(expected)
 
 
+def test_constant_defaults_to_the_generation_budget_it_declares():
+    f = AGGREGATIONS.build("constant")  # Dr. GRPO: C = the trainer's max new tokens
+    with pytest.raises(ValueError, match="needs generation_budget"):
+        f(AggregationInput(LOSS, MASK))
+    out = f(AggregationInput(LOSS, MASK, generation_budget=10.0))
+    assert out.loss.item() == pytest.approx((1 + 2 + 3 + 4) / (2 * 10))
+
+
 MODES = [
     ("token_mean", {}),
     ("seq_mean_token_sum", {}),

@@ -86,6 +86,7 @@ def test_preset_microbatching_equals_full_batch(name):
     ent = torch.rand(B, T)
     groups = torch.arange(B) // 4
     kw = {"rollout_logp": rollout, "ref_logp": ref, "entropy": ent, "dynamics": DYN}
+    kw["generation_budget"] = float(T)  # Dr. GRPO's constant
     kw["group_ids"] = groups  # entries that do not declare them never see them
     full = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, **kw)).loss
     (g_full,) = torch.autograd.grad(full, logp)
@@ -96,7 +97,7 @@ def test_preset_microbatching_equals_full_batch(name):
         splits = (list(range(B)),)
     for idx in splits:
         x = logp.detach()[idx].clone().requires_grad_(True)
-        gkw = {"group_ids": groups[idx], "dynamics": DYN}
+        gkw = {"group_ids": groups[idx], "dynamics": DYN, "generation_budget": float(T)}
         li = recipe.policy_loss(
             PolicyBatch(
                 x,

@@ -32,9 +32,13 @@ def test_bad_entry_parameter_is_named():
         load_config(None, ["algo.objective.name=ppo_clip", "algo.objective.params.clip_hgih=0.3"])
 
 
-def test_dr_grpo_normaliser_defaults_to_generation_budget():
+def test_dr_grpo_normaliser_is_the_generation_budget_the_trainer_provides():
+    # the constant entry declares it needs the generation budget (no name-keyed default)
+    from rlpost.core import Input
+
     cfg = load_config(None, ["algo.preset=dr_grpo", "rollout.max_new_tokens=12"])
-    assert cfg.preset().aggregation.params == {"normalizer": 12.0}
+    assert cfg.preset().aggregation.params == {}
+    assert Input.GENERATION_BUDGET in cfg.preset().build().needs()
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))

@@ -52,6 +52,7 @@ class Input(StrEnum):
     TRIGGER_POS = "trigger_pos"  # [B] per-response trigger token (-1: none)
     TOKEN_WEIGHTS = "token_weights"  # [B, T] detached per-token loss weights
     LENGTHS = "lengths"  # [B] response lengths (preference losses)
+    GENERATION_BUDGET = "generation_budget"  # max new tokens per response (Dr. GRPO's constant)
     AUX_GRADIENTS = "aux_gradients"  # [M, D] gradients on an auxiliary data set
     GRAD_SAMPLES = "grad_samples"  # [K, D] per-micro-batch samples of the step gradient
     PARAMETERS = "parameters"  # [D] the current parameters, flat

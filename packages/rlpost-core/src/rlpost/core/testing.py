@@ -106,6 +106,8 @@ class _UndeclaredObject:
 
 
 def _undeclared(value: Any, what: str) -> Any:
+    if isinstance(value, float):
+        value = torch.tensor(value)
     if isinstance(value, Tensor):
         t = value.detach().as_subclass(_UndeclaredTensor)
         t._what = what
@@ -294,7 +296,10 @@ def _check_aggregation(bound: Bound) -> None:
     who = str(bound)
     logp, _ = _logps()
     m = _mask()
-    out = _call(AGGREGATIONS, bound, AggregationInput(logp * 2, m))
+    samples = {"generation_budget": float(T)}
+    kw = {f: samples[f] for i in bound.reads for f in AGGREGATIONS.inputs[i]}
+    inp = poison_undeclared(AGGREGATIONS, bound, AggregationInput(logp * 2, m, **kw), samples)
+    out = _call(AGGREGATIONS, bound, inp)
     _require(out.loss.dim() == 0 and bool(torch.isfinite(out.loss)), who, "finite scalar expected")
     _zero_grad_on_mask(out.loss, logp, m, who)
 

@@ -159,6 +159,7 @@ PROVIDES = frozenset(
         Input.CLIP_RANGE,  # whatever the advantage estimator returns
         Input.GRAD_SAMPLES,  # per-micro-batch gradients (with >= 2 micro-batches)
         Input.PARAMETERS,
+        Input.GENERATION_BUDGET,  # rollout.max_new_tokens
     }
 )
 
@@ -209,9 +210,7 @@ class AlgoConfig(_Strict):
     """K of the per-token top-K distributions for entries that read them
     (``predictive_divergence_mask``)."""
 
-    def build_preset(
-        self, group_size: int | None = None, max_new_tokens: int | None = None
-    ) -> Preset:
+    def build_preset(self, group_size: int | None = None) -> Preset:
         p = get_preset(self.preset)
         changes: dict[str, Any] = {}
         for key in ("advantage", "ratio", "correction", "objective", "aggregation", "kl"):
@@ -223,11 +222,6 @@ class AlgoConfig(_Strict):
                 changes[key] = getattr(self, key)
         if group_size is not None:
             changes["group_size"] = group_size
-        agg = changes.get("aggregation", p.aggregation)
-        explicit = self.aggregation.params if self.aggregation else {}
-        if agg.name == "constant" and "normalizer" not in explicit and max_new_tokens is not None:
-            # Dr. GRPO: the constant normaliser is the generation budget
-            changes["aggregation"] = Choice("constant", {"normalizer": float(max_new_tokens)})
         p = p.replace(**changes)
         p.build()
         return p
@@ -397,7 +391,7 @@ class Config(_Strict):
         return sum(s.steps for s in self.data.curriculum) or self.train.steps
 
     def preset(self) -> Preset:
-        return self.algo.build_preset(self.rollout.group_size, self.rollout.max_new_tokens)
+        return self.algo.build_preset(self.rollout.group_size)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

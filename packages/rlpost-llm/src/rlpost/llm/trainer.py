@@ -623,6 +623,7 @@ class Trainer:
                         dynamics=dynamics,
                         global_tokens=global_tokens,
                         global_sequences=global_seqs,
+                        generation_budget=float(cfg.rollout.max_new_tokens),
                     )
                 )
                 if not torch.isfinite(out.loss):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from rlpost.core.contract import Input
 from rlpost.core.registry import Registry
 
 
@@ -27,6 +28,7 @@ class AggregationInput:
     mask: Tensor  # [B, T]
     global_tokens: float | None = None  # valid tokens in the whole step's batch
     global_sequences: float | None = None  # responses in the whole step's batch
+    generation_budget: float | None = None  # max new tokens per response (constant normaliser)
 
     def __post_init__(self) -> None:
         if self.loss.shape != self.mask.shape or self.loss.dim() != 2:
@@ -50,7 +52,11 @@ class AggregationOutput:
 
 
 AGGREGATIONS: Registry[AggregationInput, AggregationOutput] = Registry(
-    "loss aggregation", AggregationInput, AggregationOutput
+    "loss aggregation",
+    AggregationInput,
+    AggregationOutput,
+    inputs={Input.GENERATION_BUDGET: ("generation_budget",)},
+    gated=(Input.GENERATION_BUDGET,),
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlpost.core.aggregation.base import AGGREGATIONS, AggregationInput, AggregationOutput, _masked
+from rlpost.core.contract import Input
 from rlpost.core.registry import NoParams
 
 
@@ -37,18 +38,26 @@ def seq_mean_token_mean(inp: AggregationInput, p: NoParams) -> AggregationOutput
 
 @dataclass(frozen=True)
 class ConstantParams:
-    normalizer: float  # e.g. the generation budget max_new_tokens
+    # C; None: the trainer's generation budget (max new tokens per response), as Dr. GRPO
+    normalizer: float | None = None
 
     def __post_init__(self) -> None:
-        if self.normalizer <= 0:
+        if self.normalizer is not None and self.normalizer <= 0:
             raise ValueError(f"normalizer must be > 0, got {self.normalizer}")
 
 
-@AGGREGATIONS.register("constant", ConstantParams)
+def _constant_needs(p: ConstantParams) -> set[Input]:
+    return {Input.GENERATION_BUDGET} if p.normalizer is None else set()
+
+
+@AGGREGATIONS.register("constant", ConstantParams, needs=_constant_needs)
 def constant(inp: AggregationInput, p: ConstantParams) -> AggregationOutput:
     """Dr. GRPO constant normaliser (Liu et al. 2025, arXiv:2503.20783):
 
     L = (1 / (N_seq * C)) sum_{i,t} m_it l_it,  C a constant (the generation budget), so
     neither response length nor batch composition rescales any token's gradient.
+    ``normalizer=None`` (the preset's): C is ``AggregationInput.generation_budget``, the
+    trainer's maximum number of new tokens per response (declared: ``needs``).
     """
-    return AggregationOutput(_masked(inp).sum() / (inp.sequences() * p.normalizer))
+    c = p.normalizer if p.normalizer is not None else inp.generation_budget
+    return AggregationOutput(_masked(inp).sum() / (inp.sequences() * max(float(c), 1.0)))

@@ -75,7 +75,8 @@ class PolicyBatch:
     * ``token_dists``: per-token distributions of both policies (``[B, T, K]``);
     * ``dynamics``: :class:`TrainingDynamics` (progress; curriculum-scheduled objectives);
     * ``global_tokens`` / ``global_sequences``: valid tokens / responses of the *whole*
-      step's batch, so that summed micro-batch gradients equal the full-batch gradient.
+      step's batch, so that summed micro-batch gradients equal the full-batch gradient;
+    * ``generation_budget``: the maximum new tokens per response (Dr. GRPO's constant).
     """
 
     logp: Tensor
@@ -94,6 +95,7 @@ class PolicyBatch:
     dynamics: TrainingDynamics | None = None
     global_tokens: float | None = None
     global_sequences: float | None = None
+    generation_budget: float | None = None
 
     def __post_init__(self) -> None:
         tw = self.token_weights
@@ -115,6 +117,7 @@ BATCH_FIELDS: dict[Input, str] = {
     Input.TRIGGER_POS: "trigger_pos",
     Input.TOKEN_DISTS: "token_dists",
     Input.DYNAMICS: "dynamics",
+    Input.GENERATION_BUDGET: "generation_budget",
 }
 # produced inside the recipe itself: the advantages it passes to ratio / KL entries
 _INTERNAL = frozenset({Input.ADVANTAGES})
@@ -253,7 +256,9 @@ class Recipe:
             tok = tok - p.entropy_coef * b.entropy * m
         if b.entropy is not None:
             metrics["entropy"] = masked_mean(b.entropy.detach(), m).item()
-        agg = self.aggregation(AggregationInput(tok, m, b.global_tokens, b.global_sequences))
+        agg = self.aggregation(
+            AggregationInput(tok, m, b.global_tokens, b.global_sequences, b.generation_budget)
+        )
         return PolicyLoss(agg.loss, metrics)
 
     def _check_coupling(self, b: PolicyBatch) -> None:

@@ -40,10 +40,10 @@ register_preset(
         catalog_id="base",
         advantage=Choice("grpo", {"scale_by_std": False}),
         objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
-        aggregation=Choice("constant", {"normalizer": 3000.0}),
+        aggregation=Choice("constant"),
         group_size=8,
-        notes="no std scaling, constant normaliser = generation budget (3000 tokens in the paper; "
-        "set it to your max_new_tokens), no KL",
+        notes="no std scaling, constant normaliser = the generation budget (3000 tokens in the "
+        "paper; the trainer passes its max new tokens, PolicyBatch.generation_budget), no KL",
     )
 )
 
