@@ -377,3 +377,24 @@ def test_conspo_margin_follows_the_training_progress(fast_cfg):
     Trainer(cfg, reward_fn=parity_reward).train()
     margins = [r["margin"] for r in _rows(Path(cfg.run.dir)) if "margin" in r]
     assert margins == pytest.approx([0.0, 0.05, 0.1])
+
+
+def test_critic_from_a_separate_model_and_with_lora(fast_cfg, tmp_path):
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    from transformers import Qwen2ForCausalLM
+
+    Qwen2ForCausalLM(tiny.tiny_config(tok)).save_pretrained(tmp_path / "value-model")
+    tr = Trainer(
+        fast_cfg("algo.preset=ppo", f"critic.model={tmp_path / 'value-model'}"),
+        reward_fn=parity_reward,
+    )
+    policy_ids = {id(p) for p in tr.model.parameters()}
+    assert not policy_ids & {id(p) for p in tr.critic.module.parameters()}
+    m = tr.update(tr.collect())
+    assert math.isfinite(m["value/loss"])
+    lora = Trainer(fast_cfg("algo.preset=ppo", "critic.lora.r=4"), reward_fn=parity_reward)
+    trainable = [n for n, p in lora.critic.module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n or n.startswith("head.") for n in trainable)
+    assert math.isfinite(lora.update(lora.collect())["value/loss"])
