@@ -53,3 +53,56 @@ def test_bad_config_exits_2_naming_the_field(capsys):
     assert main(["train", "--config", "ram_digits", "algo.method=ppo"]) == 2
     assert "algo.method" in capsys.readouterr().err
     assert main(["train", "--config", "no_such_recipe"]) == 2
+
+
+def test_a_method_registered_by_the_test_trains_through_the_cli(tmp_path, monkeypatch):
+    """A new method is one function and one registration: no package file is touched."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from rlpost.core.presets import Choice
+    from rlpost.diffusion.methods import METHODS, LossOutput, Method, Needs, register_method
+
+    seen = {}
+
+    @dataclass(frozen=True)
+    class ToyParams:
+        pull: float = 0.5
+
+    def toy(inp, p):  # regress halfway between the reference and the flow target
+        seen.update(params=p, has_ref=inp.v_ref is not None, adv=inp.advantages)
+        target = p.pull * inp.v_ref + (1 - p.pull) * inp.target
+        return LossOutput(((inp.v - target.detach()) ** 2).flatten(1).mean(1), {"toy": 1.0})
+
+    register_method(
+        Method(
+            name="toy_pull",
+            paper="a test",
+            sampler="ode",
+            advantage=Choice("rloo"),
+            loss=toy,
+            params=ToyParams,
+            needs=frozenset({Needs.REFERENCE}),
+        )
+    )
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    try:
+        small = [
+            "model.name=digits-random",
+            "reward.name=hackable",
+            "prompts.per_step=2",
+            "prompts.group_size=2",
+            "sampler.steps=2",
+            "sampler.eval_steps=2",
+            "run.eval_per_prompt=1",
+            "run.progress=false",
+            f"run.dir={tmp_path / 'run'}",
+            "train.steps=1",
+        ]
+        args = ["train", "--config", "awm_digits", "algo.method=toy_pull", "algo.params.pull=0.25"]
+        assert main([*args, *small]) == 0
+        assert seen["params"].pull == 0.25 and seen["has_ref"]
+        assert torch.isfinite(seen["adv"]).all()
+    finally:
+        METHODS.unregister("toy_pull")

@@ -4,43 +4,27 @@
 ``key.sub=value`` overrides (OmegaConf dot-lists), then validates with pydantic: unknown
 keys, wrong types and out-of-range values fail at load time naming the dotted field.
 
-Method defaults (``algo.method``), each overridable:
-
-=============  =========  =================  ========  ==============================
-method         sampler    advantage          KL coef   trained denoising steps
-=============  =========  =================  ========  ==============================
-flow_grpo      flow_grpo  group mean / std   0.04      all
-dance_grpo     dance      group mean / std   0         random 60 %, shared init noise
-slas           dance      SLAS (batch norm)  0         random 60 %, shared init noise
-ram            ode        group mean / std   (m)       K re-noisings of the endpoint
-awm            ode        group mean / std   0         K re-noisings of the endpoint
-rwr            ode        B softmax(r / T)   0         K re-noisings of the endpoint
-=============  =========  =================  ========  ==============================
+``algo.method`` names an entry of :data:`rlpost.diffusion.methods.METHODS`, which fixes
+its sampler, its advantage (a core ``ADVANTAGES`` entry), its loss and the defaults of the
+trainer's knobs; ``algo.params`` are the method's own parameters and ``algo.advantage``
+overrides its advantage, both validated against the registries at load.
+``rlpost-diffusion methods`` prints the table.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.presets import Choice
+from rlpost.core.registry import RegistryError
+from rlpost.diffusion.methods import METHODS, BoundMethod
 
 __all__ = ["Config", "ConfigError", "load_config"]
-
-Method = Literal["flow_grpo", "dance_grpo", "slas", "ram", "awm", "rwr"]
-SDE_METHODS = ("flow_grpo", "dance_grpo", "slas")
-VELOCITY_METHODS = ("ram", "awm", "rwr")
-METHOD_SAMPLER = {
-    "flow_grpo": "flow_grpo",
-    "dance_grpo": "dance",
-    "slas": "dance",
-    "ram": "ode",
-    "awm": "ode",
-    "rwr": "ode",
-}
 
 
 class _Strict(BaseModel):
@@ -104,44 +88,72 @@ class NormGuardConfig(_Strict):
     margin: float = Field(0.0, ge=0)
 
 
+class AdvantageConfig(_Strict):
+    """Overrides of the method's advantage: ``name`` (a core ``ADVANTAGES`` entry; None
+    keeps the method's) and ``params`` merged over the method's (same entry) or alone."""
+
+    name: str | None = None
+    params: dict[str, Any] = {}
+
+
 class AlgoConfig(_Strict):
-    method: Method = "flow_grpo"
-    clip_range: float = Field(1e-4, gt=0)
-    """PPO clip range of the per-step ratio (Flow-GRPO / DanceGRPO: 1e-4)."""
-    adv_clip: float | None = Field(5.0, gt=0)
+    method: str = "flow_grpo"
+    """A :data:`rlpost.diffusion.methods.METHODS` entry."""
+    params: dict[str, Any] = {}
+    """The method's own parameters (e.g. ``clip_range`` of the SDE methods, ``m`` of RAM)."""
+    advantage: AdvantageConfig = AdvantageConfig()
     kl_coef: float | None = Field(None, ge=0)
-    """KL on the step means (SDE methods) or on the velocity (AWM / RWR); None: the
-    method's default (0.04 for flow_grpo, else 0)."""
+    """KL on the step means (SDE methods) or on the velocity (velocity methods); None: the
+    method's default."""
     timestep_fraction: float | None = Field(None, gt=0, le=1)
-    """Fraction of denoising steps trained per sample; None: 1 for flow_grpo, 0.6 for
-    dance_grpo / slas."""
+    """Fraction of denoising steps trained per sample (SDE methods); None: the method's."""
     shared_noise: bool | None = None
     """Same initial noise for a prompt's group (DanceGRPO); None: the method's default."""
-    slas_gamma: float = Field(0.5, ge=0)
-    ram_m: float = Field(30.0, gt=0)
-    """RAM strength m (1 / KL weight)."""
     renoise_k: int = Field(4, ge=1)
     """Velocity-local methods: re-noisings of each clean endpoint per step."""
     sigma_dist: Literal["logit_normal", "uniform"] = "logit_normal"
     sigma_loc: float = 0.0
     sigma_scale: float = Field(1.0, gt=0)
-    rwr_temperature: float = Field(0.1, gt=0)
     normguard: NormGuardConfig = NormGuardConfig()
 
+    @model_validator(mode="after")
+    def _check_method(self) -> AlgoConfig:
+        try:
+            METHODS.get(self.method)
+        except RegistryError as exc:
+            raise ValueError(f"algo.method: {exc}") from exc
+        try:
+            self.bound_method()
+        except RegistryError as exc:
+            raise ValueError(f"algo.params / algo.advantage: {exc}") from exc
+        return self
+
+    def bound_method(self) -> BoundMethod:
+        """The method with its validated parameters and (overridden) advantage."""
+        m = METHODS.get(self.method)
+        adv = m.advantage
+        ov = self.advantage
+        if ov.name is not None and ov.name != adv.name:
+            adv = Choice(ov.name, dict(ov.params))
+        elif ov.params:
+            adv = Choice(adv.name, {**adv.params, **ov.params})
+        return METHODS.build(self.method, self.params, adv)
+
     def resolved_kl(self) -> float:
-        if self.kl_coef is not None:
-            return self.kl_coef
-        return 0.04 if self.method == "flow_grpo" else 0.0
+        m = METHODS.get(self.method)
+        if not m.kl_term:
+            return 0.0
+        return self.kl_coef if self.kl_coef is not None else m.kl_coef
 
     def resolved_fraction(self) -> float:
         if self.timestep_fraction is not None:
             return self.timestep_fraction
-        return 1.0 if self.method == "flow_grpo" else 0.6
+        return METHODS.get(self.method).timestep_fraction
 
     def resolved_shared_noise(self) -> bool:
         if self.shared_noise is not None:
             return self.shared_noise
-        return self.method in ("dance_grpo", "slas")
+        return METHODS.get(self.method).shared_noise
 
 
 class OptimConfig(_Strict):
@@ -194,7 +206,7 @@ class Config(_Strict):
 
     @property
     def sampler_kind(self) -> str:
-        return METHOD_SAMPLER[self.algo.method]
+        return METHODS.get(self.algo.method).sampler
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -13,8 +13,9 @@ Two families, both built from :mod:`rlpost.core` where the math is shared:
 :func:`normguard` composes additively with any loss computed from a velocity
 ``v_theta(x, sigma)`` and the reference ``v_ref(x, sigma)`` at the same inputs.
 
-Every function takes and returns per-sample tensors (``[B]`` losses) so the trainer
-chooses the reduction; shapes of images are ``[B, C, H, W]`` (any trailing dims work).
+The advantages (group-normalised, SLAS, reward-weighted) are core ``ADVANTAGES`` entries
+(``grpo`` with ``clip``, ``slas``, ``reward_weighted``). Every function takes and returns
+per-sample tensors (``[B]`` losses) so the trainer chooses the reduction; shapes of images are ``[B, C, H, W]`` (any trailing dims work).
 """
 
 from __future__ import annotations
@@ -24,61 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlpost.core.masked import group_stats
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
-
-# ---------------------------------------------------------------------------- advantages
-
-
-def group_advantages(
-    rewards: Tensor,
-    group_ids: Tensor | None,
-    scale: Literal["group", "batch", "none"] = "group",
-    eps: float = 1e-4,
-    clip: float | None = None,
-) -> Tensor:
-    """``A = (r - mean_group(r)) / std``: Flow-GRPO / DanceGRPO's per-prompt normalisation.
-
-    ``scale``: ``group`` divides by the prompt group's std (Flow-GRPO, DanceGRPO), ``batch``
-    by the std of the centred rewards over the whole batch, ``none`` leaves them centred.
-    ``clip``: Flow-GRPO clips advantages to ``[-5, 5]``. A group whose rewards are all
-    equal gets advantage 0 (never NaN).
-    """
-    st = group_stats(rewards.float(), group_ids)
-    centred = rewards.float() - st.mean
-    if scale == "group":
-        adv = centred / (st.std + eps)
-    elif scale == "batch":
-        adv = centred / (centred.std(unbiased=False) + eps)
-    elif scale == "none":
-        adv = centred
-    else:
-        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
-    return adv.clamp(-clip, clip) if clip is not None else adv
-
-
-def slas_advantages(
-    rewards: Tensor, group_ids: Tensor | None, gamma: float = 0.5, eps: float = 1e-4
-) -> Tensor:
-    """Super-Linear Advantage Shaping (SLAS, catalog 000-29).
-
-    1. ``A0 = r - mean_group(r)``: the prompt-level std is removed (the abstract: dividing
-       by it miscalibrates, and without it the ascent direction is linear in A);
-    2. ``A = A0 / std_batch(A0)``: batch-level normalisation (stable across reward scales);
-    3. ``A_slas = sign(A) |A|^(1 + gamma)``: the advantage-dependent Fisher-Rao weighting
-       ``|A|^gamma`` (our reading of the abstract) relaxes the metric along high-|A|
-       directions and tightens it where |A| is small, so informative samples are amplified
-       and near-zero (noise-level) advantages are suppressed super-linearly.
-
-    ``gamma = 0`` is the linear, batch-normalised baseline. Ratios between two samples'
-    advantages are raised to the power ``1 + gamma``; the result is invariant to any
-    positive rescaling of the rewards and to a per-group shift.
-    """
-    if gamma < 0:
-        raise ValueError(f"SLAS gamma must be >= 0 (super-linear), got {gamma}")
-    adv = group_advantages(rewards, group_ids, scale="batch", eps=eps)
-    return adv.sign() * adv.abs().pow(1.0 + gamma)
-
 
 # ---------------------------------------------------------------------- SDE policy loss
 
@@ -169,13 +116,6 @@ def awm_loss(v: Tensor, u: Tensor, advantages: Tensor) -> Tensor:
     surrogate is the flow-matching error). Pair it with NormGuard or a KL to the reference.
     """
     return advantages.detach() * regression_loss(v, u)
-
-
-def reward_weights(rewards: Tensor, temperature: float = 1.0) -> Tensor:
-    """Reward-weighted regression weights ``B softmax(r / T)`` (non-negative, mean 1)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    return torch.softmax(rewards.float() / temperature, 0) * rewards.numel()
 
 
 # -------------------------------------------------------------------------- NormGuard

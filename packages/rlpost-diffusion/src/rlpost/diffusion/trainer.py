@@ -1,14 +1,16 @@
-"""The diffusion post-training loop: one trainer for every objective.
+"""The diffusion post-training loop: one trainer for every method.
 
-Each step:
+The method (``algo.method``, an entry of :data:`rlpost.diffusion.methods.METHODS`) names
+its sampler, its advantage, its loss and what the loss reads; the trainer holds no method
+names. Each step:
 
 1. draw ``prompts.per_step`` prompts and ``group_size`` samples per prompt;
-2. sample with the method's sampler (SDE for Flow-GRPO / DanceGRPO / SLAS, recording the
-   per-step log-probabilities; the deterministic ODE for RAM / AWM / RWR);
-3. decode, score with the reward, compute advantages (per prompt group);
+2. sample with the method's sampler (an SDE recording the per-step log-probabilities, or
+   the deterministic ODE);
+3. decode, score with the reward, compute the method's advantage (core ``ADVANTAGES``);
 4. update: SDE methods replay the stored transitions of the trained denoising steps
-   through the per-step PPO-clip surrogate (+ KL on the step means); velocity-local
-   methods re-noise each clean endpoint ``K`` times and regress the velocity;
+   through their loss (+ KL on the step means); ODE methods re-noise each clean endpoint
+   ``K`` times and evaluate their loss on the velocity there (+ KL on the velocity);
    NormGuard, when on, adds its hinge at every velocity the loss evaluates;
 5. log metrics; every ``eval_every`` steps sample fixed prompts with fixed noise using
    the ODE and log reward, extra quality metrics and the velocity-norm ratio
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlpost.core.advantages import AdvantageInput
 from rlpost.core.io.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -36,7 +39,8 @@ from rlpost.core.io.checkpoint import (
 )
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.diffusion import objectives as obj
-from rlpost.diffusion.config import SDE_METHODS, Config
+from rlpost.diffusion.config import Config
+from rlpost.diffusion.methods import LossInput, Needs
 from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_index, cond_repeat
 from rlpost.diffusion.rewards import RewardFn, load_reward, quality_metrics
 from rlpost.diffusion.runlog import plot_curves, save_grid, summary_table
@@ -85,7 +89,7 @@ def _pick_device(name: str) -> torch.device:
 
 
 class Trainer:
-    """Runs ``cfg.train.steps`` steps of ``cfg.algo.method`` and writes ``cfg.run.dir``."""
+    """Runs ``cfg.train.steps`` steps of the configured method and writes ``cfg.run.dir``."""
 
     def __init__(
         self,
@@ -102,6 +106,7 @@ class Trainer:
         self.policy = policy if policy is not None else load_policy(cfg, self.device)
         self.reward = reward if reward is not None else load_reward(cfg.reward.name)
         self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
+        self.method = cfg.algo.bound_method()
         self.params = self.policy.trainable_parameters()
         self.opt = torch.optim.AdamW(
             self.params,
@@ -159,13 +164,7 @@ class Trainer:
         images = self.policy.decode(traj.x0)
         flat_prompts = [p for p in prompts for _ in range(G)]
         rewards = self.reward(images, flat_prompts).float().to(self.device)
-        a = cfg.algo
-        if a.method == "slas":
-            adv = obj.slas_advantages(rewards, group_ids, gamma=a.slas_gamma)
-        elif a.method == "rwr":
-            adv = obj.reward_weights(rewards, a.rwr_temperature)
-        else:
-            adv = obj.group_advantages(rewards, group_ids, "group", clip=a.adv_clip)
+        adv = self.method.advantage(AdvantageInput(rewards, group_ids)).advantages
         metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item(),
@@ -194,8 +193,9 @@ class Trainer:
                 cfg.sampler_kind, x, v, self.sigmas[j], self.sigmas[j + 1], x_next=x_next, **kw
             )
             old = b.traj.logprobs[idx, j]
-            loss, m = obj.sde_policy_loss(out.logprob[:, None], old[:, None], adv, a.clip_range)
-            sums["clip_frac"] += m["clip_frac"]
+            res = self.method.loss(LossInput(v, adv, logprob=out.logprob, old_logprob=old))
+            loss = res.loss
+            sums["clip_frac"] += res.metrics.get("clip_frac", 0.0)
             need_ref = kl_coef > 0 or a.normguard.coef > 0
             if need_ref:
                 v_ref = self.policy.reference_velocity(x, sig, cond).float()
@@ -232,7 +232,7 @@ class Trainer:
             len(rows), a.sigma_dist, a.sigma_loc, a.sigma_scale, device=self.device
         )
         plan = {"rows": rows, "sigma": sig, "eps": torch.randn_like(x0)}
-        if a.method == "ram" and self.cfg.optim.minibatches > 1:
+        if Needs.SAMPLING in self.method.method.needs and self.cfg.optim.minibatches > 1:
             with torch.no_grad():
                 olds = []
                 for mb in torch.arange(len(rows), device=self.device).split(
@@ -254,20 +254,28 @@ class Trainer:
         sig = plan["sigma"][j]
         xs, u = obj.renoise(b.traj.x0[idx], sig, plan["eps"][j])
         v = self.policy.velocity(xs, sig, cond).float()
-        need_ref = a.method == "ram" or a.resolved_kl() > 0 or a.normguard.coef > 0
+        needs = self.method.method.needs
+        kl = a.resolved_kl()
+        need_ref = Needs.REFERENCE in needs or kl > 0 or a.normguard.coef > 0
         v_ref = self.policy.reference_velocity(xs, sig, cond).float() if need_ref else None
-        metrics: dict[str, float] = {}
-        if a.method == "ram":
+        v_old = None
+        if Needs.SAMPLING in needs:
             v_old = plan["v_old"][j] if "v_old" in plan else v.detach()
-            loss = obj.regression_loss(v, obj.ram_target(v_ref, v_old, u, adv, a.ram_m))
-        elif a.method == "awm":
-            loss = obj.awm_loss(v, u, adv)
-        else:  # rwr: the non-negative weights are in b.advantages
-            loss = adv * obj.regression_loss(v, u)
-        if a.method != "ram" and a.resolved_kl() > 0:
-            kl = obj.regression_loss(v, v_ref)
-            loss = loss + a.resolved_kl() * kl
-            metrics["kl"] = kl.mean().item()
+        res = self.method.loss(
+            LossInput(
+                v,
+                adv,
+                target=u,
+                v_ref=v_ref if Needs.REFERENCE in needs else None,
+                v_old=v_old,
+            )
+        )
+        loss = res.loss
+        metrics: dict[str, float] = dict(res.metrics)
+        if kl > 0:
+            kl_term = obj.regression_loss(v, v_ref)
+            loss = loss + kl * kl_term
+            metrics["kl"] = kl_term.mean().item()
         if v_ref is not None:
             ratio = obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)
             metrics["vnorm_ratio"] = ratio.mean().item()
@@ -280,7 +288,7 @@ class Trainer:
     def update(self, b: Batch) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.algo
         B = b.rewards.numel()
-        sde = a.method in SDE_METHODS
+        sde = self.method.method.sde
         if sde:
             T = cfg.sampler.steps
             n_train = max(1, round(a.resolved_fraction() * T))

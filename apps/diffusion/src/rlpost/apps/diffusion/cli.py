@@ -1,7 +1,7 @@
 """``rlpost-diffusion``: RL post-training of flow-matching image generators.
 
 rlpost-diffusion demo                         # RAM vs Flow-GRPO on the embedded digits model
-rlpost-diffusion train --config ram_digits algo.ram_m=10 train.steps=50
+rlpost-diffusion train --config ram_digits algo.params.m=10 train.steps=50
 rlpost-diffusion train --config my.yaml --resume   # continue run.dir exactly
 rlpost-diffusion eval --config ram_digits --checkpoint runs/ram_digits/checkpoints/step-000150
 rlpost-diffusion build-base                   # (re)build the digits model and reward classifier

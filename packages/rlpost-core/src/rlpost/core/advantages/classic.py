@@ -27,6 +27,11 @@ from rlpost.core.registry import NoParams
 class GRPOParams:
     scale_by_std: bool = True  # False: Dr. GRPO's unscaled r - mean
     eps: float = 1e-6
+    clip: float | None = None  # |A| bound (Flow-GRPO clips to 5); None: unbounded
+
+    def __post_init__(self) -> None:
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0 (or None), got {self.clip}")
 
 
 @ADVANTAGES.register("grpo", GRPOParams, coupling=Coupling.GROUP)
@@ -38,9 +43,12 @@ def grpo(inp: AdvantageInput, p: GRPOParams) -> AdvantageOutput:
     or A_i = r_i - mean_g(r) when ``scale_by_std=False`` (Dr. GRPO, Liu et al. 2025,
     arXiv:2503.20783, which drops the std to remove the question-difficulty bias).
     A group with identical rewards has r_i - mean = 0 exactly, so A = 0 (no NaN).
+    ``clip``: A clipped to [-clip, clip] (Flow-GRPO, Liu et al. 2025, arXiv:2505.05470: 5).
     """
     r = response_rewards(inp)
     adv = group_normalize(r, inp.group_ids, p.scale_by_std, p.eps)
+    if p.clip is not None:
+        adv = adv.clamp(-p.clip, p.clip)
     return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
 
 

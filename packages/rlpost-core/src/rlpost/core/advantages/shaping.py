@@ -1,5 +1,6 @@
 """Reward shaping inside group-relative advantages: RiVER (004-29), HMPO (004-11b),
-ICR (001-10), Soft-Pair-GRPO (001-14) and ED-GRPO (001-04)."""
+ICR (001-10), Soft-Pair-GRPO (001-14), ED-GRPO (001-04), SLAS (000-29) and the
+reward-weighted regression weights."""
 
 from __future__ import annotations
 
@@ -255,3 +256,58 @@ def ed_grpo(inp: AdvantageInput, p: EDGRPOParams) -> AdvantageOutput:
         broadcast(adv, inp.mask),
         metrics={**_metrics(adv, r), "ed_bonus_abs_mean": bonus.abs().mean().item()},
     )
+
+
+@dataclass(frozen=True)
+class SLASParams:
+    gamma: float = 0.5  # super-linear exponent: A -> sign(A) |A|^(1 + gamma)
+    eps: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0:
+            raise ValueError(f"SLAS gamma must be >= 0 (super-linear), got {self.gamma}")
+
+
+@ADVANTAGES.register("slas", SLASParams, coupling=Coupling.BATCH)
+def slas(inp: AdvantageInput, p: SLASParams) -> AdvantageOutput:
+    """Super-Linear Advantage Shaping (SLAS, catalog 000-29).
+
+    1. ``A0 = r - mean_group(r)``: the prompt-level std is removed (the abstract: dividing
+       by it miscalibrates, and without it the ascent direction is linear in A);
+    2. ``A = A0 / (std_batch(A0) + eps)``: batch-level normalisation (population std over
+       the batch; stable across reward scales);
+    3. ``A_slas = sign(A) |A|^(1 + gamma)``: the advantage-dependent Fisher-Rao weighting
+       ``|A|^gamma`` (our reading of the abstract) relaxes the metric along high-|A|
+       directions and tightens it where |A| is small, so informative samples are amplified
+       and near-zero (noise-level) advantages are suppressed super-linearly.
+
+    ``gamma = 0`` is the linear, batch-normalised baseline. Ratios between two samples'
+    advantages are raised to the power ``1 + gamma``; the result is invariant to any
+    positive rescaling of the rewards and to a per-group shift.
+    """
+    r = response_rewards(inp)
+    centred = r - group_stats(r, inp.group_ids).mean
+    adv = centred / (centred.std(unbiased=False) + p.eps)
+    adv = adv.sign() * adv.abs().pow(1.0 + p.gamma)
+    return AdvantageOutput(broadcast(adv, inp.mask), metrics=_metrics(adv, r))
+
+
+@dataclass(frozen=True)
+class RewardWeightedParams:
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@ADVANTAGES.register("reward_weighted", RewardWeightedParams, coupling=Coupling.BATCH)
+def reward_weighted(inp: AdvantageInput, p: RewardWeightedParams) -> AdvantageOutput:
+    """Reward-weighted regression weights (Peters & Schaal 2007): ``B softmax(r / T)``.
+
+    Non-negative, mean 1 over the batch: not a centred advantage but the weight of each
+    sample's supervised (regression) loss, as in reward-weighted flow matching (RWR).
+    """
+    r = response_rewards(inp)
+    w = torch.softmax(r / p.temperature, 0) * r.numel()
+    return AdvantageOutput(broadcast(w, inp.mask), metrics=_metrics(w, r))

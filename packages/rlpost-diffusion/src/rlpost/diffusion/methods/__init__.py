@@ -1,0 +1,30 @@
+"""Diffusion / flow-matching post-training methods (the ``METHODS`` registry).
+
+=================  ===========================================================
+module             methods
+=================  ===========================================================
+``sde``            flow_grpo, dance_grpo, slas (SDE rollouts, PPO clip per step)
+``velocity``       ram, awm, rwr (ODE endpoints re-noised, velocity regression)
+=================  ===========================================================
+"""
+
+from rlpost.diffusion.methods import sde, velocity  # noqa: F401  (registration)
+from rlpost.diffusion.methods.base import (
+    METHODS,
+    BoundMethod,
+    LossInput,
+    LossOutput,
+    Method,
+    Needs,
+    register_method,
+)
+
+__all__ = [
+    "METHODS",
+    "BoundMethod",
+    "LossInput",
+    "LossOutput",
+    "Method",
+    "Needs",
+    "register_method",
+]
