@@ -58,7 +58,7 @@ def _recipe() -> Any:
 
 
 def _policy_folder() -> Path:
-    from rlpost.robot.demo import build_policy_for
+    from rlpost.robot.train import build_policy_for
 
     return build_policy_for(_recipe())
 
@@ -67,15 +67,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
+    from rlpost.robot.algos.common import evaluate_policy
     from rlpost.robot.algos.craft import CRAFTConfig, run_craft
-    from rlpost.robot.algos.otql import evaluate_policy
     from rlpost.robot.pretrain import load_bc_policy
 
     t0 = time.perf_counter()
     pi = load_bc_policy(_policy_folder())
     history = None
     if METHODS[job["method"]] is not None:
-        kw = {**_recipe().craft.model_dump(), "episodes": job["episodes"]}
+        kw = {**_recipe().algo.params, "episodes": job["episodes"]}
         cfg = CRAFTConfig(**{**kw, **METHODS[job["method"]]}, seed=job["seed"])
         history = run_craft(pi, TASK, cfg, progress=False)["history"]
     ev = evaluate_policy(pi, TASK, job["eval_episodes"], 1, seed=10_000)

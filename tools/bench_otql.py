@@ -46,7 +46,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from rlpost.robot.algos.otql import OTQLConfig, evaluate_policy, run_otql, straightness
+    from rlpost.robot.algos.common import evaluate_policy
+    from rlpost.robot.algos.otql import OTQLConfig, run_otql, straightness
     from rlpost.robot.pretrain import (
         build_bc_policy,
         build_demo_dataset,

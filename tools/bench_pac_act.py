@@ -56,7 +56,7 @@ def _recipe() -> Any:
 
 
 def _policy_folder() -> Path:
-    from rlpost.robot.demo import build_policy_for
+    from rlpost.robot.train import build_policy_for
 
     return build_policy_for(_recipe())
 
@@ -65,7 +65,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from rlpost.robot.algos.otql import evaluate_policy
+    from rlpost.robot.algos.common import evaluate_policy
     from rlpost.robot.algos.pac_act import PACACTConfig, run_pac_act
     from rlpost.robot.pretrain import build_demo_dataset, load_bc_policy, load_demos
 
@@ -74,7 +74,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     history = None
     if METHODS[job["method"]] is not None:
         demos = load_demos(build_demo_dataset(TASK))
-        kw = {**_recipe().pac_act.model_dump(), "episodes": job["episodes"]}
+        kw = {**_recipe().algo.params, "episodes": job["episodes"]}
         cfg = PACACTConfig(**{**kw, **METHODS[job["method"]]}, seed=job["seed"])
         history = run_pac_act(pi, TASK, demos, cfg, progress=False)["history"]
     ev = evaluate_policy(pi, TASK, job["eval_episodes"], 1, seed=10_000)

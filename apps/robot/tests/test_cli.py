@@ -48,10 +48,10 @@ def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, ca
     monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     small = [
-        "otql.episodes=2",
-        "otql.envs=2",
-        "otql.updates_per_round=2",
-        "otql.critic_pretrain_steps=5",
+        "algo.params.episodes=2",
+        "algo.params.envs=2",
+        "algo.params.updates_per_round=2",
+        "algo.params.critic_pretrain_steps=5",
         "policy.bc_steps=20",
         "policy.hidden=32",
         "demos.n_good=2",
@@ -67,21 +67,26 @@ def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, ca
     capsys.readouterr()
     assert main(["train", "--config", "otql_reacher", "task=walker"]) == 2
     assert "task" in capsys.readouterr().err
-    assert main(["train", "--config", "otql_reacher", "otql.coupling=sinkhorn"]) == 2
+    assert main(["train", "--config", "otql_reacher", "algo.params.coupling=sinkhorn"]) == 2
 
 
 def _small_run(tmp_path, algo: str) -> list[str]:
     common = ["demos.n_good=2", "demos.n_poor=2", "run.eval_episodes=2", "run.progress=false"]
     per_algo = {
         "pac_act": [
-            "pac_act.episodes=2",
-            "pac_act.envs=2",
-            "pac_act.updates_per_round=2",
-            "pac_act.critic_pretrain_steps=2",
+            "algo.params.episodes=2",
+            "algo.params.envs=2",
+            "algo.params.updates_per_round=2",
+            "algo.params.critic_pretrain_steps=2",
             "policy.bc_steps=10",
             "policy.dim_model=16",
         ],
-        "craft": ["craft.episodes=4", "craft.envs=2", "policy.bc_steps=20", "policy.hidden=32"],
+        "craft": [
+            "algo.params.episodes=4",
+            "algo.params.envs=2",
+            "policy.bc_steps=20",
+            "policy.hidden=32",
+        ],
     }
     return [*common, *per_algo[algo], f"run.dir={tmp_path / algo}"]
 
@@ -98,3 +103,81 @@ def test_train_pac_act_and_craft_recipes(tmp_path, monkeypatch, capsys):
     assert "after CRAFT" in capsys.readouterr().out
     assert (tmp_path / "craft" / "metrics.jsonl").read_text().count("\n") == 2  # two rounds
     assert main(["train", "--config", "craft_multimodal_reach", "policy.kind=flow"]) == 2
+
+
+def test_a_toy_algorithm_registered_here_trains_through_the_cli(tmp_path, monkeypatch, capsys):
+    """An algorithm defined and registered by this test (success-filtered BC on its own
+    online episodes) runs through ``rlpost-robot train`` without touching a package file."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from rlpost.robot.algos import ALGORITHMS
+    from rlpost.robot.algos.base import Algorithm, register_algorithm
+    from rlpost.robot.algos.common import chunk_transitions, online_loop
+    from rlpost.robot.demos import collect_episodes
+    from rlpost.robot.policies.bc import ChunkController
+
+    @dataclass(frozen=True)
+    class ToyConfig:
+        episodes: int = 2
+        envs: int = 2
+        lr: float = 1e-3
+        seed: int = 0
+
+    class ToyLearner:
+        def __init__(self, policy, task, cfg):
+            self.policy, self.task = policy, task
+            self.opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+            self.steps = 0
+
+        def collect(self, n, seed):
+            ctrl = ChunkController(self.policy, execute=self.policy.cfg.horizon)
+            return collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
+
+        def update(self, episodes):
+            buf = chunk_transitions(episodes, self.policy.cfg.horizon, 1, 0.99)
+            w = torch.ones(len(buf))  # every step of every episode, weight 1
+            before = [p.detach().clone() for p in self.policy.parameters()]
+            self.policy.train()
+            loss = self.policy.flow_loss(buf.obs, buf.chunks, w, mask=buf.mask)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.policy.eval()
+            self.steps += 1
+            moved = sum(
+                (p - b).abs().sum().item()
+                for p, b in zip(self.policy.parameters(), before, strict=True)
+            )
+            success = sum(e.success for e in episodes) / len(episodes)
+            return {"loss": loss.item(), "moved": moved, "online_success": success}
+
+    def run(policy, task, demos, cfg, log=None, progress=True):
+        history = online_loop(ToyLearner(policy, task, cfg), cfg.episodes, cfg.envs, cfg.seed, log)
+        return {"history": history}
+
+    register_algorithm(
+        Algorithm("toy_bc", "TOY", "(this test)", ToyConfig, policy_kind="flow", run=run)
+    )
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(
+        "task: reacher\nalgo:\n  name: toy_bc\n  params: {episodes: 2, envs: 2, lr: 0.001}\n"
+        "policy: {bc_steps: 20, hidden: 32}\ndemos: {n_good: 2, n_poor: 2}\n"
+        f"run: {{eval_episodes: 2, eval_steps: [1], progress: false, dir: {tmp_path / 'run'}}}\n"
+    )
+    try:
+        assert main(["train", "--config", str(recipe)]) == 0
+        assert "after TOY" in capsys.readouterr().out
+        import json
+
+        rows = [
+            json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 1 and rows[0]["moved"] > 0  # one round, one update that moved
+        assert main(["train", "--config", str(recipe), "algo.params.lr=-1x"]) == 2
+        assert "lr" in capsys.readouterr().err
+    finally:
+        ALGORITHMS.unregister("toy_bc")
+    assert main(["train", "--config", str(recipe)]) == 2  # gone: the name is unknown again

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlpost.robot.algos.otql import evaluate_policy
+from rlpost.robot.algos.common import evaluate_policy
 from rlpost.robot.demos import collect_demos
 from rlpost.robot.envs import TASKS
 from rlpost.robot.policies.act import ActChunkPolicy, act_stats, train_act_bc

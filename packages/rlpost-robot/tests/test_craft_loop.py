@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
+from rlpost.robot.algos.common import evaluate_policy
 from rlpost.robot.algos.craft import (
     PROXIES,
     CRAFTConfig,
@@ -14,7 +15,6 @@ from rlpost.robot.algos.craft import (
     kinematic_proxy_multimodal_reach,
     run_craft,
 )
-from rlpost.robot.algos.otql import evaluate_policy
 from rlpost.robot.demos import collect_demos
 from rlpost.robot.policies.bc import make_chunks
 from rlpost.robot.policies.gaussian import GaussianChunkPolicy, train_gaussian_bc

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlpost.robot.algos.otql import OTQLConfig, chunk_transitions, expectile_loss, ot_couple
+from rlpost.robot.algos.common import chunk_transitions
+from rlpost.robot.algos.otql import OTQLConfig, expectile_loss, ot_couple
 
 
 def test_expectile_loss_minimiser_is_the_expectile():

@@ -4,7 +4,8 @@ import json
 
 import torch
 
-from rlpost.robot.algos.otql import OTQLConfig, evaluate_policy, run_otql
+from rlpost.robot.algos.common import evaluate_policy
+from rlpost.robot.algos.otql import OTQLConfig, run_otql
 from rlpost.robot.envs import TASKS
 from rlpost.robot.pretrain import build_bc_policy, build_demo_dataset, load_bc_policy, load_demos
 

@@ -1,19 +1,30 @@
 """Typed config of a robot post-training run (``rlpost-robot train --config <recipe>``).
 
 Defaults <- YAML recipe <- ``key.sub=value`` overrides, validated at load by
-:func:`rlpost.core.io.config.load_validated` (errors name the dotted field).
+:func:`rlpost.core.io.config.load_validated` (errors name the dotted field). ``algo.name``
+is an :data:`rlpost.robot.algos.ALGORITHMS` entry and ``algo.params`` its config
+dataclass, validated against it; the policy kind must be the one it fine-tunes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.registry import RegistryError
 
-__all__ = ["Config", "ConfigError", "load_config", "recipe_path"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DeployJob",
+    "ResidualJob",
+    "load_config",
+    "load_job",
+    "recipe_path",
+]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -23,9 +34,20 @@ class _Strict(BaseModel):
 
 
 class PolicyConfig(_Strict):
-    kind: Literal["flow", "act", "gaussian"] = "flow"
-    """``flow``: our flow-matching chunk policy; ``act``: lerobot's ACT (lerobot extra);
-    ``gaussian``: a Gaussian chunk policy (log-probabilities for policy gradients)."""
+    kind: str = "flow"
+    """A :data:`rlpost.robot.pretrain.POLICY_KINDS` entry: ``flow`` (our flow-matching chunk
+    policy), ``act`` (lerobot's ACT, lerobot extra), ``gaussian`` (a Gaussian chunk policy
+    with log-probabilities for policy gradients)."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        from rlpost.robot.pretrain import POLICY_KINDS
+
+        if v not in POLICY_KINDS:
+            raise ValueError(f"must be one of {sorted(POLICY_KINDS)}, got {v!r}")
+        return v
+
     horizon: int = Field(4, ge=1)
     hidden: int = Field(256, ge=8)
     """MLP width (``flow`` and ``gaussian``)."""
@@ -39,46 +61,11 @@ class DemoConfig(_Strict):
     n_poor: int = Field(30, ge=0)
 
 
-class OTQLSection(_Strict):
-    episodes: int = Field(60, ge=1)
-    envs: int = Field(4, ge=1)
-    beta: float = Field(1.0, gt=0)
-    ot_coef: float = Field(0.25, ge=0)
-    data_coef: float = Field(1.0, ge=0)
-    coupling: Literal["ot", "independent"] = "ot"
-    k_samples: int = Field(8, ge=1)
-    updates_per_round: int = Field(20, ge=1)
-    critic_pretrain_steps: int = Field(1000, ge=0)
-
-
-class PACACTSection(_Strict):
-    episodes: int = Field(160, ge=1)
-    envs: int = Field(8, ge=1)
-    explore_std: float = Field(0.02, ge=0)
-    q_coef: float = Field(2.5, ge=0)
-    prior_coef: float = Field(10.0, ge=0)
-    prior_mix: float = Field(0.5, ge=0, le=1)
-    force_excess_coef: float = Field(0.1, ge=0)
-    force_violation_coef: float = Field(0.02, ge=0)
-    updates_per_round: int = Field(50, ge=1)
-    critic_pretrain_steps: int = Field(500, ge=0)
-    actor_lr: float = Field(3e-5, gt=0)
-
-
-class CRAFTSection(_Strict):
-    episodes: int = Field(320, ge=1)
-    envs: int = Field(16, ge=1)
-    group: int = Field(8, ge=2)
-    mode: Literal["craft", "real", "proxy"] = "craft"
-    proxy: str = "kinematic"
-    residual_coef: float = Field(1.0, ge=0)
-    kl_coef: float = Field(0.1, ge=0)
-    kl_forward: float = Field(1.0, ge=0)
-    kl_reverse: float = Field(0.0, ge=0)
-    ema_decay: float = Field(0.9, ge=0, lt=1)
-    gae_lambda: float = Field(0.9, ge=0, le=1)
-    lr: float = Field(3e-4, gt=0)
-    updates_per_round: int = Field(4, ge=1)
+class AlgoConfig(_Strict):
+    name: str = "otql"
+    """An :data:`rlpost.robot.algos.ALGORITHMS` entry (``otql``, ``pac_act``, ``craft``)."""
+    params: dict[str, Any] = {}
+    """The algorithm's hyper-parameters (its config dataclass; ``seed`` is ``run.seed``)."""
 
 
 class RunConfig(_Strict):
@@ -92,32 +79,40 @@ class RunConfig(_Strict):
 
 class Config(_Strict):
     task: str = "multimodal_reach"
-    algo: Literal["otql", "pac_act", "craft"] = "otql"
+    algo: AlgoConfig = AlgoConfig()
     policy: PolicyConfig = PolicyConfig()
     demos: DemoConfig = DemoConfig()
-    otql: OTQLSection = OTQLSection()
-    pac_act: PACACTSection = PACACTSection()
-    craft: CRAFTSection = CRAFTSection()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
     def _algo_policy(self) -> Config:
-        need = {"otql": "flow", "pac_act": "act", "craft": "gaussian"}[self.algo]
-        if self.policy.kind != need:
+        from rlpost.robot.algos import ALGORITHMS
+
+        try:
+            algo = ALGORITHMS.get(self.algo.name)
+        except RegistryError as exc:
+            raise ValueError(f"algo.name: {exc}") from exc
+        try:
+            params = self.algorithm_config()
+        except RegistryError as exc:
+            raise ValueError(f"algo.params: {exc}") from exc
+        if self.policy.kind != algo.policy_kind:
             raise ValueError(
-                f"algo {self.algo!r} fine-tunes a policy.kind={need!r} policy, "
+                f"algo {algo.name!r} fine-tunes a policy.kind={algo.policy_kind!r} policy, "
                 f"got policy.kind={self.policy.kind!r}"
             )
-        if self.algo == "craft" and self.craft.mode != "real":
-            from rlpost.robot.algos.craft import PROXIES
-
-            have = sorted(PROXIES.get(self.task, {}))
-            if self.craft.proxy not in have:
-                raise ValueError(
-                    f"craft.proxy={self.craft.proxy!r} is not a counterfactual model of task "
-                    f"{self.task!r} (have {have}); use craft.mode=real or another task"
-                )
+        if algo.check is not None:
+            try:
+                algo.check(self.task, params)
+            except ValueError as exc:
+                raise ValueError(f"algo.params: {exc}") from exc
         return self
+
+    def algorithm_config(self) -> Any:
+        """The algorithm's validated config dataclass (with ``seed = run.seed``)."""
+        from rlpost.robot.algos import ALGORITHMS
+
+        return ALGORITHMS.config(self.algo.name, self.algo.params, self.run.seed)
 
     @field_validator("task")
     @classmethod
@@ -129,17 +124,115 @@ class Config(_Strict):
         return v
 
 
+# ------------------------------------------------------------- residual corrector job
+
+
+class ResidualData(_Strict):
+    train: int = Field(64, ge=1)
+    """Training trajectories of the synthetic base decoder."""
+    test: int = Field(32, ge=1)
+    """Held-out trajectories the correction is measured on."""
+    steps: int = Field(200, ge=2)
+    """Time steps per trajectory."""
+
+
+class JobRun(_Strict):
+    dir: str = "runs/robot-job"
+    seed: int = 0
+    progress: bool = True
+    threads: int | None = Field(None, ge=1)
+
+
+class ResidualJob(_Strict):
+    """``rlpost-robot residual``: the offline residual RL corrector of a base decoder's
+    trajectories (catalog 004-03) against the supervised residual, on held-out data."""
+
+    data: ResidualData = ResidualData()
+    agent: dict[str, Any] = {}
+    """:class:`rlpost.robot.algos.residual.ResidualRLConfig` fields (``seed`` is
+    ``run.seed``)."""
+    run: JobRun = JobRun(dir="runs/residual")
+
+    @model_validator(mode="after")
+    def _agent(self) -> ResidualJob:
+        try:
+            self.agent_config()
+        except RegistryError as exc:
+            raise ValueError(f"agent: {exc}") from exc
+        return self
+
+    def agent_config(self) -> Any:
+        from rlpost.core.registry import make_params
+        from rlpost.robot.algos.residual import ResidualRLConfig
+
+        return make_params(
+            ResidualRLConfig, "residual agent", {**self.agent, "seed": self.run.seed}
+        )
+
+
+# ---------------------------------------------------------------------- deploy job
+
+
+class DeployPolicy(PolicyConfig):
+    run: str | None = None
+    """A run directory of ``rlpost-robot train`` (its ``policy/``); ``None``: the cached BC
+    policy of ``task`` built with the :class:`PolicyConfig` fields."""
+    execute: int | None = Field(None, ge=1)
+    """Actions executed per chunk before re-planning (default: the whole chunk)."""
+    sample_steps: int = Field(10, ge=1)
+    """Integration steps (flow policies; ACT decodes a chunk in one pass)."""
+
+
+class RobotSection(_Strict):
+    type: str = "rlpost_mujoco"
+    """A lerobot ``RobotConfig`` type: ``rlpost_mujoco`` (our simulated tasks) or any robot
+    lerobot supports (``so101_follower``, ``koch_follower``, ...)."""
+    params: dict[str, Any] = {}
+    """That config's fields (``port``, ``cameras``, ... for a real arm); ``task`` and
+    ``seed`` of ``rlpost_mujoco`` default to the job's."""
+
+
+class DeployJob(_Strict):
+    """``rlpost-robot deploy``: a trained policy drives a robot through lerobot's
+    ``Robot`` interface (``connect`` / ``get_observation`` / ``send_action``)."""
+
+    task: str = "contour"
+    policy: DeployPolicy = DeployPolicy()
+    robot: RobotSection = RobotSection()
+    episodes: int = Field(5, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    demos: DemoConfig = DemoConfig()
+    run: JobRun = JobRun(dir="runs/deploy")
+
+    _known_task = field_validator("task")(Config._known_task.__func__)
+
+
+JOBS: dict[str, type[_Strict]] = {"train": Config, "residual": ResidualJob, "deploy": DeployJob}
+"""Each CLI command with recipes, and the model its recipes validate against; a command's
+recipes live in ``recipes/`` (``train``) or ``recipes/<command>/``."""
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     return load_validated(Config, path, overrides)
 
 
-def recipe_path(name_or_path: str) -> Path:
+def load_job(command: str, path: str | Path | None, overrides: list[str] | None = None) -> Any:
+    """The validated config of a ``residual`` / ``deploy`` (or ``train``) recipe."""
+    return load_validated(JOBS[command], path, overrides)
+
+
+def recipes_dir(command: str = "train") -> Path:
+    return RECIPES_DIR if command == "train" else RECIPES_DIR / command
+
+
+def recipe_path(name_or_path: str, command: str = "train") -> Path:
     """A YAML path as given, or the shipped recipe of that name (``.yaml`` optional)."""
     given = Path(name_or_path)
     if given.is_file():
         return given
-    shipped = RECIPES_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
+    folder = recipes_dir(command)
+    shipped = folder / f"{name_or_path.removesuffix('.yaml')}.yaml"
     if shipped.is_file():
         return shipped
-    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-    raise FileNotFoundError(f"no file {name_or_path!r} and no shipped recipe; {names}")
+    names = sorted(p.stem for p in folder.glob("*.yaml"))
+    raise FileNotFoundError(f"no file {name_or_path!r} and no shipped {command} recipe; {names}")

@@ -1,6 +1,6 @@
-"""The ``rlpost-robot demo`` job (OTQL fine-tunes a BC flow policy from its own experience)
-and ``rlpost-robot train --config`` (any recipe: OTQL on a flow policy, PAC-ACT on ACT, CRAFT
-on a Gaussian chunk policy).
+"""The ``rlpost-robot demo`` job: OTQL fine-tunes a BC flow policy from its own experience
+(the ``otql_<task>`` recipe through :func:`rlpost.robot.train.train_from_config`), and the
+result's plot, frame strip and table.
 
 1. Builds (or loads from the cache) the suboptimal demonstration set of ``task`` (10 good
    + 30 poor scripted episodes, a LeRobotDataset) and the BC flow policy cloned from it.
@@ -14,13 +14,10 @@ on a Gaussian chunk policy).
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 STEPS = (10, 3, 1)
-_ALGO_NAMES = {"otql": "OTQL", "pac_act": "PAC-ACT", "craft": "CRAFT"}
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -29,7 +26,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    name = _ALGO_NAMES[result.get("algo", "otql")]
+    name = result.get("algo_title", result.get("algo", "OTQL").upper())
     hist = result["history"]
     force = bool(hist) and "peak_force" in hist[0]
     fig, axes = plt.subplots(1, 3 if force else 2, figsize=(13.5 if force else 9, 3.4))
@@ -37,7 +34,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     x = range(len(steps))
     for off, key, label in ((-0.2, "before", "BC"), (0.2, "after", f"after {name}")):
         axes[0].bar([i + off for i in x], [result[key][str(n)] for n in steps], 0.4, label=label)
-    if result.get("policy", "flow") == "flow":
+    if len(result.get("steps", STEPS)) > 1:  # a kind that integrates: by steps
         axes[0].set_xticks(list(x), [f"{n} steps" for n in steps])
         axes[0].set_title("success vs integration steps", fontsize=10)
     else:
@@ -114,143 +111,32 @@ def run_demo(
         path, overrides = recipe_path("otql_multimodal_reach"), [f"task={task}"]
     overrides += [
         f"run.dir={out}",
-        f"otql.episodes={episodes}",
+        f"algo.params.episodes={episodes}",
         f"run.eval_episodes={eval_episodes}",
         f"run.progress={progress}",
         f"run.seed={seed}",
     ]
     if bc_steps:
         overrides.append(f"policy.bc_steps={bc_steps}")
+    from rlpost.robot.train import train_from_config
+
     return train_from_config(load_config(path, overrides))
 
 
-def train_from_config(cfg: Any) -> dict[str, Any]:
-    """Build / load the demonstrations and the BC policy, evaluate, fine-tune, evaluate.
-
-    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per OTQL round),
-    ``success.png``, ``rollout.png`` (when a renderer works), ``policy/``, ``demo.json``.
-    """
-    import torch
-    import yaml
-
-    from rlpost.core.io.metrics import MetricsLogger
-    from rlpost.robot.algos.otql import evaluate_policy
-    from rlpost.robot.pretrain import build_demo_dataset, load_bc_policy, load_demos
-
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    out = Path(cfg.run.dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    t0 = time.perf_counter()
-    policy = load_bc_policy(build_policy_for(cfg))
-    demos = load_demos(build_demo_dataset(cfg.task, **_demo_kw(cfg)))
-    t_build = time.perf_counter() - t0
-    # ACT decodes a chunk in one pass: integration steps only matter for the flow policy
-    steps = tuple(cfg.run.eval_steps) if cfg.policy.kind == "flow" else (1,)
-
-    def evaluate() -> dict[str, dict[str, float]]:
-        return {
-            str(n): evaluate_policy(policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000)
-            for n in steps
-        }
-
-    before = evaluate()
-    t1 = time.perf_counter()
-    logger = MetricsLogger(out, tensorboard=False)
-    try:
-        history = _fine_tune(cfg, policy, demos, lambda row: logger.log(row["episodes"], row))
-    finally:
-        logger.close()
-    t_train = time.perf_counter() - t1
-    policy.eval()
-    after = evaluate()
-    policy.save(out / "policy")
-    result = {
-        "task": cfg.task,
-        "algo": cfg.algo,
-        "policy": cfg.policy.kind,
-        "episodes": getattr(cfg, cfg.algo).episodes,
-        "eval_episodes": cfg.run.eval_episodes,
-        "steps": list(steps),
-        "demo_success": sum(d.success for d in demos) / len(demos),
-        "before": {k: v["success"] for k, v in before.items()},
-        "after": {k: v["success"] for k, v in after.items()},
-        "before_metrics": before,
-        "after_metrics": after,
-        "history": history,
-        "seconds_build": round(t_build, 1),
-        "seconds_train": round(t_train, 1),
-    }
-    _plot(result, out / "success.png")
-    result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
-    (out / "demo.json").write_text(json.dumps(result, indent=1))
-    return result
-
-
-def _demo_kw(cfg: Any) -> dict[str, int]:
-    return {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
-
-
-def build_policy_for(cfg: Any) -> Path:
-    """The cached BC policy folder of a run config (its task, demonstrations and policy
-    kind); built on first use."""
-    demo_kw = _demo_kw(cfg)
-    from rlpost.robot.pretrain import build_act_policy, build_bc_policy, build_gaussian_policy
-
-    p = cfg.policy
-    if p.kind == "act":
-        return build_act_policy(
-            cfg.task, demos=demo_kw, steps=p.bc_steps, horizon=p.horizon, dim_model=p.dim_model
-        )
-    if p.kind == "gaussian":
-        return build_gaussian_policy(
-            cfg.task, demos=demo_kw, steps=p.bc_steps, horizon=p.horizon, hidden=p.hidden
-        )
-    return build_bc_policy(
-        cfg.task,
-        progress=cfg.run.progress,
-        demos=demo_kw,
-        steps=p.bc_steps,
-        horizon=p.horizon,
-        hidden=p.hidden,
-    )
-
-
-def _fine_tune(cfg: Any, policy: Any, demos: list[Any], log: Any) -> list[dict[str, Any]]:
-    """Run the configured algorithm in place on ``policy``; returns its per-round history."""
-    if cfg.algo == "pac_act":
-        from rlpost.robot.algos.pac_act import PACACTConfig, run_pac_act
-
-        acfg = PACACTConfig(**cfg.pac_act.model_dump(), seed=cfg.run.seed)
-        return run_pac_act(policy, cfg.task, demos, acfg, log=log, progress=cfg.run.progress)[
-            "history"
-        ]
-    if cfg.algo == "craft":
-        from rlpost.robot.algos.craft import CRAFTConfig, run_craft
-
-        ccfg = CRAFTConfig(**cfg.craft.model_dump(), seed=cfg.run.seed)
-        return run_craft(policy, cfg.task, ccfg, log=log, progress=cfg.run.progress)["history"]
-    from rlpost.robot.algos.otql import OTQLConfig, run_otql
-
-    ocfg = OTQLConfig(**cfg.otql.model_dump(), seed=cfg.run.seed)
-    return run_otql(policy, cfg.task, demos, ocfg, log=log, progress=cfg.run.progress)["history"]
-
-
 def format_table(result: dict[str, Any]) -> str:
-    name = _ALGO_NAMES[result.get("algo", "otql")]
+    name = result.get("algo_title", result.get("algo", "OTQL").upper())
     lines = [
         f"task {result['task']}: demonstrations succeed {result['demo_success']:.0%}; "
         f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
     ]
-    if result.get("policy", "flow") == "flow":
+    if len(result.get("steps", STEPS)) > 1:  # a kind that integrates: by steps
         lines.append(f"{'integration steps':<20}{'BC':>8}{'after ' + name:>12}")
         for n in result.get("steps", STEPS):
             b, a = result["before"][str(n)], result["after"][str(n)]
             lines.append(f"{n:<20}{b:>8.2f}{a:>12.2f}")
     else:
         b, a = (result[k][str(result["steps"][0])] for k in ("before_metrics", "after_metrics"))
-        bc = "BC (ACT)" if result.get("policy") == "act" else "BC"
+        bc = f"BC ({result.get('policy', 'flow')})"
         lines.append(f"{'':<26}{bc:>10}{'after ' + name:>16}")
         rows = [("success", "success", "{:.2f}"), ("return", "return", "{:.2f}")]
         if "peak_force" in b:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -251,20 +253,81 @@ def build_gaussian_policy(
     return _build_policy("gaussian", task, r, demos, cache_dir, force, fit)
 
 
-def load_bc_policy(path: str | os.PathLike):
-    """The policy of a :func:`build_bc_policy` (:class:`FlowChunkPolicy`),
-    :func:`build_act_policy` (:class:`ActChunkPolicy`) or :func:`build_gaussian_policy`
-    (:class:`GaussianChunkPolicy`) folder (safetensors + JSON only)."""
-    folder = Path(path) / "policy"
-    kind = json.loads((folder / "config.json").read_text()).get("kind", "flow")
-    if kind == "act":
-        from rlpost.robot.policies.act import ActChunkPolicy
+# ---------------------------------------------------------------------- policy kinds
 
-        return ActChunkPolicy.load(folder)
-    if kind == "gaussian":
-        from rlpost.robot.policies.gaussian import GaussianChunkPolicy
 
-        return GaussianChunkPolicy.load(folder)
+@dataclass(frozen=True)
+class PolicyKind:
+    """A policy kind the robot trainer can behaviour-clone and fine-tune.
+
+    ``build(task, demos, policy_cfg, progress, force=False) -> folder``: the cached BC policy of a run
+    config's ``policy`` section (``horizon``, ``hidden``, ``dim_model``, ``bc_steps``);
+    ``load(folder) -> policy``: the saved policy of such a folder's ``policy/``;
+    ``multi_step``: whether the number of integration steps matters when it acts (a flow
+    policy) or a chunk is decoded in one pass.
+    """
+
+    name: str
+    build: Callable[..., Path]
+    load: Callable[[Path], Any]
+    multi_step: bool = False
+
+
+def _load_flow(folder: Path):
     from rlpost.robot.policies.flow import FlowChunkPolicy
 
     return FlowChunkPolicy.load(folder)
+
+
+def _load_act(folder: Path):
+    from rlpost.robot.policies.act import ActChunkPolicy
+
+    return ActChunkPolicy.load(folder)
+
+
+def _load_gaussian(folder: Path):
+    from rlpost.robot.policies.gaussian import GaussianChunkPolicy
+
+    return GaussianChunkPolicy.load(folder)
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {
+    k.name: k
+    for k in (
+        PolicyKind(
+            "flow",
+            lambda task, demos, p, progress, force=False: build_bc_policy(
+                task, progress=progress, demos=demos, steps=p.bc_steps, horizon=p.horizon,
+                hidden=p.hidden, force=force,
+            ),
+            _load_flow,
+            multi_step=True,
+        ),
+        PolicyKind(
+            "act",
+            lambda task, demos, p, progress, force=False: build_act_policy(
+                task, demos=demos, steps=p.bc_steps, horizon=p.horizon, dim_model=p.dim_model,
+                force=force,
+            ),
+            _load_act,
+        ),
+        PolicyKind(
+            "gaussian",
+            lambda task, demos, p, progress, force=False: build_gaussian_policy(
+                task, demos=demos, steps=p.bc_steps, horizon=p.horizon, hidden=p.hidden,
+                force=force,
+            ),
+            _load_gaussian,
+        ),
+    )
+}  # fmt: skip
+
+
+def load_bc_policy(path: str | os.PathLike):
+    """The policy of a BC policy folder of any kind (:data:`POLICY_KINDS`; the kind is
+    read from the saved config; safetensors + JSON only)."""
+    folder = Path(path) / "policy"
+    kind = json.loads((folder / "config.json").read_text()).get("kind", "flow")
+    if kind not in POLICY_KINDS:
+        raise ValueError(f"{folder}: unknown policy kind {kind!r}; known: {sorted(POLICY_KINDS)}")
+    return POLICY_KINDS[kind].load(folder)

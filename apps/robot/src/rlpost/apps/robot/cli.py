@@ -2,10 +2,10 @@
 
 rlpost-robot demo                              # OTQL fine-tunes a BC flow policy (multimodal_reach)
 rlpost-robot demo --task reacher --episodes 60
-rlpost-robot train --config otql_reacher otql.episodes=40 run.dir=runs/x
+rlpost-robot train --config otql_reacher algo.params.episodes=40 run.dir=runs/x
 rlpost-robot train --config pac_act_contour        # PAC-ACT on lerobot ACT, force safety
 rlpost-robot train --config craft_multimodal_reach # CRAFT closed-loop policy gradient
-rlpost-robot recipes                           # list the shipped recipes
+rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
 """
@@ -36,7 +36,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rlpost.robot.config import load_config, recipe_path
-    from rlpost.robot.demo import format_table, train_from_config
+    from rlpost.robot.demo import format_table
+    from rlpost.robot.train import train_from_config
 
     cfg = load_config(recipe_path(args.config), args.overrides)
     print(format_table(train_from_config(cfg)))
@@ -49,20 +50,30 @@ def _recipes(_: argparse.Namespace) -> int:
 
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
         cfg = load_config(path)
-        print(f"{path.stem:<26} {cfg.algo:<8} {cfg.policy.kind:<9} {cfg.task}")
+        print(f"{path.stem:<26} {cfg.algo.name:<8} {cfg.policy.kind:<9} {cfg.task}")
+    return 0
+
+
+def _algorithms(_: argparse.Namespace) -> int:
+    from rlpost.robot.algos import ALGORITHMS
+
+    for name in ALGORITHMS.names():
+        a = ALGORITHMS.get(name)
+        print(f"{name:<10} {a.title:<8} policy.kind={a.policy_kind:<9} {a.paper}")
     return 0
 
 
 def _build_base(args: argparse.Namespace) -> int:
-    from rlpost.robot import pretrain
+    from rlpost.robot.config import DemoConfig, PolicyConfig
+    from rlpost.robot.envs import TASKS
+    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset
 
-    build = {
-        "flow": pretrain.build_bc_policy,
-        "act": pretrain.build_act_policy,
-        "gaussian": pretrain.build_gaussian_policy,
-    }[args.kind]
-    print(pretrain.build_demo_dataset(args.task, force=args.force))
-    print(build(args.task, force=args.force))
+    if args.task not in TASKS:
+        raise ValueError(f"unknown task {args.task!r}; tasks: {sorted(TASKS)}")
+    demos = DemoConfig().model_dump()
+    print(build_demo_dataset(args.task, force=args.force, **demos))
+    policy = PolicyConfig(kind=args.kind)
+    print(POLICY_KINDS[args.kind].build(args.task, demos, policy, True, force=args.force))
     return 0
 
 
@@ -80,6 +91,12 @@ def _doctor(_: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_kinds() -> list[str]:
+    from rlpost.robot.pretrain import POLICY_KINDS
+
+    return sorted(POLICY_KINDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlpost-robot",
@@ -95,14 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--eval-episodes", type=int, default=100)
     d.add_argument("--bc-steps", type=int, default=None, help="BC steps (default: the recipe's)")
     d.set_defaults(fn=_demo)
-    t = sub.add_parser("train", help="run a recipe (OTQL, PAC-ACT, CRAFT) with key=value overrides")
+    t = sub.add_parser(
+        "train", help="run a recipe (any registered algorithm) with key=value overrides"
+    )
     t.add_argument("--config", required=True, help="YAML path or shipped recipe name")
-    t.add_argument("overrides", nargs="*", help="e.g. otql.episodes=40 run.dir=runs/x")
+    t.add_argument("overrides", nargs="*", help="e.g. algo.params.episodes=40 run.dir=runs/x")
     t.set_defaults(fn=_train)
     sub.add_parser("recipes", help="list the shipped recipes").set_defaults(fn=_recipes)
+    sub.add_parser("algorithms", help="list the registered algorithms").set_defaults(fn=_algorithms)
     b = sub.add_parser("build-base", help="build (or find) the demo set and BC policy of a task")
     b.add_argument("--task", default="multimodal_reach")
-    b.add_argument("--kind", choices=["flow", "act", "gaussian"], default="flow")
+    b.add_argument("--kind", choices=_policy_kinds(), default="flow")
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=_build_base)
     sub.add_parser("tasks", help="list the tasks").set_defaults(fn=_tasks)

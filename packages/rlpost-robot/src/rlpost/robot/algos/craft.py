@@ -33,7 +33,6 @@ episode returns.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -41,6 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.common import online_loop
 
 
 def counterfactual_advantages(scores: Tensor, eps: float = 1e-6) -> Tensor:
@@ -200,6 +202,15 @@ class CRAFTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_ranges(
+            self,
+            nonneg=("residual_coef", "kl_coef", "kl_forward", "kl_reverse", "value_steps"),
+            positive=("lr",),
+            counts=("episodes", "envs", "updates_per_round"),
+            unit=("ema_decay", "gamma", "gae_lambda"),
+        )
+        if self.ema_decay >= 1:
+            raise ValueError(f"ema_decay must be < 1, got {self.ema_decay}")
         if self.mode not in ("craft", "real", "proxy"):
             raise ValueError(f"mode must be craft, real or proxy, got {self.mode!r}")
         if self.group < 2 and self.mode != "real":
@@ -290,52 +301,32 @@ def chunk_gae(b: dict[str, Tensor], v: Tensor, v_final: Tensor, lam: float) -> T
     return adv
 
 
-def run_craft(
-    policy: Any,
-    task: str,
-    cfg: CRAFTConfig,
-    log: Callable[[dict[str, Any]], None] | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Closed-loop CRAFT fine-tuning of a :class:`GaussianChunkPolicy` in place.
+class _CRAFTRounds:
+    """CRAFT's round of the shared online loop (see :func:`run_craft`)."""
 
-    Each round: ``cfg.envs`` episodes; at every chunk decision ``G`` candidates from the
-    policy, the first executed, all scored by the task's counterfactual model
-    (:data:`PROXIES`). Proxy advantages: group-normalised scores. Real advantage of the
-    executed chunk: its discounted return-to-go minus a value baseline fitted on the
-    round (chunk-level GAE, :func:`chunk_gae`), divided by the batch std; the proxy is
-    scaled onto it (``proxy_scale``). Then ``updates_per_round`` steps on
-    :func:`craft_surrogate` + ``kl_coef`` * the Gaussian asymmetric KL to the EMA teacher.
-    """
-    from tqdm.auto import tqdm
+    def __init__(self, policy: Any, task: str, cfg: CRAFTConfig):
+        from rlpost.robot.nets import mlp
 
-    from rlpost.robot.nets import mlp
+        self.policy, self.task, self.cfg = policy, task, cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.teacher = EMATeacher(policy, cfg.ema_decay)
+        self.opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+        self.value = mlp(policy.cfg.obs_dim, 1, 128)
+        self.v_opt = torch.optim.Adam(self.value.parameters(), lr=1e-3)
 
-    if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
-        have = {t: sorted(p) for t, p in PROXIES.items()}
-        raise ValueError(
-            f"no counterfactual model {cfg.proxy!r} for task {task!r} (have {have}); "
-            "use mode='real' or register one in rlpost.robot.algos.craft.PROXIES"
-        )
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    teacher = EMATeacher(policy, cfg.ema_decay)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    value = mlp(policy.cfg.obs_dim, 1, 128)
-    v_opt = torch.optim.Adam(value.parameters(), lr=1e-3)
-    history, used, t0 = [], 0, time.perf_counter()
-    bar = tqdm(total=cfg.episodes, disable=not progress, desc=f"craft[{cfg.mode}] episodes")
-    while used < cfg.episodes:
-        n = min(cfg.envs, cfg.episodes - used)
-        policy.eval()
-        b, finals = _collect(policy, task, n, cfg.seed * 100_003 + used, cfg, gen)
-        used += n
+    def collect(self, n: int, seed: int):
+        self.policy.eval()
+        return _collect(self.policy, self.task, n, seed, self.cfg, self.gen)
+
+    def update(self, data) -> dict[str, float]:
+        b, finals = data
+        policy, cfg, value, teacher = self.policy, self.cfg, self.value, self.teacher
         x = (b["obs"] - policy.obs_mean) / policy.obs_std
         for _ in range(cfg.value_steps):  # the baseline of the real advantage
             v_loss = (value(x).squeeze(-1) - b["returns"]).pow(2).mean()
-            v_opt.zero_grad()
+            self.v_opt.zero_grad()
             v_loss.backward()
-            v_opt.step()
+            self.v_opt.step()
         with torch.no_grad():
             v = value(x).squeeze(-1)
             v_final = value((b["final_obs"] - policy.obs_mean) / policy.obs_std).squeeze(-1)
@@ -367,15 +358,14 @@ def run_craft(
                 cfg.kl_reverse,
             )
             total = loss + cfg.kl_coef * kl
-            opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad(set_to_none=True)
             total.backward()
             nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-            opt.step()
+            self.opt.step()
             with torch.no_grad():
                 policy.log_std.clamp_(min=cfg.min_log_std)
             teacher.update(policy)
-        row = {
-            "episodes": used,
+        return {
             "online_success": float(np.mean([f["success"] for f in finals])),
             "online_return": float(np.mean([f["return"] for f in finals])),
             "decisions": len(b["returns"]),
@@ -384,13 +374,66 @@ def run_craft(
             "surrogate": float(loss.detach()),
             "kl": float(kl.detach()),
             "std": float(policy.log_std.detach().exp().mean()),
-            "seconds": time.perf_counter() - t0,
         }
-        history.append(row)
-        if log is not None:
-            log(row)
-        bar.update(n)
-        bar.set_postfix(success=f"{row['online_success']:.2f}")
-    bar.close()
+
+
+def run_craft(
+    policy: Any,
+    task: str,
+    cfg: CRAFTConfig,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Closed-loop CRAFT fine-tuning of a :class:`GaussianChunkPolicy` in place.
+
+    The shared online loop (:func:`rlpost.robot.algos.common.online_loop`); each round:
+    ``cfg.envs`` episodes; at every chunk decision ``G`` candidates from the policy, the
+    first executed, all scored by the task's counterfactual model (:data:`PROXIES`).
+    Proxy advantages: group-normalised scores. Real advantage of the executed chunk: its
+    discounted return-to-go minus a value baseline fitted on the round (chunk-level GAE,
+    :func:`chunk_gae`), divided by the batch std; the proxy is scaled onto it
+    (``proxy_scale``). Then ``updates_per_round`` steps on :func:`craft_surrogate` +
+    ``kl_coef`` * the Gaussian asymmetric KL to the EMA teacher.
+    """
+    if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
+        have = {t: sorted(p) for t, p in PROXIES.items()}
+        raise ValueError(
+            f"no counterfactual model {cfg.proxy!r} for task {task!r} (have {have}); "
+            "use mode='real' or register one in rlpost.robot.algos.craft.PROXIES"
+        )
+    torch.manual_seed(cfg.seed)
+    rounds = _CRAFTRounds(policy, task, cfg)
+    history = online_loop(
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, f"craft[{cfg.mode}] episodes"
+    )
     policy.eval()
     return {"history": history, "config": asdict(cfg)}
+
+
+def _check_proxy(task: str, cfg: CRAFTConfig) -> None:
+    if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
+        have = sorted(PROXIES.get(task, {}))
+        raise ValueError(
+            f"proxy={cfg.proxy!r} is not a counterfactual model of task {task!r} (have "
+            f"{have}); use mode=real or another task"
+        )
+
+
+def _run(policy: Any, task: str, demos: Any, cfg: CRAFTConfig, log=None, progress=True):
+    """CRAFT fine-tunes from its own closed-loop rollouts (the demonstrations only built
+    the BC policy)."""
+    del demos
+    return run_craft(policy, task, cfg, log=log, progress=progress)
+
+
+register_algorithm(
+    Algorithm(
+        name="craft",
+        title="CRAFT",
+        paper="CRAFT: counterfactual proxy + grounded residual policy gradients (catalog 001-19)",
+        config=CRAFTConfig,
+        policy_kind="gaussian",
+        run=_run,
+        check=_check_proxy,
+    )
+)

@@ -37,7 +37,6 @@ and ``ot_coef=0`` the IQL-style AWR baseline.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -47,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.common import ChunkBuffer, chunk_transitions, online_loop
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.flow import FlowChunkPolicy
 
@@ -78,6 +79,13 @@ class OTQLConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_ranges(
+            self,
+            nonneg=("ot_coef", "data_coef", "critic_pretrain_steps", "weight_clip"),
+            positive=("beta", "critic_lr", "policy_lr"),
+            counts=("episodes", "envs", "sample_steps", "updates_per_round", "batch_size"),
+            unit=("gamma", "target_tau"),
+        )
         if not 0 < self.expectile < 1:
             raise ValueError(f"expectile must be in (0, 1), got {self.expectile}")
         if self.k_samples < 1:
@@ -87,63 +95,6 @@ class OTQLConfig:
 
 
 # ------------------------------------------------------------------ chunk transitions
-
-
-@dataclass
-class ChunkBuffer:
-    """Chunk-level transitions ``(s_t, a_{t:t+H}, mask, R, s_{t+k}, discount)``.
-
-    ``R = sum_{i<k} gamma^i r_{t+i}`` over the ``k = min(execute, T - t)`` executed steps and
-    ``discount = gamma^k`` (0 when the episode terminated within the chunk), so that
-    ``Q(s, a) = R + discount * V(s')``.
-    """
-
-    obs: Tensor
-    chunks: Tensor
-    mask: Tensor
-    returns: Tensor
-    next_obs: Tensor
-    discount: Tensor
-
-    def __len__(self) -> int:
-        return self.obs.shape[0]
-
-    def sample(self, n: int, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-        idx = torch.randint(len(self), (n,), generator=generator)
-        return {k: getattr(self, k)[idx] for k in self.__dataclass_fields__}
-
-    def extend(self, other: ChunkBuffer) -> ChunkBuffer:
-        return ChunkBuffer(
-            *(torch.cat([getattr(self, k), getattr(other, k)]) for k in self.__dataclass_fields__)
-        )
-
-
-def chunk_transitions(
-    episodes: Sequence[Any], horizon: int, execute: int, gamma: float
-) -> ChunkBuffer:
-    """Every step ``t`` of every episode as a chunk transition (see :class:`ChunkBuffer`).
-
-    Episodes need ``obs [T+1, D]``, ``actions [T, A]``, ``rewards [T]`` and a ``terminated``
-    attribute (True when the last state is terminal, e.g. reached the goal; False when the
-    episode was cut by the time limit, whose last state is bootstrapped).
-    """
-    cols: dict[str, list] = {k: [] for k in ChunkBuffer.__dataclass_fields__}
-    for ep in episodes:
-        obs, act, rew = (np.asarray(x, dtype=np.float32) for x in (ep.obs, ep.actions, ep.rewards))
-        T = len(act)
-        terminal = bool(getattr(ep, "terminated", False))
-        for t in range(T):
-            idx = np.minimum(np.arange(t, t + horizon), T - 1)
-            k = min(execute, T - t)
-            disc = gamma ** np.arange(k)
-            cols["obs"].append(obs[t])
-            cols["chunks"].append(act[idx])
-            cols["mask"].append((np.arange(t, t + horizon) < T).astype(np.float32))
-            cols["returns"].append(np.float32((disc * rew[t : t + k]).sum()))
-            cols["next_obs"].append(obs[t + k])
-            ends = t + k == T and terminal
-            cols["discount"].append(np.float32(0.0 if ends else gamma**k))
-    return ChunkBuffer(**{k: torch.as_tensor(np.stack(v)) for k, v in cols.items()})
 
 
 # -------------------------------------------------------------------------- critic
@@ -294,39 +245,39 @@ class OTQL:
 # -------------------------------------------------------------------------- the loop
 
 
-def evaluate_policy(
-    policy: FlowChunkPolicy,
-    task: str,
-    episodes: int,
-    n_steps: int,
-    seed: int,
-    envs: int = 8,
-    execute: int | None = None,
-) -> dict[str, float]:
-    """Success rate (and return, force metrics) of ``policy`` with ``n_steps`` integration
-    steps over ``episodes`` fresh episodes on vectorised envs."""
-    from rlpost.robot.demos import collect_episodes
-    from rlpost.robot.policies.bc import ChunkController
+class _OTQLRounds:
+    """OTQL's round of the shared online loop: act with the current policy (chunks
+    executed open-loop), add the chunk transitions, ``updates_per_round`` critic + policy
+    updates."""
 
-    ctrl = ChunkController(policy, execute=execute or policy.cfg.horizon, n_steps=n_steps)
-    eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed, n_envs=min(envs, episodes))
-    return {
-        "success": float(np.mean([e.success for e in eps])),
-        "return": float(np.mean([e.metrics["return"] for e in eps])),
-        **force_stats(eps),
-    }
+    def __init__(self, learner: OTQL, buf: ChunkBuffer, task: str):
+        self.learner, self.buf, self.task = learner, buf, task
 
+    def collect(self, n: int, seed: int) -> list[Any]:
+        from rlpost.robot.demos import collect_episodes
+        from rlpost.robot.policies.bc import ChunkController
 
-def force_stats(episodes: Sequence[Any]) -> dict[str, float]:
-    """Mean per-episode peak contact force (N) and fraction of steps above the task's
-    force threshold; empty for tasks without force."""
-    peaks = [e.metrics.get("peak_force") for e in episodes]
-    if not peaks or any(p is None for p in peaks):
-        return {}
-    return {
-        "peak_force": float(np.mean(peaks)),
-        "frac_force_above": float(np.mean([e.metrics["frac_force_above"] for e in episodes])),
-    }
+        policy, cfg = self.learner.policy, self.learner.cfg
+        ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=cfg.sample_steps)
+        policy.eval()
+        eps = collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
+        policy.train()
+        return eps
+
+    def update(self, eps: list[Any]) -> dict[str, float]:
+        learner, cfg = self.learner, self.learner.cfg
+        H = learner.policy.cfg.horizon
+        self.buf = self.buf.extend(chunk_transitions(eps, H, H, cfg.gamma))
+        m: dict[str, float] = {}
+        for _ in range(cfg.updates_per_round):
+            b = self.buf.sample(cfg.batch_size, learner.gen)
+            for k, v in {**learner.critic_step(b), **learner.policy_step(b)}.items():
+                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+        return {
+            "online_success": float(np.mean([e.success for e in eps])),
+            "buffer": len(self.buf),
+            **m,
+        }
 
 
 def run_otql(
@@ -339,50 +290,22 @@ def run_otql(
 ) -> dict[str, Any]:
     """Fine-tune ``policy`` in place on ``task`` with ``cfg.episodes`` online episodes.
 
-    Offline warm-up of the critic on the demonstrations, then rounds of: collect
-    ``cfg.envs`` episodes with the current policy (``sample_steps`` integration steps,
-    chunks executed open-loop), add their chunk transitions, run ``updates_per_round``
-    critic + policy updates. Returns the history of per-round metrics.
+    Offline warm-up of the critic on the demonstrations, then the shared online loop
+    (:func:`rlpost.robot.algos.common.online_loop`) with rounds of: collect ``cfg.envs``
+    episodes with the current policy (``sample_steps`` integration steps, chunks executed
+    open-loop), add their chunk transitions, run ``updates_per_round`` critic + policy
+    updates. Returns the history of per-round metrics.
     """
-    from tqdm.auto import tqdm
-
-    from rlpost.robot.demos import collect_episodes
-    from rlpost.robot.policies.bc import ChunkController
-
     torch.manual_seed(cfg.seed)
     H = policy.cfg.horizon
     learner = OTQL(policy, cfg)
     buf = chunk_transitions(demos, H, H, cfg.gamma)
     for _ in range(cfg.critic_pretrain_steps):
         learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
-    history, used, t0 = [], 0, time.perf_counter()
-    bar = tqdm(total=cfg.episodes, disable=not progress, desc="otql episodes")
-    while used < cfg.episodes:
-        n = min(cfg.envs, cfg.episodes - used)
-        ctrl = ChunkController(policy, execute=H, n_steps=cfg.sample_steps)
-        policy.eval()
-        eps = collect_episodes(task, ctrl, n_episodes=n, seed=cfg.seed * 100_003 + used, n_envs=n)
-        policy.train()
-        used += n
-        buf = buf.extend(chunk_transitions(eps, H, H, cfg.gamma))
-        m: dict[str, float] = {}
-        for _ in range(cfg.updates_per_round):
-            b = buf.sample(cfg.batch_size, learner.gen)
-            for k, v in {**learner.critic_step(b), **learner.policy_step(b)}.items():
-                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
-        row = {
-            "episodes": used,
-            "online_success": float(np.mean([e.success for e in eps])),
-            "buffer": len(buf),
-            "seconds": time.perf_counter() - t0,
-            **m,
-        }
-        history.append(row)
-        if log is not None:
-            log(row)
-        bar.update(n)
-        bar.set_postfix(success=f"{row['online_success']:.2f}")
-    bar.close()
+    history = online_loop(
+        _OTQLRounds(learner, buf, task), cfg.episodes, cfg.envs, cfg.seed, log, progress,
+        "otql episodes",
+    )  # fmt: skip
     return {"history": history, "config": asdict(cfg)}
 
 
@@ -398,14 +321,21 @@ def straightness(policy: FlowChunkPolicy, obs: Tensor, n_ref: int = 32) -> float
 
 __all__ = [
     "OTQL",
-    "ChunkBuffer",
     "ChunkCritic",
     "OTQLConfig",
-    "chunk_transitions",
-    "evaluate_policy",
     "expectile_loss",
-    "force_stats",
     "ot_couple",
     "run_otql",
     "straightness",
 ]
+
+register_algorithm(
+    Algorithm(
+        name="otql",
+        title="OTQL",
+        paper="OTQL: optimal-transport Q-learning for flow policies (catalog 004-16)",
+        config=OTQLConfig,
+        policy_kind="flow",
+        run=run_otql,
+    )
+)

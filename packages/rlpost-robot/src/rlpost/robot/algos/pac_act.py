@@ -5,7 +5,7 @@ The abstract names three parts; each is one piece below.
 1. **Chunk-level policy optimisation.** The decision is a whole action chunk
    ``a_{t:t+H}`` executed open loop: the MDP step is a chunk, its reward
    ``R = sum_{i<H} gamma^i r_{t+i}`` and the next state ``s_{t+H}``
-   (:func:`~rlpost.robot.algos.otql.chunk_transitions`). The actor is deterministic,
+   (:func:`~rlpost.robot.algos.common.chunk_transitions`). The actor is deterministic,
    ``mu_theta(s) = ACT(s)`` (zero CVAE latent), explored with Gaussian noise on the chunk;
    the critic is a TD3-style twin ``Q(s, a_{t:t+H})`` with a target actor and target
    smoothing noise. Actor objective (our reading; the abstract gives no formula):
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -48,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.otql import chunk_transitions, force_stats
+from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.common import chunk_transitions, force_stats, online_loop
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.act import ActChunkPolicy
 
@@ -88,13 +88,21 @@ class PACACTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.prior_mix <= 1.0:
-            raise ValueError(f"prior_mix must be in [0, 1], got {self.prior_mix}")
-        for name in ("explore_std", "prior_coef", "q_coef", "force_excess_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.policy_delay < 1:
-            raise ValueError(f"policy_delay must be >= 1, got {self.policy_delay}")
+        check_ranges(
+            self,
+            nonneg=(
+                "explore_std",
+                "prior_coef",
+                "q_coef",
+                "force_excess_coef",
+                "force_violation_coef",
+                "critic_pretrain_steps",
+                "demo_beta",
+            ),
+            positive=("critic_lr", "actor_lr"),
+            counts=("episodes", "envs", "updates_per_round", "policy_delay", "batch_size"),
+            unit=("prior_mix", "gamma", "target_tau"),
+        )
 
 
 # ------------------------------------------------------------------ force safety
@@ -285,6 +293,49 @@ class _Explorer:
 # -------------------------------------------------------------------------- the loop
 
 
+class _PACACTRounds:
+    """PAC-ACT's round of the shared online loop: ``envs`` exploring episodes, their
+    (force-shaped) chunk transitions, ``updates_per_round`` critic updates and every
+    ``policy_delay``-th an actor update with a demonstration batch."""
+
+    def __init__(self, learner: PACACT, buf: Any, task: str, demo_batch: Callable):
+        self.learner, self.buf, self.task, self.demo_batch = learner, buf, task, demo_batch
+
+    def collect(self, n: int, seed: int) -> list[Any]:
+        from rlpost.robot.demos import collect_episodes
+        from rlpost.robot.policies.bc import ChunkController
+
+        policy, cfg = self.learner.policy, self.learner.cfg
+        ctrl = ChunkController(
+            _Explorer(policy, cfg.explore_std, self.learner.gen), execute=policy.cfg.horizon
+        )
+        return collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
+
+    def update(self, eps: list[Any]) -> dict[str, float]:
+        learner, cfg = self.learner, self.learner.cfg
+        H = learner.policy.cfg.horizon
+        shaped = shaped_episodes(eps, self.task, cfg)
+        self.buf = self.buf.extend(chunk_transitions(shaped, H, H, cfg.gamma))
+        m: dict[str, float] = {}
+        n_actor = 0
+        for i in range(cfg.updates_per_round):
+            b = self.buf.sample(cfg.batch_size, learner.gen)
+            for k, v in learner.critic_step(b).items():
+                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+            if i % cfg.policy_delay == 0:
+                n_actor += 1
+                for k, v in learner.actor_step(b, self.demo_batch()).items():
+                    m[k] = m.get(k, 0.0) + v
+        for k in ("actor_loss", "anchor", "bc"):
+            m[k] = m.get(k, 0.0) / max(n_actor, 1)
+        return {
+            "online_success": float(np.mean([e.success for e in eps])),
+            **force_stats(eps),
+            "buffer": len(self.buf),
+            **m,
+        }
+
+
 def run_pac_act(
     policy: ActChunkPolicy,
     task: str,
@@ -295,15 +346,13 @@ def run_pac_act(
 ) -> dict[str, Any]:
     """Fine-tune ``policy`` in place on ``task`` with ``cfg.episodes`` online episodes.
 
-    Critic warm-up on the (force-shaped) demonstrations, then rounds of: collect
-    ``cfg.envs`` exploring episodes, add their chunk transitions, run
-    ``updates_per_round`` critic updates and every ``policy_delay``-th an actor update.
-    Returns the per-round history (online success, peak force, force exceedances).
+    Critic warm-up on the (force-shaped) demonstrations, then the shared online loop
+    (:func:`rlpost.robot.algos.common.online_loop`) with rounds of: collect ``cfg.envs``
+    exploring episodes, add their chunk transitions, run ``updates_per_round`` critic
+    updates and every ``policy_delay``-th an actor update. Returns the per-round history
+    (online success, peak force, force exceedances).
     """
-    from tqdm.auto import tqdm
-
-    from rlpost.robot.demos import collect_episodes
-    from rlpost.robot.policies.bc import ChunkController, make_chunks
+    from rlpost.robot.policies.bc import make_chunks
 
     torch.manual_seed(cfg.seed)
     H = policy.cfg.horizon
@@ -317,40 +366,10 @@ def run_pac_act(
 
     for _ in range(cfg.critic_pretrain_steps):
         learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
-    history, used, t0 = [], 0, time.perf_counter()
-    bar = tqdm(total=cfg.episodes, disable=not progress, desc="pac-act episodes")
-    while used < cfg.episodes:
-        n = min(cfg.envs, cfg.episodes - used)
-        ctrl = ChunkController(_Explorer(policy, cfg.explore_std, learner.gen), execute=H)
-        eps = collect_episodes(task, ctrl, n_episodes=n, seed=cfg.seed * 100_003 + used, n_envs=n)
-        used += n
-        buf = buf.extend(chunk_transitions(shaped_episodes(eps, task, cfg), H, H, cfg.gamma))
-        m: dict[str, float] = {}
-        n_actor = 0
-        for i in range(cfg.updates_per_round):
-            b = buf.sample(cfg.batch_size, learner.gen)
-            for k, v in learner.critic_step(b).items():
-                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
-            if i % cfg.policy_delay == 0:
-                n_actor += 1
-                for k, v in learner.actor_step(b, demo_batch()).items():
-                    m[k] = m.get(k, 0.0) + v
-        for k in ("actor_loss", "anchor", "bc"):
-            m[k] = m.get(k, 0.0) / max(n_actor, 1)
-        row = {
-            "episodes": used,
-            "online_success": float(np.mean([e.success for e in eps])),
-            **force_stats(eps),
-            "buffer": len(buf),
-            "seconds": time.perf_counter() - t0,
-            **m,
-        }
-        history.append(row)
-        if log is not None:
-            log(row)
-        bar.update(n)
-        bar.set_postfix(success=f"{row['online_success']:.2f}")
-    bar.close()
+    rounds = _PACACTRounds(learner, buf, task, demo_batch)
+    history = online_loop(
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, "pac-act episodes"
+    )
     policy.eval()
     return {"history": history, "config": asdict(cfg)}
 
@@ -363,3 +382,14 @@ __all__ = [
     "run_pac_act",
     "shaped_episodes",
 ]
+
+register_algorithm(
+    Algorithm(
+        name="pac_act",
+        title="PAC-ACT",
+        paper="PAC-ACT: safe actor-critic fine-tuning of ACT (catalog 004-10)",
+        config=PACACTConfig,
+        policy_kind="act",
+        run=run_pac_act,
+    )
+)

@@ -25,13 +25,17 @@ the benchmark reports both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost.robot.algos.base import check_ranges
 from rlpost.robot.nets import mlp
 
 # ------------------------------------------------------------------------------ data
@@ -104,13 +108,21 @@ class ResidualRLConfig:
     actor_every: int = 2
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        check_ranges(
+            self,
+            nonneg=("explore_std",),
+            positive=("max_delta", "actor_lr", "critic_lr"),
+            counts=("window", "hidden", "steps", "batch_size", "actor_every"),
+        )
+
 
 class ResidualAgent(nn.Module):
     """Actor ``delta = max_delta * tanh(mu(s))`` and twin critics ``Q(s, delta)``."""
 
     def __init__(self, state_dim: int, dims: int, cfg: ResidualRLConfig):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.dims = cfg, dims
         self.actor = mlp(state_dim, dims, cfg.hidden, nn.ReLU)
         self.q1 = mlp(state_dim + dims, 1, cfg.hidden, nn.ReLU)
         self.q2 = mlp(state_dim + dims, 1, cfg.hidden, nn.ReLU)
@@ -129,11 +141,42 @@ class ResidualAgent(nn.Module):
         """Corrected trajectories ``p + delta`` for ``pred [N, T, dims]``."""
         return pred + self.act(window_states(pred, self.cfg.window))
 
+    def save(self, path_dir: str | Path) -> Path:
+        """``model.safetensors`` (weights, normalisation) and ``config.json`` (written via a
+        temporary file, then renamed)."""
+        from safetensors.torch import save_file
+
+        out = Path(path_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"config": asdict(self.cfg), "state_dim": self.s_mean.numel(), "dims": self.dims}
+        tmp = out / "model.safetensors.tmp"
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(tmp))
+        tmp.replace(out / "model.safetensors")
+        (out / "config.json.tmp").write_text(json.dumps(meta, indent=1))
+        (out / "config.json.tmp").replace(out / "config.json")
+        return out
+
+    @classmethod
+    def load(cls, path_dir: str | Path) -> ResidualAgent:
+        from safetensors.torch import load_file
+
+        folder = Path(path_dir)
+        meta = json.loads((folder / "config.json").read_text())
+        agent = cls(meta["state_dim"], meta["dims"], ResidualRLConfig(**meta["config"]))
+        agent.load_state_dict(load_file(str(folder / "model.safetensors")))
+        return agent.eval()
+
 
 def train_residual_rl(
-    data: DecodingData, cfg: ResidualRLConfig
+    data: DecodingData,
+    cfg: ResidualRLConfig,
+    log: Callable[[dict], None] | None = None,
+    progress: bool = False,
 ) -> tuple[ResidualAgent, list[dict]]:
-    """Offline actor-critic on the (state, target) pairs of ``data`` (gamma = 0)."""
+    """Offline actor-critic on the (state, target) pairs of ``data`` (gamma = 0); every
+    500th step's row also goes to ``log``."""
+    from tqdm.auto import tqdm
+
     torch.manual_seed(cfg.seed)
     S = window_states(data.pred, cfg.window).reshape(-1, (cfg.window + 1) * data.pred.shape[-1])
     P = data.pred.reshape(-1, data.pred.shape[-1])
@@ -144,8 +187,8 @@ def train_residual_rl(
     q_opt = torch.optim.Adam([*agent.q1.parameters(), *agent.q2.parameters()], lr=cfg.critic_lr)
     a_opt = torch.optim.Adam(agent.actor.parameters(), lr=cfg.actor_lr)
     g = torch.Generator().manual_seed(cfg.seed)
-    log = []
-    for step in range(cfg.steps):
+    rows = []
+    for step in tqdm(range(cfg.steps), disable=not progress, desc="residual RL"):
         idx = torch.randint(len(S), (cfg.batch_size,), generator=g)
         s, p, x = S[idx], P[idx], X[idx]
         with torch.no_grad():  # exploratory actions: around the actor and uniform in the box
@@ -165,8 +208,10 @@ def train_residual_rl(
             a_loss.backward()
             a_opt.step()
         if step % 500 == 0 or step == cfg.steps - 1:
-            log.append({"step": step, "q_loss": q_loss.item(), "reward": r.mean().item()})
-    return agent, log
+            rows.append({"step": step, "q_loss": q_loss.item(), "reward": r.mean().item()})
+            if log is not None:
+                log(rows[-1])
+    return agent, rows
 
 
 def supervised_residual(data: DecodingData, cfg: ResidualRLConfig) -> nn.Module:

@@ -1,47 +1,16 @@
-"""The deploy loop speaks lerobot's ``Robot`` interface; this module provides a MuJoCo robot.
-
-``MujocoRobot`` implements lerobot's ``Robot`` (``connect``, ``get_observation``,
-``send_action``, ``disconnect``, feature dicts) over one of our simulated tasks
-(:func:`rlpost.robot.envs.make_env`), so the same :func:`deploy` loop that drives it drives
-any lerobot-supported arm: replace ``MujocoRobot`` by ``make_robot_from_config(...)`` of
-a real robot whose observation / action features have the same names.
-
-Features are flat, as lerobot's are: ``state.<i>`` floats for the observation vector,
-``action.<j>`` floats for the normalised action (in [-1, 1]). The task's per-step
-``success`` and ``contact_force`` are exposed as observation features too, so a force-safety
-monitor can read them like a real robot's force sensor.
-
-Requires the ``lerobot`` extra (``pip install rlpost-robot[lerobot]``).
-"""
+"""A simulated robot behind lerobot's ``Robot`` interface, and the deploy loop."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-try:
-    from lerobot.robots import Robot, RobotConfig
-    from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
-except ImportError as exc:  # pragma: no cover - the default dev environment has lerobot
-    raise ImportError(
-        "rlpost.robot.lerobot_robot needs lerobot: pip install 'rlpost-robot[lerobot]'"
-    ) from exc
+from lerobot.robots import Robot
+from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
 from rlpost.robot.envs import TASKS, make_env
-
-
-@RobotConfig.register_subclass("rlpost_mujoco")
-@dataclass
-class MujocoRobotConfig(RobotConfig):
-    """``task``: a key of :data:`rlpost.robot.envs.TASKS`. lerobot's base config adds
-    ``id`` and ``calibration_dir`` (the base class creates that folder even though a
-    simulated robot has nothing to calibrate; pass a ``Path`` in tests)."""
-
-    task: str = "reacher"
-    seed: int = 0
+from rlpost.robot.lerobot_robot.config_mujoco_robot import MujocoRobotConfig
 
 
 class MujocoRobot(Robot):

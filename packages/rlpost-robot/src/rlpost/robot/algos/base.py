@@ -1,0 +1,101 @@
+"""The algorithm registry of the robot trainer: ``ALGORITHMS``.
+
+An :class:`Algorithm` names what the trainer needs to run it, so that the trainer holds no
+algorithm names:
+
+* ``config``: its frozen dataclass of hyper-parameters (``algo.params`` in a recipe, with
+  ``seed`` from ``run.seed``), validated at load like a core registry's parameters;
+* ``policy_kind``: the :data:`rlpost.robot.pretrain.POLICY_KINDS` entry it fine-tunes;
+* ``run``: ``run(policy, task, demos, config, log, progress) -> {"history": [...]}``, the
+  algorithm's fine-tuning, usually its learner plugged into
+  :func:`rlpost.robot.algos.common.online_loop`;
+* ``check``: an optional ``check(task, config)`` run at config load (e.g. CRAFT needs a
+  counterfactual model of the task).
+
+Adding an algorithm is one module and one :func:`register_algorithm` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.core.registry import RegistryError, make_params
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    title: str  # for tables: "OTQL", "PAC-ACT", ...
+    paper: str
+    config: type
+    policy_kind: str
+    run: Callable[..., dict[str, Any]]
+    check: Callable[[str, Any], None] | None = None
+    episodes_field: str = "episodes"  # the config field holding the online budget
+
+
+class AlgorithmRegistry:
+    def __init__(self) -> None:
+        self._algos: dict[str, Algorithm] = {}
+
+    def register(self, algo: Algorithm) -> Algorithm:
+        if algo.name in self._algos:
+            raise RegistryError(f"robot algorithm {algo.name!r} is already registered")
+        self._algos[algo.name] = algo
+        return algo
+
+    def unregister(self, name: str) -> None:
+        self._algos.pop(name, None)
+
+    def get(self, name: str) -> Algorithm:
+        try:
+            return self._algos[name]
+        except KeyError:
+            raise RegistryError(
+                f"unknown robot algorithm {name!r}; valid names: {', '.join(self.names())}"
+            ) from None
+
+    def config(self, name: str, params: Mapping[str, Any], seed: int) -> Any:
+        """The algorithm's validated config (errors name the field)."""
+        a = self.get(name)
+        return make_params(a.config, f"algorithm {name!r}", {**dict(params), "seed": seed})
+
+    def names(self) -> list[str]:
+        return sorted(self._algos)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._algos
+
+
+ALGORITHMS = AlgorithmRegistry()
+
+
+def check_ranges(
+    cfg: Any,
+    *,
+    nonneg: tuple[str, ...] = (),
+    positive: tuple[str, ...] = (),
+    counts: tuple[str, ...] = (),
+    unit: tuple[str, ...] = (),
+) -> None:
+    """Range checks for an algorithm config's ``__post_init__``: ``nonneg`` fields >= 0,
+    ``positive`` > 0, ``counts`` integers >= 1, ``unit`` in [0, 1]; the error names the field."""
+    for name in nonneg:
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in positive:
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    for name in counts:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in unit:
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {getattr(cfg, name)}")
+
+
+def register_algorithm(algo: Algorithm) -> Algorithm:
+    """Register ``algo`` in :data:`ALGORITHMS` (see the module docstring)."""
+    return ALGORITHMS.register(algo)

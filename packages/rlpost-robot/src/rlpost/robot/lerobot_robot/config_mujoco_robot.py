@@ -1,0 +1,18 @@
+"""lerobot config of :class:`~rlpost.robot.lerobot_robot.MujocoRobot` (type ``rlpost_mujoco``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lerobot.robots import RobotConfig
+
+
+@RobotConfig.register_subclass("rlpost_mujoco")
+@dataclass
+class MujocoRobotConfig(RobotConfig):
+    """``task``: a key of :data:`rlpost.robot.envs.TASKS`. lerobot's base config adds
+    ``id`` and ``calibration_dir`` (the base class creates that folder even though a
+    simulated robot has nothing to calibrate; pass a ``Path`` in tests)."""
+
+    task: str = "reacher"
+    seed: int = 0
