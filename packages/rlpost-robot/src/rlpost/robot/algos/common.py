@@ -93,11 +93,15 @@ def evaluate_policy(
     execute: int | None = None,
 ) -> dict[str, float]:
     """Success rate (and return, force metrics) of ``policy`` with ``n_steps`` integration
-    steps over ``episodes`` fresh episodes on vectorised envs."""
+    steps over ``episodes`` fresh episodes on vectorised envs. ``seed`` fixes the episodes'
+    initial states and the policy's sampling noise (not torch's global generator, whose
+    state depends on what ran before), so the same policy always scores the same."""
     from rlpost.robot.demos import collect_episodes
     from rlpost.robot.policies.bc import ChunkController
 
-    ctrl = ChunkController(policy, execute=execute or policy.cfg.horizon, n_steps=n_steps)
+    ctrl = ChunkController(
+        policy, execute=execute or policy.cfg.horizon, n_steps=n_steps, seed=seed
+    )
     eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed, n_envs=min(envs, episodes))
     return {
         "success": float(np.mean([e.success for e in eps])),
