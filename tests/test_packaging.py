@@ -20,6 +20,7 @@ MEMBERS = {
     "rlpost-llm": "rlpost/llm/",
     "rlpost-diffusion": "rlpost/diffusion/",
     "rlpost-robot": "rlpost/robot/",
+    "rlpost-app-common": "rlpost/apps/common/",
     "rlpost-app-llm": "rlpost/apps/llm/",
     "rlpost-app-diffusion": "rlpost/apps/diffusion/",
     "rlpost-app-robot": "rlpost/apps/robot/",
@@ -62,7 +63,8 @@ def test_robot_wheel_ships_its_scenes(wheels):
     names = set(zipfile.ZipFile(wheels["rlpost-robot"]).namelist())
     for scene in ("multimodal_reach.xml", "contour.xml"):
         assert f"rlpost/robot/robots/{scene}" in names, scene
-    assert "rlpost/robot/recipes/otql_multimodal_reach.yaml" in names
+    for recipe in ("otql_multimodal_reach", "residual/decoding", "deploy/contour"):
+        assert f"rlpost/robot/recipes/{recipe}.yaml" in names, recipe
 
 
 def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
@@ -76,8 +78,10 @@ def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
 
     reqs = meta.get_all("Requires-Dist")
     assert {name(r) for r in reqs if "extra ==" not in r} == {"torch", "numpy", "safetensors"}
-    # the typed-config loader (rlpost.core.io.config) is the optional extra "config"
-    assert {name(r) for r in reqs if "extra ==" in r} == {"pydantic", "omegaconf", "pyyaml"}
+    # the typed-config loader (rlpost.core.io.config, .schema) is the optional extra
+    # "config", curves.png (rlpost.core.io.curves) the extra "plots"
+    extras = {name(r) for r in reqs if "extra ==" in r}
+    assert extras == {"pydantic", "omegaconf", "pyyaml", "matplotlib"}
 
 
 def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
@@ -110,7 +114,7 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
             py,
             "-c",
             str(constraints),
-            f"rlpost-core[config] @ {wheels['rlpost-core'].resolve().as_uri()}",
+            f"rlpost-core[config,plots] @ {wheels['rlpost-core'].resolve().as_uri()}",
             "pytest",
         ],
         check=True,

@@ -103,6 +103,32 @@ def test_train_pac_act_and_craft_recipes(tmp_path, monkeypatch, capsys):
     assert "after CRAFT" in capsys.readouterr().out
     assert (tmp_path / "craft" / "metrics.jsonl").read_text().count("\n") == 2  # two rounds
     assert main(["train", "--config", "craft_multimodal_reach", "policy.kind=flow"]) == 2
+    # the fine-tuned PAC-ACT policy drives the simulated arm through lerobot's Robot
+    deploy = ["deploy", "--config", "contour", f"policy.run={tmp_path / 'pac_act'}"]
+    run = tmp_path / "deploy"
+    assert main([*deploy, "episodes=2", "max_steps=12", f"run.dir={run}"]) == 0
+    text = capsys.readouterr().out
+    assert "act policy of" in text and "peak force" in text
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and '"steps": 12' in rows[0]
+    assert (run / "deploy.png").is_file()
+    wrong = ["deploy", "--config", "multimodal_reach", f"policy.run={tmp_path / 'pac_act'}"]
+    assert main([*wrong, f"run.dir={tmp_path / 'wrong'}"]) == 2
+    assert "reads 11 observations" in capsys.readouterr().err
+    assert main([*deploy, "robot.type=no_such_arm", f"run.dir={run}"]) == 2
+    assert "so101_follower" in capsys.readouterr().err  # lerobot's arms are listed
+
+
+def test_residual_recipe_end_to_end(tmp_path, capsys):
+    run = tmp_path / "residual"
+    small = ["data.train=4", "data.test=2", "data.steps=40", "agent.steps=20", "agent.hidden=16"]
+    args = ["residual", "--config", "decoding", *small, "run.progress=false", f"run.dir={run}"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "+ residual RL" in text and "+ supervised residual" in text
+    assert (run / "agent" / "model.safetensors").is_file() and (run / "trajectory.png").is_file()
+    assert main(["residual", "--config", "decoding", "agent.window=0"]) == 2
+    assert "window" in capsys.readouterr().err
 
 
 def test_a_toy_algorithm_registered_here_trains_through_the_cli(tmp_path, monkeypatch, capsys):

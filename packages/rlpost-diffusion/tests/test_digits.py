@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import rlpost.diffusion.models.digits as digits
+import rlpost.diffusion.models.digits.pretrained as pretrained
 from rlpost.diffusion.models.base import FlowPolicy
 from rlpost.diffusion.models.digits import (
     DigitsPolicy,
@@ -169,7 +170,7 @@ def test_cached_build_is_reused_without_training(small_base, clf_dir, monkeypatc
     def no_training(*args, **kwargs):
         raise AssertionError("a cached build must not retrain")
 
-    monkeypatch.setattr(digits, "train_flow_matching", no_training)
+    monkeypatch.setattr(pretrained, "train_flow_matching", no_training)
     again = build_digits_base(cache, progress=False, classifier=clf_dir, **SMALL_BASE)
     assert again == path == base_path(cache, **SMALL_BASE)
     assert (path / "velocity.safetensors").stat().st_mtime_ns == mtime
@@ -179,13 +180,13 @@ def test_cached_build_is_reused_without_training(small_base, clf_dir, monkeypatc
 
 def _counting_trainer(monkeypatch) -> list[int]:
     calls: list[int] = []
-    real = digits.train_flow_matching
+    real = pretrained.train_flow_matching
 
     def trainer(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(digits, "train_flow_matching", trainer)
+    monkeypatch.setattr(pretrained, "train_flow_matching", trainer)
     return calls
 
 

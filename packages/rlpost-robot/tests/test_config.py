@@ -1,6 +1,13 @@
 import pytest
 
-from rlpost.robot.config import RECIPES_DIR, ConfigError, load_config, recipe_path
+from rlpost.robot.config import (
+    RECIPES_DIR,
+    ConfigError,
+    load_config,
+    load_job,
+    recipe_path,
+    recipes_dir,
+)
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
@@ -38,3 +45,17 @@ def test_craft_proxy_is_checked_at_load():
         load_config(craft, ["task=contour"])
     cfg = load_config(craft, ["task=contour", "algo.params.mode=real"])
     assert cfg.algorithm_config().mode == "real"
+
+
+@pytest.mark.parametrize("command", ["residual", "deploy"])
+def test_every_job_recipe_validates(command):
+    paths = sorted(recipes_dir(command).glob("*.yaml"))
+    assert paths
+    for path in paths:
+        job = load_job(command, recipe_path(path.stem, command))
+        if command == "deploy":
+            assert job.task == path.stem
+        else:
+            assert job.agent_config().seed == job.run.seed
+    with pytest.raises(FileNotFoundError, match=f"no shipped {command} recipe"):
+        recipe_path("nope", command)

@@ -50,3 +50,16 @@ def test_data_is_seeded():
     assert torch.equal(a.pred, b.pred) and torch.equal(a.target, b.target)
     with pytest.raises(AssertionError):
         assert torch.equal(a.pred, synthetic_decoding_data(2, 10, seed=4).pred)
+
+
+def test_agent_save_load_round_trip(tmp_path):
+    from rlpost.robot.algos.residual import ResidualAgent, ResidualRLConfig
+
+    data = synthetic_decoding_data(2, 30, seed=0)
+    agent, _ = train_residual_rl(data, ResidualRLConfig(steps=3, hidden=8, batch_size=16))
+    loaded = ResidualAgent.load(agent.save(tmp_path / "agent"))
+    assert torch.equal(loaded.correct(data.pred), agent.correct(data.pred))
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]

@@ -16,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.presets import Choice
 from rlpost.core.registry import RegistryError
 from rlpost.diffusion.methods import METHODS, BoundMethod
@@ -27,14 +28,8 @@ from rlpost.diffusion.methods import METHODS, BoundMethod
 __all__ = ["Config", "ConfigError", "load_config"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LoraConfig(_Strict):
-    r: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
+class LoraConfig(schema.LoraConfig):
+    """LoRA adapters on the velocity network (rank, alpha, dropout)."""
 
 
 class ModelConfig(_Strict):
@@ -156,11 +151,7 @@ class AlgoConfig(_Strict):
         return METHODS.get(self.method).shared_noise
 
 
-class OptimConfig(_Strict):
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = Field(1.0, gt=0)
+class OptimConfig(schema.OptimConfig):
     micro_batch_size: int = Field(256, ge=1)
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per sampled batch (the batch is split); > 1 makes later updates
@@ -171,16 +162,10 @@ class TrainConfig(_Strict):
     steps: int = Field(100, ge=1)
 
 
-class RunConfig(_Strict):
+class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/diffusion"
-    seed: int = 0
-    eval_every: int = Field(10, ge=0)
     eval_per_prompt: int = Field(8, ge=1)
     save_every: int = Field(50, ge=0)
-    keep_checkpoints: int = Field(2, ge=1)
-    progress: bool = True
-    threads: int | None = Field(None, ge=1)
-    tensorboard: bool = True
     device: str = "auto"
 
 
@@ -207,9 +192,6 @@ class Config(_Strict):
     @property
     def sampler_kind(self) -> str:
         return METHODS.get(self.algo.method).sampler
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -34,13 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlpost.diffusion.models.digits import (
-    N_CLASSES,
+from rlpost.core.io.cache import default_cache_dir
+from rlpost.diffusion.models.digits.classifier import (
     DigitsClassifier,
     build_digits_classifier,
-    class_ink_medians,
-    default_cache_dir,
     load_digits_classifier,
+)
+from rlpost.diffusion.models.digits.data import (
+    N_CLASSES,
+    class_ink_medians,
+    mean_ink,
     parse_digit_prompts,
 )
 
@@ -71,11 +74,6 @@ class RewardFn(Protocol):
     """
 
     def __call__(self, images: Tensor, prompts: Sequence[Any]) -> Tensor: ...
-
-
-def mean_ink(images: Tensor) -> Tensor:
-    """``[B]``: mean pixel intensity over channels and pixels (ink mass; 1 = all ink)."""
-    return images.float().mean(dim=tuple(range(1, images.ndim)))
 
 
 class DigitsRewardModel:

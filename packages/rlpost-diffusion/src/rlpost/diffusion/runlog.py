@@ -8,13 +8,31 @@ from typing import Any
 
 from torch import Tensor
 
-from rlpost.core.io.metrics import read_metrics
+from rlpost.core.io import curves
+from rlpost.core.io.curves import Panel
 
-PANELS = [
-    ("reward/mean", "eval/reward", "reward"),
-    ("class_accuracy", "eval/class_accuracy", "class accuracy (classifier)"),
-    (None, "eval/vnorm_ratio", "||v_theta|| / ||v_ref|| (own trajectories)"),
-    ("loss", None, "loss"),
+PANELS: list[Panel] = [
+    ("reward", ("reward/mean", "eval/reward")),
+    ("class accuracy (classifier)", ("class_accuracy", "eval/class_accuracy")),
+    ("||v_theta|| / ||v_ref|| (own trajectories)", ("eval/vnorm_ratio",)),
+    ("loss", ("loss",)),
+]
+LABELS = {
+    "reward/mean": "train",
+    "eval/reward": "eval (ODE)",
+    "class_accuracy": "train",
+    "eval/class_accuracy": "eval (ODE)",
+    "eval/vnorm_ratio": "eval (ODE)",
+    "loss": "train",
+}
+SUMMARY_KEYS = [
+    "reward/mean",
+    "class_accuracy",
+    "eval/reward",
+    "eval/class_accuracy",
+    "eval/vnorm_ratio",
+    "kl",
+    "clip_frac",
 ]
 
 
@@ -92,42 +110,9 @@ def save_comparison(
 
 def plot_curves(run_dir: Path, title: str = "") -> Path:
     """``curves.png``: train / eval reward, class accuracy, velocity-norm ratio, loss."""
-    plt = _plt()
-    rows = read_metrics(run_dir)
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
-    for ax, (train_key, eval_key, label) in zip(axes, PANELS, strict=True):
-        for key, style, name in ((train_key, "-", "train"), (eval_key, "o-", "eval (ODE)")):
-            pts = [(r["step"], r[key]) for r in rows if key and key in r]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), style, label=name, lw=1.2, ms=3)
-        ax.set_title(label, fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    out = Path(run_dir) / "curves.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return curves.plot_curves(run_dir, PANELS, LABELS, title)
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
     """First vs last value of the main metrics."""
-    keys = [
-        "reward/mean",
-        "class_accuracy",
-        "eval/reward",
-        "eval/class_accuracy",
-        "eval/vnorm_ratio",
-        "kl",
-        "clip_frac",
-    ]
-    lines = [f"{'metric':<20}{'first':>10}{'last':>10}"]
-    for k in keys:
-        vals = [r[k] for r in rows if k in r]
-        if vals:
-            lines.append(f"{k:<20}{vals[0]:>10.4f}{vals[-1]:>10.4f}")
-    return "\n".join(lines) if len(lines) > 1 else "(no steps)"
+    return curves.summary_table(rows, SUMMARY_KEYS)

@@ -38,6 +38,7 @@ from rlpost.core.io.checkpoint import (
     save_checkpoint,
 )
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
+from rlpost.core.io.rundir import open_run_dir
 from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.methods import LossInput, Needs
@@ -372,8 +373,7 @@ class Trainer:
 
     def train(self, resume: bool = True) -> list[dict[str, Any]]:
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        open_run_dir(self.run_dir, cfg)
         ckpt = latest_checkpoint(self.ckpt_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, self.policy.trainable_module(), self.opt, None)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from rlpost.core.contract import Coupling, Input
+from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.optim import OPTIMIZERS
 from rlpost.core.presets import Choice, Preset, get_preset
 from rlpost.core.registry import RegistryError
@@ -25,14 +26,7 @@ from rlpost.core.weights import TOKEN_WEIGHTINGS
 __all__ = ["Config", "ConfigError", "load_config"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LoraConfig(_Strict):
-    r: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
+class LoraConfig(schema.LoraConfig):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
@@ -227,19 +221,15 @@ class AlgoConfig(_Strict):
         return p
 
 
-class OptimConfig(_Strict):
+class OptimConfig(schema.OptimConfig):
     name: str = "adamw"
     """An ``rlpost.core.optim.OPTIMIZERS`` entry: ``adamw``, ``muon`` or ``pion`` (the matrix
     optimisers update hidden-layer matrices at ``params.matrix_lr`` and the embeddings,
     head, norms and biases with AdamW at ``lr``)."""
     params: dict[str, Any] = {}
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW's (also the matrix optimisers' AdamW part)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)
-    micro_batch_size: int = Field(64, ge=1)
     updates_per_batch: int = Field(1, ge=1)
 
     @model_validator(mode="after")
@@ -301,15 +291,8 @@ class RewardConfig(_Strict):
         return self
 
 
-class RunConfig(_Strict):
+class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/llm"
-    seed: int = 0
-    eval_every: int = Field(10, ge=0)
-    save_every: int = Field(10, ge=0)
-    keep_checkpoints: int = Field(2, ge=1)
-    progress: bool = True
-    threads: int | None = Field(None, ge=1)
-    tensorboard: bool = True
 
 
 class Config(_Strict):
@@ -392,9 +375,6 @@ class Config(_Strict):
 
     def preset(self) -> Preset:
         return self.algo.build_preset(self.rollout.group_size)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -56,6 +56,7 @@ from rlpost.core.io.checkpoint import (
     load_tensors,
     save_checkpoint,
 )
+from rlpost.core.io.rundir import open_run_dir
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
 from rlpost.core.presets import PolicyBatch
@@ -160,8 +161,7 @@ class Trainer:
             raise ValueError("regularizer: supported on one process only")
         self.run_dir = Path(cfg.run.dir)
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+            open_run_dir(self.run_dir, cfg)
         torch.manual_seed(cfg.run.seed)
         if model is None:
             model, tokenizer = load_policy(cfg, progress=cfg.run.progress and self.main)

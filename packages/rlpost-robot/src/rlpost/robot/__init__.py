@@ -27,7 +27,7 @@ def _default_gl_backend() -> None:
 _default_gl_backend()
 
 #: Distributions this domain builds on; ``rlpost-robot doctor`` prints their versions.
-ENGINES = ["gymnasium", "mujoco", "ray", "lerobot"]
+ENGINES = ["gymnasium", "mujoco", "lerobot"]
 
 
 def environment_report() -> dict[str, str]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.recipes import find_recipe
+from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.registry import RegistryError
 
 __all__ = [
@@ -27,10 +30,6 @@ __all__ = [
 ]
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PolicyConfig(_Strict):
@@ -68,13 +67,10 @@ class AlgoConfig(_Strict):
     """The algorithm's hyper-parameters (its config dataclass; ``seed`` is ``run.seed``)."""
 
 
-class RunConfig(_Strict):
+class RunConfig(schema.RunConfig):
     dir: str = "runs/robot"
-    seed: int = 0
     eval_episodes: int = Field(100, ge=1)
     eval_steps: list[int] = [10, 3, 1]
-    progress: bool = True
-    threads: int | None = Field(None, ge=1)
 
 
 class Config(_Strict):
@@ -136,13 +132,6 @@ class ResidualData(_Strict):
     """Time steps per trajectory."""
 
 
-class JobRun(_Strict):
-    dir: str = "runs/robot-job"
-    seed: int = 0
-    progress: bool = True
-    threads: int | None = Field(None, ge=1)
-
-
 class ResidualJob(_Strict):
     """``rlpost-robot residual``: the offline residual RL corrector of a base decoder's
     trajectories (catalog 004-03) against the supervised residual, on held-out data."""
@@ -151,7 +140,7 @@ class ResidualJob(_Strict):
     agent: dict[str, Any] = {}
     """:class:`rlpost.robot.algos.residual.ResidualRLConfig` fields (``seed`` is
     ``run.seed``)."""
-    run: JobRun = JobRun(dir="runs/residual")
+    run: schema.RunConfig = schema.RunConfig(dir="runs/residual")
 
     @model_validator(mode="after")
     def _agent(self) -> ResidualJob:
@@ -202,7 +191,7 @@ class DeployJob(_Strict):
     episodes: int = Field(5, ge=1)
     max_steps: int | None = Field(None, ge=1)
     demos: DemoConfig = DemoConfig()
-    run: JobRun = JobRun(dir="runs/deploy")
+    run: schema.RunConfig = schema.RunConfig(dir="runs/deploy")
 
     _known_task = field_validator("task")(Config._known_task.__func__)
 
@@ -227,12 +216,4 @@ def recipes_dir(command: str = "train") -> Path:
 
 def recipe_path(name_or_path: str, command: str = "train") -> Path:
     """A YAML path as given, or the shipped recipe of that name (``.yaml`` optional)."""
-    given = Path(name_or_path)
-    if given.is_file():
-        return given
-    folder = recipes_dir(command)
-    shipped = folder / f"{name_or_path.removesuffix('.yaml')}.yaml"
-    if shipped.is_file():
-        return shipped
-    names = sorted(p.stem for p in folder.glob("*.yaml"))
-    raise FileNotFoundError(f"no file {name_or_path!r} and no shipped {command} recipe; {names}")
+    return find_recipe(name_or_path, recipes_dir(command), f"{command} recipe")

@@ -4,6 +4,7 @@
 policy of the config's policy kind, evaluates it, runs the configured algorithm
 (:data:`rlpost.robot.algos.ALGORITHMS`) and evaluates again; the trainer holds no
 algorithm or policy-kind names. ``rlpost-robot demo`` is OTQL's recipe through it.
+:func:`format_table` prints a result; ``success.png`` and ``rollout.png`` show it.
 """
 
 from __future__ import annotations
@@ -21,18 +22,16 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
     ``success.png``, ``rollout.png`` (when a renderer works), ``policy/``, ``demo.json``.
     """
     import torch
-    import yaml
 
     from rlpost.core.io.metrics import MetricsLogger
+    from rlpost.core.io.rundir import open_run_dir
     from rlpost.robot.algos import ALGORITHMS
     from rlpost.robot.algos.common import evaluate_policy
     from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, load_demos
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    out = Path(cfg.run.dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    out = open_run_dir(cfg.run.dir, cfg)
     t0 = time.perf_counter()
     policy = load_bc_policy(build_policy_for(cfg))
     demos = load_demos(build_demo_dataset(cfg.task, **_demo_kw(cfg)))
@@ -82,8 +81,6 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
         "seconds_build": round(t_build, 1),
         "seconds_train": round(t_train, 1),
     }
-    from rlpost.robot.demo import _frame_strip, _plot
-
     _plot(result, out / "success.png")
     result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
     (out / "demo.json").write_text(json.dumps(result, indent=1))
@@ -101,3 +98,106 @@ def build_policy_for(cfg: Any) -> Path:
 
     kind = POLICY_KINDS[cfg.policy.kind]
     return kind.build(cfg.task, _demo_kw(cfg), cfg.policy, cfg.run.progress)
+
+
+# ------------------------------------------------------------------------ report
+
+
+def format_table(result: dict[str, Any]) -> str:
+    name = result.get("algo_title", result.get("algo", "OTQL").upper())
+    lines = [
+        f"task {result['task']}: demonstrations succeed {result['demo_success']:.0%}; "
+        f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
+    ]
+    if len(result["steps"]) > 1:  # a kind that integrates: by steps
+        lines.append(f"{'integration steps':<20}{'BC':>8}{'after ' + name:>12}")
+        for n in result["steps"]:
+            b, a = result["before"][str(n)], result["after"][str(n)]
+            lines.append(f"{n:<20}{b:>8.2f}{a:>12.2f}")
+    else:
+        b, a = (result[k][str(result["steps"][0])] for k in ("before_metrics", "after_metrics"))
+        bc = f"BC ({result.get('policy', 'flow')})"
+        lines.append(f"{'':<26}{bc:>10}{'after ' + name:>16}")
+        rows = [("success", "success", "{:.2f}"), ("return", "return", "{:.2f}")]
+        if "peak_force" in b:
+            rows += [
+                ("peak contact force (N)", "peak_force", "{:.1f}"),
+                ("steps above threshold", "frac_force_above", "{:.1%}"),
+            ]
+        for label, key, fmt in rows:
+            lines.append(f"{label:<26}{fmt.format(b[key]):>10}{fmt.format(a[key]):>16}")
+    lines.append(
+        f"time: build/load {result['seconds_build']:.0f} s, {name} {result['seconds_train']:.0f} s"
+    )
+    lines.append(result["rollout_note"])
+    return "\n".join(lines)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    name = result.get("algo_title", result.get("algo", "OTQL").upper())
+    hist = result["history"]
+    force = bool(hist) and "peak_force" in hist[0]
+    fig, axes = plt.subplots(1, 3 if force else 2, figsize=(13.5 if force else 9, 3.4))
+    steps = result["steps"]
+    x = range(len(steps))
+    for off, key, label in ((-0.2, "before", "BC"), (0.2, "after", f"after {name}")):
+        axes[0].bar([i + off for i in x], [result[key][str(n)] for n in steps], 0.4, label=label)
+    if len(result["steps"]) > 1:  # a kind that integrates: by steps
+        axes[0].set_xticks(list(x), [f"{n} steps" for n in steps])
+        axes[0].set_title("success vs integration steps", fontsize=10)
+    else:
+        axes[0].set_xticks([], [])
+        axes[0].set_title(f"success ({result.get('policy')} policy)", fontsize=10)
+    axes[0].set_ylabel("success rate")
+    axes[0].set_ylim(0, 1)
+    axes[0].legend(fontsize=8)
+    eps = [h["episodes"] for h in hist]
+    axes[1].plot(eps, [h["online_success"] for h in hist], "o-", ms=3)
+    axes[1].set_xlabel("online episodes")
+    axes[1].set_ylabel("success of the collected episodes")
+    axes[1].set_ylim(0, 1.05)
+    axes[1].set_title("during fine-tuning (exploring)", fontsize=10)
+    if force:
+        axes[2].plot(eps, [h["peak_force"] for h in hist], "o-", ms=3, color="C3")
+        axes[2].set_xlabel("online episodes")
+        axes[2].set_ylabel("mean peak contact force (N)", color="C3")
+        twin = axes[2].twinx()
+        twin.plot(eps, [h["frac_force_above"] for h in hist], "s--", ms=3, color="C2")
+        twin.set_ylabel("fraction of steps above threshold", color="C2")
+        axes[2].set_title("force safety during fine-tuning", fontsize=10)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _frame_strip(task: str, policy: Any, path: Path, seed: int) -> str:
+    """Render one episode of ``policy`` to a PNG strip; returns a note."""
+    from rlpost.robot.envs import render_frames
+    from rlpost.robot.policies.bc import ChunkController
+
+    ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=3)
+    frames = render_frames(task, ctrl, seed=seed, steps=50)
+    if not frames:
+        return "no rollout image: no MuJoCo renderer here (set MUJOCO_GL=egl with libEGL)"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pick = frames[:: max(1, len(frames) // 8)][:8]
+    fig, axes = plt.subplots(1, len(pick), figsize=(1.6 * len(pick), 1.8))
+    for i, (ax, fr) in enumerate(zip(axes, pick, strict=True)):
+        ax.imshow(fr)
+        ax.axis("off")
+        ax.set_title(f"t={i * max(1, len(frames) // 8)}", fontsize=7)
+    fig.tight_layout(pad=0.2)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"rollout: {path}"

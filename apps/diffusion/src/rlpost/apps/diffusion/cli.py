@@ -5,7 +5,7 @@ rlpost-diffusion train --config ram_digits algo.params.m=10 train.steps=50
 rlpost-diffusion train --config my.yaml --resume   # continue run.dir exactly
 rlpost-diffusion eval --config ram_digits --checkpoint runs/ram_digits/checkpoints/step-000150
 rlpost-diffusion build-base                   # (re)build the digits model and reward classifier
-rlpost-diffusion recipes | doctor
+rlpost-diffusion recipes | methods | doctor
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 import sys
 
 import rlpost.diffusion as domain
-from rlpost.diffusion.config import ConfigError, load_config
+from rlpost.apps.common import App
+from rlpost.diffusion.config import load_config
 from rlpost.diffusion.recipes import recipe_names, recipe_path
 
 
@@ -68,56 +69,36 @@ def _recipes(_: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(_: argparse.Namespace) -> int:
-    for name, version in domain.environment_report().items():
-        print(f"{name:<14} {version}")
+def _methods(_: argparse.Namespace) -> int:
+    from rlpost.diffusion.methods import METHODS
+
+    print(METHODS.table())
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="rlpost-diffusion",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"rlpost-diffusion {domain.__version__}"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def with_config(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--config", help="YAML path or shipped recipe name (e.g. ram_digits)")
-        sp.add_argument("overrides", nargs="*", help="field overrides, e.g. optim.lr=3e-4")
-        return sp
-
-    t = with_config(sub.add_parser("train", help="train with a recipe"))
+def build_app() -> App:
+    app = App("rlpost-diffusion", __doc__, domain.__version__, domain.environment_report)
+    t = app.command("train", _train, "train with a recipe", config="ram_digits")
     t.add_argument("--resume", action="store_true", help="continue from run.dir's checkpoint")
-    t.set_defaults(fn=_train)
-    d = sub.add_parser("demo", help="RAM vs Flow-GRPO on the embedded digits model")
+    d = app.command("demo", _demo, "RAM vs Flow-GRPO on the embedded digits model")
     d.add_argument("--out", default="runs/diffusion-demo")
     d.add_argument(
         "--steps", type=int, default=None, help="steps per method (default: the recipes' 150)"
     )
     d.add_argument("--reward", default=None, help="geneval (default), pickscore or hackable")
     d.add_argument("overrides", nargs="*", help="overrides applied to both runs")
-    d.set_defaults(fn=_demo)
-    e = with_config(sub.add_parser("eval", help="ODE eval of the base or a checkpoint"))
+    e = app.command("eval", _eval, "ODE eval of the base or a checkpoint", config="ram_digits")
     e.add_argument("--checkpoint", default=None, help="a checkpoints/step-XXXXXX folder")
     e.add_argument("--grid", default=None, help="write a PNG grid of the eval samples here")
-    e.set_defaults(fn=_eval)
-    b = sub.add_parser("build-base", help="build (or find) the digits model and classifier")
+    b = app.command("build-base", _build_base, "build (or find) the digits model and classifier")
     b.add_argument("--force", action="store_true")
-    b.set_defaults(fn=_build_base)
-    sub.add_parser("recipes", help="list the shipped recipes").set_defaults(fn=_recipes)
-    sub.add_parser(
-        "doctor", help="print the versions of the engines this domain uses"
-    ).set_defaults(fn=_doctor)
-    args = parser.parse_args(argv)
-    try:
-        return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"rlpost-diffusion: {exc}", file=sys.stderr)
-        return 2
+    app.command("recipes", _recipes, "list the shipped recipes")
+    app.command("methods", _methods, "list the registered methods")
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_app().main(argv)
 
 
 if __name__ == "__main__":

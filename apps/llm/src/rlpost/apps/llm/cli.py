@@ -16,7 +16,8 @@ import json
 import sys
 
 import rlpost.llm as llm
-from rlpost.llm.config import ConfigError, load_config
+from rlpost.apps.common import App
+from rlpost.llm.config import load_config
 from rlpost.llm.presets import preset_table
 from rlpost.llm.recipes import recipe_path
 
@@ -97,68 +98,44 @@ def _build_base(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(_: argparse.Namespace) -> int:
-    for name, version in llm.environment_report().items():
-        print(f"{name:<14} {version}")
-    return 0
-
-
 def _presets(_: argparse.Namespace) -> int:
     print(preset_table())
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="rlpost-llm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"rlpost-llm {llm.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def with_config(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument(
-            "--config", help="YAML recipe path or shipped recipe name (e.g. grpo_arithmetic)"
-        )
-        sp.add_argument(
-            "overrides", nargs="*", help="field overrides, e.g. optim.lr=1e-4 train.steps=20"
-        )
-        return sp
-
-    t = with_config(sub.add_parser("train", help="train with a recipe"))
+def build_app() -> App:
+    app = App("rlpost-llm", __doc__, llm.__version__, llm.environment_report)
+    t = app.command("train", _train, "train with a recipe", config="grpo_arithmetic")
     t.add_argument(
         "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
     )
-    t.set_defaults(fn=_train)
-    d = sub.add_parser("demo", help="GRPO on the embedded tiny model; before/after accuracy")
+    d = app.command("demo", _demo, "GRPO on the embedded tiny model; before/after accuracy")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("overrides", nargs="*")
-    d.set_defaults(fn=_demo)
-    p = with_config(
-        sub.add_parser("dpo", help="preference training with any preference loss (loss.name=...)")
+    p = app.command(
+        "dpo",
+        _dpo,
+        "preference training with any preference loss (loss.name=...)",
+        config="dpo_arithmetic",
     )
     p.add_argument(
         "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
     )
-    p.set_defaults(fn=_dpo)
-    e = with_config(sub.add_parser("eval", help="held-out accuracy of a policy / checkpoint"))
+    e = app.command(
+        "eval", _eval, "held-out accuracy of a policy / checkpoint", config="grpo_arithmetic"
+    )
     e.add_argument("--checkpoint", default=None)
     e.add_argument("--samples", type=int, default=0, help="also pass@k with k sampled answers")
-    e.set_defaults(fn=_eval)
-    b = sub.add_parser("build-base", help="build (or find) the embedded default model")
+    b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")
-    b.set_defaults(fn=_build_base)
-    sub.add_parser(
-        "doctor", help="print the versions of the engines this domain uses"
-    ).set_defaults(fn=_doctor)
-    sub.add_parser("presets", help="list the GRPO-family presets").set_defaults(fn=_presets)
-    args = parser.parse_args(argv)
-    try:
-        return args.fn(args)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"rlpost-llm: {exc}", file=sys.stderr)
-        return 2
+    app.command("presets", _presets, "list the GRPO-family presets")
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_app().main(argv)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ rlpost-robot demo --task reacher --episodes 60
 rlpost-robot train --config otql_reacher algo.params.episodes=40 run.dir=runs/x
 rlpost-robot train --config pac_act_contour        # PAC-ACT on lerobot ACT, force safety
 rlpost-robot train --config craft_multimodal_reach # CRAFT closed-loop policy gradient
+rlpost-robot residual --config decoding         # offline residual RL corrector (004-03)
+rlpost-robot deploy --config contour            # a policy drives a lerobot Robot (simulated)
+rlpost-robot deploy --config contour policy.run=runs/pac_act_contour
 rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
@@ -16,10 +19,12 @@ import argparse
 import sys
 
 import rlpost.robot as domain
+from rlpost.apps.common import App
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rlpost.robot.demo import format_table, run_demo
+    from rlpost.robot.demo import run_demo
+    from rlpost.robot.train import format_table
 
     print(f"rlpost-robot demo: OTQL on {args.task}, {args.episodes} online episodes -> {args.out}")
     result = run_demo(
@@ -36,8 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rlpost.robot.config import load_config, recipe_path
-    from rlpost.robot.demo import format_table
-    from rlpost.robot.train import train_from_config
+    from rlpost.robot.train import format_table, train_from_config
 
     cfg = load_config(recipe_path(args.config), args.overrides)
     print(format_table(train_from_config(cfg)))
@@ -45,12 +49,29 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recipes(_: argparse.Namespace) -> int:
-    from rlpost.robot.config import RECIPES_DIR, load_config
+def _job(args: argparse.Namespace) -> int:
+    from rlpost.robot import jobs
+    from rlpost.robot.config import load_job, recipe_path
 
-    for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        cfg = load_config(path)
-        print(f"{path.stem:<26} {cfg.algo.name:<8} {cfg.policy.kind:<9} {cfg.task}")
+    job = load_job(args.command, recipe_path(args.config, args.command), args.overrides)
+    run = {"residual": jobs.run_residual, "deploy": jobs.run_deploy}[args.command]
+    fmt = {"residual": jobs.format_residual, "deploy": jobs.format_deploy}[args.command]
+    print(fmt(run(job)))
+    print(f"run: {job.run.dir}")
+    return 0
+
+
+def _recipes(_: argparse.Namespace) -> int:
+    from rlpost.robot.config import load_job, recipes_dir
+
+    for path in sorted(recipes_dir("train").glob("*.yaml")):
+        cfg = load_job("train", path)
+        print(f"train     {path.stem:<24} {cfg.algo.name:<8} {cfg.policy.kind:<9} {cfg.task}")
+    for path in sorted(recipes_dir("residual").glob("*.yaml")):
+        print(f"residual  {path.stem:<24} (synthetic base decoder)")
+    for path in sorted(recipes_dir("deploy").glob("*.yaml")):
+        job = load_job("deploy", path)
+        print(f"deploy    {path.stem:<24} {job.robot.type:<13} {job.policy.kind:<9} {job.task}")
     return 0
 
 
@@ -85,56 +106,53 @@ def _tasks(_: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(_: argparse.Namespace) -> int:
-    for name, version in domain.environment_report().items():
-        print(f"{name:<14} {version}")
-    return 0
-
-
 def _policy_kinds() -> list[str]:
     from rlpost.robot.pretrain import POLICY_KINDS
 
     return sorted(POLICY_KINDS)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="rlpost-robot",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"rlpost-robot {domain.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="OTQL on a BC flow policy; success before/after, vs steps")
+def build_app() -> App:
+    app = App("rlpost-robot", __doc__, domain.__version__, domain.environment_report)
+    d = app.command("demo", _demo, "OTQL on a BC flow policy; success before/after, vs steps")
     d.add_argument("--out", default="runs/robot-demo")
     d.add_argument("--task", default="multimodal_reach")
     d.add_argument("--episodes", type=int, default=60, help="online episode budget")
     d.add_argument("--eval-episodes", type=int, default=100)
     d.add_argument("--bc-steps", type=int, default=None, help="BC steps (default: the recipe's)")
-    d.set_defaults(fn=_demo)
-    t = sub.add_parser(
-        "train", help="run a recipe (any registered algorithm) with key=value overrides"
+    app.command(
+        "train",
+        _train,
+        "run a recipe (any registered algorithm) with key=value overrides",
+        config="otql_reacher",
+        config_required=True,
     )
-    t.add_argument("--config", required=True, help="YAML path or shipped recipe name")
-    t.add_argument("overrides", nargs="*", help="e.g. algo.params.episodes=40 run.dir=runs/x")
-    t.set_defaults(fn=_train)
-    sub.add_parser("recipes", help="list the shipped recipes").set_defaults(fn=_recipes)
-    sub.add_parser("algorithms", help="list the registered algorithms").set_defaults(fn=_algorithms)
-    b = sub.add_parser("build-base", help="build (or find) the demo set and BC policy of a task")
+    app.command(
+        "residual",
+        _job,
+        "train the offline residual RL corrector of a base decoder (004-03)",
+        config="decoding",
+        config_required=True,
+    )
+    app.command(
+        "deploy",
+        _job,
+        "run a policy on a robot through lerobot's Robot interface",
+        config="contour",
+        config_required=True,
+    )
+    app.command("recipes", _recipes, "list the shipped recipes")
+    app.command("algorithms", _algorithms, "list the registered algorithms")
+    b = app.command("build-base", _build_base, "build (or find) the demo set and BC policy")
     b.add_argument("--task", default="multimodal_reach")
     b.add_argument("--kind", choices=_policy_kinds(), default="flow")
     b.add_argument("--force", action="store_true")
-    b.set_defaults(fn=_build_base)
-    sub.add_parser("tasks", help="list the tasks").set_defaults(fn=_tasks)
-    sub.add_parser(
-        "doctor", help="print the versions of the engines this domain uses"
-    ).set_defaults(fn=_doctor)
-    args = parser.parse_args(argv)
-    try:
-        return args.fn(args)
-    except (ValueError, FileNotFoundError) as exc:  # ConfigError is a ValueError
-        print(f"rlpost-robot: {exc}", file=sys.stderr)
-        return 2
+    app.command("tasks", _tasks, "list the tasks")
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_app().main(argv)
 
 
 if __name__ == "__main__":

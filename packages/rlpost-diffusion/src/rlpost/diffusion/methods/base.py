@@ -157,6 +157,17 @@ class MethodRegistry:
     def __iter__(self):
         return iter(self.names())
 
+    def table(self) -> str:
+        """One line per method: sampler, advantage, what the loss reads, KL default, paper."""
+        lines = [f"{'method':<12}{'sampler':<11}{'advantage':<17}{'reads':<20}{'kl':>6}  paper"]
+        for m in (self._methods[n] for n in self.names()):
+            reads = ",".join(sorted(m.needs)) or "-"
+            kl = f"{m.kl_coef:g}" if m.kl_term else "(loss)"
+            lines.append(
+                f"{m.name:<12}{m.sampler:<11}{m.advantage.name:<17}{reads:<20}{kl:>6}  {m.paper}"
+            )
+        return "\n".join(lines)
+
 
 METHODS = MethodRegistry()
 

@@ -2,19 +2,15 @@
 
 from pathlib import Path
 
+from rlpost.core.io import recipes
+
 RECIPES_DIR = Path(__file__).parent
 
 
 def recipe_names() -> list[str]:
-    return sorted(q.stem for q in RECIPES_DIR.glob("*.yaml"))
+    return recipes.recipe_names(RECIPES_DIR)
 
 
 def recipe_path(name_or_path: str) -> Path:
     """A YAML file path as given, else the shipped recipe of that name (``.yaml`` optional)."""
-    given = Path(name_or_path)
-    if given.is_file():
-        return given
-    stem = name_or_path.removesuffix(".yaml")
-    if (RECIPES_DIR / f"{stem}.yaml").is_file():
-        return RECIPES_DIR / f"{stem}.yaml"
-    raise FileNotFoundError(f"no file {name_or_path!r} and no shipped recipe; {recipe_names()}")
+    return recipes.find_recipe(name_or_path, RECIPES_DIR)

@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from rlpost.core.contract import ContractError, Coupling, Input
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.preference import PREFERENCE_LOSSES
 from rlpost.core.registry import Bound, RegistryError
 from rlpost.llm.config import ModelConfig, OptimConfig, RewardConfig, RunConfig
@@ -40,10 +40,6 @@ __all__ = [
 #: The inputs of the method/trainer contract this trainer computes for any loss that
 #: reads them: the reference policy's sequence log-probs and the response lengths.
 PROVIDES = frozenset({Input.REF_LOGPROBS, Input.LENGTHS})
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PreferenceDataConfig(_Strict):
@@ -161,9 +157,6 @@ class PreferenceConfig(_Strict):
     def batch_pairs(self) -> int:
         """Pairs per optimizer step."""
         return self.online.pairs_per_step if self.mode == "online" else self.train.batch_size
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 def load_preference_config(

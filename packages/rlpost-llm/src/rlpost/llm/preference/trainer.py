@@ -48,6 +48,7 @@ from rlpost.core.contract import Input
 from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
+from rlpost.core.io.rundir import open_run_dir
 from rlpost.core.preference import PreferenceInput
 from rlpost.llm.data import PromptSource, make_prompt_source
 from rlpost.llm.engines.base import RolloutEngine, SamplingParams
@@ -147,9 +148,7 @@ class PreferenceTrainer:
         self.loss = cfg.loss.build()
         self.needs_ref = Input.REF_LOGPROBS in self.loss.reads
         self.data = make_pair_data(cfg)  # a bad data file fails before the model loads
-        self.run_dir = Path(cfg.run.dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        self.run_dir = open_run_dir(cfg.run.dir, cfg)
         torch.manual_seed(cfg.run.seed)
         if model is None:
             model, tokenizer = load_policy(cfg, progress=cfg.run.progress)

@@ -2,20 +2,13 @@
 
 from pathlib import Path
 
+from rlpost.core.io.recipes import find_recipe
+
 RECIPES_DIR = Path(__file__).parent
+
+__all__ = ["RECIPES_DIR", "recipe_path"]
 
 
 def recipe_path(name_or_path: str) -> Path:
     """A YAML path as given, or the shipped recipe of that name (``.yaml`` optional)."""
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    shipped = RECIPES_DIR / (
-        name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml"
-    )
-    if shipped.is_file():
-        return shipped
-    names = sorted(q.stem for q in RECIPES_DIR.glob("*.yaml"))
-    raise FileNotFoundError(
-        f"no config file {name_or_path!r} and no shipped recipe of that name; recipes: {names}"
-    )
+    return find_recipe(name_or_path, RECIPES_DIR)

@@ -1,0 +1,58 @@
+"""Config bases shared by every domain's run config (pydantic, the ``config`` extra).
+
+A domain's config subclasses these and keeps only what is its own: its sections, its
+defaults (a subclass may override a default) and its cross-field checks. Load with
+:func:`rlpost.core.io.config.load_validated`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["CheckpointedRunConfig", "LoraConfig", "OptimConfig", "RunConfig", "Strict"]
+
+
+class Strict(BaseModel):
+    """Frozen; an unknown field is an error that names it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_yaml(self) -> str:
+        """The config as YAML, in field order (what a run writes to ``config.yaml``)."""
+        import yaml
+
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+class LoraConfig(Strict):
+    """LoRA adapters (peft's ``LoraConfig``: rank, alpha, dropout)."""
+
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_size: int = Field(64, ge=1)
+
+
+class RunConfig(Strict):
+    """Where a run writes, its seed, progress bars and torch threads."""
+
+    dir: str = "runs/run"
+    seed: int = 0
+    progress: bool = True
+    threads: int | None = Field(None, ge=1)
+
+
+class CheckpointedRunConfig(RunConfig):
+    """A step-based run: held-out evaluation and atomic checkpoints every few steps."""
+
+    eval_every: int = Field(10, ge=0)
+    save_every: int = Field(10, ge=0)
+    keep_checkpoints: int = Field(2, ge=1)
+    tensorboard: bool = True

@@ -1,0 +1,252 @@
+"""The robot domain's two other jobs: ``rlpost-robot residual`` and ``rlpost-robot deploy``.
+
+* :func:`run_residual`: the offline residual RL corrector (catalog 004-03) trained on a base
+  decoder's trajectories, measured on held-out ones against the supervised residual;
+* :func:`run_deploy`: a policy (a ``rlpost-robot train`` run's, or the cached BC policy)
+  drives a robot through lerobot's ``Robot`` interface, built by lerobot's
+  ``make_robot_from_config`` from the recipe's ``robot.type`` (``rlpost_mujoco``, our
+  simulated tasks, or any arm lerobot supports).
+
+Both write into ``run.dir`` (``config.yaml``, a JSON summary, ``metrics.jsonl``, a plot).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _start(job: Any) -> Path:
+    import torch
+
+    from rlpost.core.io.rundir import open_run_dir
+
+    if job.run.threads:
+        torch.set_num_threads(job.run.threads)
+    return open_run_dir(job.run.dir, job)
+
+
+# ------------------------------------------------------------------------ residual
+
+
+def run_residual(job: Any) -> dict[str, Any]:
+    """Train the residual RL agent and the supervised residual on ``job.data.train``
+    synthetic trajectories; Pearson r and RMSE (mean over axes) of the base decoder and
+    of both corrections on ``job.data.test`` held-out ones. Writes ``agent/``
+    (safetensors), ``metrics.jsonl`` (the agent's training log), ``residual.json`` and
+    ``trajectory.png``."""
+    from rlpost.core.io.metrics import MetricsLogger
+    from rlpost.robot.algos.residual import (
+        pearson_r,
+        rmse,
+        supervised_residual,
+        synthetic_decoding_data,
+        train_residual_rl,
+    )
+
+    out = _start(job)
+    cfg, d, seed = job.agent_config(), job.data, job.run.seed
+    train = synthetic_decoding_data(d.train, d.steps, seed=2 * seed)
+    test = synthetic_decoding_data(d.test, d.steps, seed=2 * seed + 1)
+    t0 = time.perf_counter()
+    logger = MetricsLogger(out, tensorboard=False)
+    try:
+        agent, _ = train_residual_rl(
+            train, cfg, log=lambda row: logger.log(row["step"], row), progress=job.run.progress
+        )
+    finally:
+        logger.close()
+    supervised = supervised_residual(train, cfg)
+    seconds = time.perf_counter() - t0
+    agent.save(out / "agent")
+    rows = {}
+    for name, traj in (
+        ("base decoder", test.pred),
+        ("+ residual RL", agent.correct(test.pred)),
+        ("+ supervised residual", supervised.correct(test.pred)),
+    ):
+        rows[name] = {
+            "r": pearson_r(traj, test.target).mean().item(),
+            "rmse": rmse(traj, test.target).mean().item(),
+        }
+    result = {"rows": rows, "test_trajectories": d.test, "seconds_train": round(seconds, 1)}
+    _plot_trajectory(test, agent, out / "trajectory.png")
+    (out / "residual.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_residual(result: dict[str, Any]) -> str:
+    base = result["rows"]["base decoder"]
+    lines = [
+        f"held-out trajectories: {result['test_trajectories']} (mean over axes)",
+        f"{'':<24}{'Pearson r':>10}{'RMSE':>8}{'r gain':>8}{'RMSE cut':>10}",
+    ]
+    for name, m in result["rows"].items():
+        gain = m["r"] / base["r"] - 1
+        cut = 1 - m["rmse"] / base["rmse"]
+        lines.append(f"{name:<24}{m['r']:>10.3f}{m['rmse']:>8.3f}{gain:>8.0%}{cut:>10.0%}")
+    lines.append(f"time: {result['seconds_train']} s")
+    return "\n".join(lines)
+
+
+def _plot_trajectory(test: Any, agent: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corrected = agent.correct(test.pred[:1])[0, :, 0]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot(test.target[0, :, 0], label="target", color="black")
+    ax.plot(test.pred[0, :, 0], label="base decoder", alpha=0.7)
+    ax.plot(corrected, label="+ residual RL", alpha=0.9)
+    ax.set(xlabel="time step", ylabel="axis 0", title="a held-out trajectory")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------- deploy
+
+
+def make_robot(job: Any) -> Any:
+    """The lerobot robot of ``job.robot`` (``type`` + ``params``), not connected."""
+    import importlib
+    import pkgutil
+
+    import lerobot.robots
+    from lerobot.robots import RobotConfig
+    from lerobot.robots.utils import make_robot_from_config
+
+    import rlpost.robot.lerobot_robot  # noqa: F401 - registers rlpost_mujoco
+
+    kind = job.robot.type
+    if kind not in RobotConfig.get_known_choices():  # lerobot registers its arms on import
+        for m in pkgutil.iter_modules(lerobot.robots.__path__):
+            if m.ispkg:
+                try:
+                    importlib.import_module(f"lerobot.robots.{m.name}")
+                except ImportError:  # an arm whose SDK is not installed
+                    continue
+    known = RobotConfig.get_known_choices()
+    if kind not in known:
+        raise ValueError(f"robot.type: unknown lerobot robot {kind!r}; known: {sorted(known)}")
+    cls = known[kind]
+    params = dict(job.robot.params)
+    fields = getattr(cls, "__dataclass_fields__", {})
+    for name, value in (("task", job.task), ("seed", job.run.seed)):
+        if name in fields:
+            params.setdefault(name, value)
+    if "calibration_dir" in fields:
+        params.setdefault("calibration_dir", Path(job.run.dir) / "calibration")
+    try:
+        config = cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"robot.params: {exc}") from None
+    return make_robot_from_config(config)
+
+
+def _deploy_policy(job: Any) -> tuple[Any, str]:
+    """The policy to deploy and its :data:`~rlpost.robot.pretrain.POLICY_KINDS` kind."""
+    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy
+
+    p = job.policy
+    if p.run is not None:
+        folder = Path(p.run)
+        if not (folder / "policy" / "config.json").is_file():
+            raise FileNotFoundError(f"policy.run: no policy/ in {folder} (a train run dir)")
+    else:
+        demos = job.demos.model_dump()
+        build_demo_dataset(job.task, **demos)
+        folder = POLICY_KINDS[p.kind].build(job.task, demos, p, job.run.progress)
+    kind = json.loads((folder / "policy" / "config.json").read_text()).get("kind", "flow")
+    return load_bc_policy(folder), kind
+
+
+def run_deploy(job: Any) -> dict[str, Any]:
+    """Connect the robot, run ``job.episodes`` episodes of the policy through
+    :func:`rlpost.robot.lerobot_robot.deploy`, disconnect. Writes ``deploy.json``,
+    ``metrics.jsonl`` (one row per episode) and ``deploy.png``."""
+    from rlpost.core.io.metrics import MetricsLogger
+    from rlpost.robot.lerobot_robot import deploy
+    from rlpost.robot.policies.bc import ChunkController
+    from rlpost.robot.pretrain import POLICY_KINDS
+
+    out = _start(job)
+    policy, kind = _deploy_policy(job)
+    policy.eval()
+    robot = make_robot(job)
+    n_state = len([k for k in robot.observation_features if k.startswith("state.")])
+    if n_state != policy.cfg.obs_dim or len(robot.action_features) != policy.cfg.act_dim:
+        raise ValueError(
+            f"the policy reads {policy.cfg.obs_dim} observations and writes "
+            f"{policy.cfg.act_dim} actions; robot {job.robot.type!r} has {n_state} and "
+            f"{len(robot.action_features)}"
+        )
+    multi = POLICY_KINDS[kind]
+    ctrl = ChunkController(
+        policy,
+        execute=job.policy.execute or policy.cfg.horizon,
+        n_steps=job.policy.sample_steps if multi.multi_step else None,
+        seed=job.run.seed,
+    )
+    t0 = time.perf_counter()
+    robot.connect()
+    try:
+        episodes = deploy(ctrl, robot, job.episodes, job.max_steps, seed=job.run.seed)
+    finally:
+        robot.disconnect()
+    logger = MetricsLogger(out, tensorboard=False)
+    try:
+        for i, ep in enumerate(episodes):
+            logger.log(i, {k: v for k, v in ep.items() if v is not None})
+    finally:
+        logger.close()
+    result = {
+        "task": job.task,
+        "robot": job.robot.type,
+        "policy": f"{kind} policy of {job.policy.run}" if job.policy.run else f"BC {kind} policy",
+        "episodes": episodes,
+        "success": sum(e["success"] for e in episodes) / len(episodes),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    _plot_deploy(result, out / "deploy.png")
+    (out / "deploy.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_deploy(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['policy']} on robot {result['robot']} ({result['task']}): "
+        f"success {result['success']:.0%} over {len(result['episodes'])} episodes",
+        f"{'episode':<9}{'steps':>6}{'success':>9}{'peak force':>12}{'mean force':>12}",
+    ]
+    for i, e in enumerate(result["episodes"]):
+        peak = "-" if e["peak_force"] is None else f"{e['peak_force']:.1f} N"
+        mean = "-" if e["mean_force"] is None else f"{e['mean_force']:.1f} N"
+        lines.append(f"{i:<9}{e['steps']:>6}{e['success']!s:>9}{peak:>12}{mean:>12}")
+    lines.append(f"time: {result['seconds']} s")
+    return "\n".join(lines)
+
+
+def _plot_deploy(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = result["episodes"]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    colors = ["tab:green" if e["success"] else "tab:red" for e in eps]
+    ax.bar(range(len(eps)), [e["steps"] for e in eps], color=colors)
+    ax.set(xlabel="episode", ylabel="steps (green: success)", title=result["policy"])
+    if eps and eps[0]["peak_force"] is not None:
+        ax2 = ax.twinx()
+        ax2.plot(range(len(eps)), [e["peak_force"] for e in eps], "ko-", label="peak force")
+        ax2.set_ylabel("peak contact force (N)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
