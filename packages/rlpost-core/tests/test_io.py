@@ -72,3 +72,53 @@ def test_cache_dir_env_and_publish_is_atomic(tmp_path, monkeypatch):
     assert (target / "done.json").read_text() == "{}"
     publish_directory(target, "done.json", other, force=True)  # ... unless forced
     assert (target / "done.json").read_text() == '{"v": 2}'
+
+
+def test_named_registry_rejects_duplicates_and_names_the_valid_ones():
+    from dataclasses import dataclass
+
+    from rlpost.core.registry import NamedRegistry, RegistryError
+
+    @dataclass(frozen=True)
+    class Thing:
+        name: str
+
+    reg = NamedRegistry[Thing]("toy thing")
+    a = reg.register(Thing("a"))
+    reg.register(Thing("b"))
+    assert reg.get("a") is a and list(reg) == ["a", "b"] and "b" in reg
+    with pytest.raises(RegistryError, match="toy thing 'a' is already registered"):
+        reg.register(Thing("a"))
+    with pytest.raises(RegistryError, match="unknown toy thing 'c'; valid names: a, b"):
+        reg.get("c")
+    reg.unregister("a")
+    assert reg.names() == ["b"]
+
+
+def test_recipe_lookup_run_dir_and_summary(tmp_path):
+    from rlpost.core.io.curves import plot_curves, summary_table
+    from rlpost.core.io.metrics import MetricsLogger
+    from rlpost.core.io.recipes import find_recipe, recipe_names
+    from rlpost.core.io.rundir import open_run_dir
+    from rlpost.core.io.schema import CheckpointedRunConfig
+
+    (tmp_path / "a.yaml").write_text("x: 1\n")
+    assert find_recipe("a", tmp_path) == find_recipe("a.yaml", tmp_path) == tmp_path / "a.yaml"
+    with pytest.raises(FileNotFoundError, match=r"no shipped recipe of that name; \['a'\]"):
+        find_recipe("b", tmp_path)
+    assert recipe_names(tmp_path) == ["a"]
+    run = open_run_dir(tmp_path / "run", CheckpointedRunConfig(seed=3))
+    assert "seed: 3" in (run / "config.yaml").read_text()
+    assert not list(run.glob("*.tmp"))
+    log = MetricsLogger(run, tensorboard=False)
+    for step, value in ((1, 0.5), (2, 0.75)):
+        log.log(step, {"reward": value, "eval/reward": value / 2})
+    log.close()
+    rows = [{"reward": 0.5}, {"reward": 0.75}]
+    assert summary_table(rows, ["reward", "absent"]).splitlines()[1].split() == [
+        "reward",
+        "0.5000",
+        "0.7500",
+    ]
+    assert summary_table([], ["reward"]) == "(no steps)"
+    assert plot_curves(run, [("reward", ("reward", "eval/reward"))]).is_file()

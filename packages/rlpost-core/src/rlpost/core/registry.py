@@ -271,3 +271,40 @@ class Registry[In, Out]:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"
+
+
+class NamedRegistry[T]:
+    """``name -> object`` for the domains' registries of larger things (a diffusion
+    method, a robot algorithm): each object has a ``name``; registering a name twice
+    raises, an unknown name lists the valid ones. Subclasses add their validation."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, item: T) -> T:
+        name = item.name  # type: ignore[attr-defined]
+        if name in self._items:
+            raise RegistryError(f"{self.kind} {name!r} is already registered")
+        self._items[name] = item
+        return item
+
+    def unregister(self, name: str) -> None:
+        self._items.pop(name, None)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise RegistryError(
+                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self):
+        return iter(self.names())

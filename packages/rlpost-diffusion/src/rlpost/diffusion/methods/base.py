@@ -32,7 +32,7 @@ from torch import Tensor
 
 from rlpost.core.advantages import ADVANTAGES
 from rlpost.core.presets import Choice
-from rlpost.core.registry import Bound, NoParams, RegistryError, make_params
+from rlpost.core.registry import Bound, NamedRegistry, NoParams, make_params
 
 SamplerKind = Literal["ode", "flow_grpo", "dance"]
 
@@ -108,32 +108,18 @@ class BoundMethod:
         return self.method.loss(inp, self.params)
 
 
-class MethodRegistry:
+class MethodRegistry(NamedRegistry[Method]):
     """``name -> Method``; registering a name twice raises, an unknown name lists the
     valid ones, parameters are validated like a core registry's."""
 
     def __init__(self) -> None:
-        self._methods: dict[str, Method] = {}
+        super().__init__("diffusion method")
 
     def register(self, method: Method) -> Method:
-        if method.name in self._methods:
-            raise RegistryError(f"diffusion method {method.name!r} is already registered")
         if not dataclasses.is_dataclass(method.params):
             raise TypeError(f"method {method.name!r}: params must be a frozen dataclass")
         ADVANTAGES.build(method.advantage.name, **dict(method.advantage.params))
-        self._methods[method.name] = method
-        return method
-
-    def unregister(self, name: str) -> None:
-        self._methods.pop(name, None)
-
-    def get(self, name: str) -> Method:
-        try:
-            return self._methods[name]
-        except KeyError:
-            raise RegistryError(
-                f"unknown diffusion method {name!r}; valid names: {', '.join(self.names())}"
-            ) from None
+        return super().register(method)
 
     def build(
         self,
@@ -148,19 +134,10 @@ class MethodRegistry:
         adv = advantage or m.advantage
         return BoundMethod(m, p, ADVANTAGES.build(adv.name, **dict(adv.params)))
 
-    def names(self) -> list[str]:
-        return sorted(self._methods)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._methods
-
-    def __iter__(self):
-        return iter(self.names())
-
     def table(self) -> str:
         """One line per method: sampler, advantage, what the loss reads, KL default, paper."""
         lines = [f"{'method':<12}{'sampler':<11}{'advantage':<17}{'reads':<20}{'kl':>6}  paper"]
-        for m in (self._methods[n] for n in self.names()):
+        for m in map(self.get, self.names()):
             reads = ",".join(sorted(m.needs)) or "-"
             kl = f"{m.kl_coef:g}" if m.kl_term else "(loss)"
             lines.append(

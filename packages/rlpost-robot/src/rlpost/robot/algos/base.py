@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.core.registry import RegistryError, make_params
+from rlpost.core.registry import NamedRegistry, make_params
 
 
 @dataclass(frozen=True)
@@ -36,37 +36,14 @@ class Algorithm:
     episodes_field: str = "episodes"  # the config field holding the online budget
 
 
-class AlgorithmRegistry:
+class AlgorithmRegistry(NamedRegistry[Algorithm]):
     def __init__(self) -> None:
-        self._algos: dict[str, Algorithm] = {}
-
-    def register(self, algo: Algorithm) -> Algorithm:
-        if algo.name in self._algos:
-            raise RegistryError(f"robot algorithm {algo.name!r} is already registered")
-        self._algos[algo.name] = algo
-        return algo
-
-    def unregister(self, name: str) -> None:
-        self._algos.pop(name, None)
-
-    def get(self, name: str) -> Algorithm:
-        try:
-            return self._algos[name]
-        except KeyError:
-            raise RegistryError(
-                f"unknown robot algorithm {name!r}; valid names: {', '.join(self.names())}"
-            ) from None
+        super().__init__("robot algorithm")
 
     def config(self, name: str, params: Mapping[str, Any], seed: int) -> Any:
         """The algorithm's validated config (errors name the field)."""
         a = self.get(name)
         return make_params(a.config, f"algorithm {name!r}", {**dict(params), "seed": seed})
-
-    def names(self) -> list[str]:
-        return sorted(self._algos)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._algos
 
 
 ALGORITHMS = AlgorithmRegistry()
