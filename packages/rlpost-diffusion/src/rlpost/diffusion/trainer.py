@@ -79,7 +79,7 @@ class Batch:
     group_ids: Tensor  # [B]
     traj: Trajectory
     rewards: Tensor  # [B]
-    advantages: Tensor  # [B] (RWR: the non-negative weights)
+    advantages: Tensor  # [B] (a weighting advantage: non-negative weights)
     metrics: dict[str, float]
 
 
@@ -225,8 +225,9 @@ class Trainer:
         return total / n, {k: v / n for k, v in sums.items()}
 
     def _renoise_plan(self, rows: Tensor, b: Batch) -> dict[str, Tensor]:
-        """Noise levels and noise for every re-noised row, drawn before any update; for RAM
-        with several minibatches, also ``v_old`` (the sampling model's velocity) there."""
+        """Noise levels and noise for every re-noised row, drawn before any update; for a
+        method that reads the sampling model's velocity, with several minibatches, also
+        ``v_old`` there."""
         a = self.cfg.algo
         x0 = b.traj.x0[rows]
         sig = obj.sample_sigmas(

@@ -151,7 +151,7 @@ def make_robot(job: Any) -> Any:
 
 def _deploy_policy(job: Any) -> tuple[Any, str]:
     """The policy to deploy and its :data:`~rlpost.robot.pretrain.POLICY_KINDS` kind."""
-    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy
+    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, policy_kind
 
     p = job.policy
     if p.run is not None:
@@ -162,8 +162,7 @@ def _deploy_policy(job: Any) -> tuple[Any, str]:
         demos = job.demos.model_dump()
         build_demo_dataset(job.task, **demos)
         folder = POLICY_KINDS[p.kind].build(job.task, demos, p, job.run.progress)
-    kind = json.loads((folder / "policy" / "config.json").read_text()).get("kind", "flow")
-    return load_bc_policy(folder), kind
+    return load_bc_policy(folder), policy_kind(folder)
 
 
 def run_deploy(job: Any) -> dict[str, Any]:

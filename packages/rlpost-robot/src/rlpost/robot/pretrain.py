@@ -323,11 +323,17 @@ POLICY_KINDS: dict[str, PolicyKind] = {
 }  # fmt: skip
 
 
-def load_bc_policy(path: str | os.PathLike):
-    """The policy of a BC policy folder of any kind (:data:`POLICY_KINDS`; the kind is
-    read from the saved config; safetensors + JSON only)."""
+def policy_kind(path: str | os.PathLike) -> str:
+    """The :data:`POLICY_KINDS` entry of a policy folder's ``policy/config.json`` (folders
+    written before the kind was recorded hold a flow policy)."""
     folder = Path(path) / "policy"
     kind = json.loads((folder / "config.json").read_text()).get("kind", "flow")
     if kind not in POLICY_KINDS:
         raise ValueError(f"{folder}: unknown policy kind {kind!r}; known: {sorted(POLICY_KINDS)}")
-    return POLICY_KINDS[kind].load(folder)
+    return kind
+
+
+def load_bc_policy(path: str | os.PathLike):
+    """The policy of a BC policy folder of any kind (:data:`POLICY_KINDS`; the kind is
+    read from the saved config; safetensors + JSON only)."""
+    return POLICY_KINDS[policy_kind(path)].load(Path(path) / "policy")

@@ -3,7 +3,7 @@
 :func:`train_from_config` builds (or loads from the cache) the demonstrations and the BC
 policy of the config's policy kind, evaluates it, runs the configured algorithm
 (:data:`rlpost.robot.algos.ALGORITHMS`) and evaluates again; the trainer holds no
-algorithm or policy-kind names. ``rlpost-robot demo`` is OTQL's recipe through it.
+algorithm or policy-kind names; ``rlpost-robot demo`` runs a recipe through it.
 :func:`format_table` prints a result; ``success.png`` and ``rollout.png`` show it.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 def train_from_config(cfg: Any) -> dict[str, Any]:
     """Build / load the demonstrations and the BC policy, evaluate, fine-tune, evaluate.
 
-    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per OTQL round),
+    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per round),
     ``success.png``, ``rollout.png`` (when a renderer works), ``policy/``, ``demo.json``.
     """
     import torch
@@ -104,7 +104,7 @@ def build_policy_for(cfg: Any) -> Path:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    name = result.get("algo_title", result.get("algo", "OTQL").upper())
+    name = result["algo_title"]
     lines = [
         f"task {result['task']}: demonstrations succeed {result['demo_success']:.0%}; "
         f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
@@ -139,7 +139,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    name = result.get("algo_title", result.get("algo", "OTQL").upper())
+    name = result["algo_title"]
     hist = result["history"]
     force = bool(hist) and "peak_force" in hist[0]
     fig, axes = plt.subplots(1, 3 if force else 2, figsize=(13.5 if force else 9, 3.4))
