@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from rlpost.apps.common import App
@@ -47,3 +49,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setenv("RLPOST_TRACEBACK", "1")
     with pytest.raises(ValueError, match="bad recipe"):
         app.main(["train", "--config", "bad"])
+
+
+def test_import_runs_a_users_module_first(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_plugin_for_app_test.py").write_text("import sys\nsys.registered = 'yes'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "registered", "no", raising=False)
+    seen = []
+    app = App("rlpost-toy", None, "1", dict)
+    app.command("show", lambda args: seen.append(__import__("sys").registered) or 0, "")
+    assert app.main(["--import", "my_plugin_for_app_test", "show"]) == 0
+    assert seen == ["yes"]
+    assert app.main(["--import", "no_such_module_xyz", "show"]) == 2
+    assert "--import no_such_module_xyz" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """The skeleton of every ``rlpost-<domain>`` command.
 
-An :class:`App` is an argparse parser with ``--version``, a ``doctor`` subcommand (the
+An :class:`App` is an argparse parser with ``--version``, ``--import MODULE`` (a user's
+module that registers methods, algorithms or presets, imported before the command), a
+``doctor`` subcommand (the
 versions of the engines the domain uses) and :meth:`App.main`, which runs the chosen
 subcommand and turns bad input into one line on stderr and exit code 2 instead of a
 traceback (``RLPOST_TRACEBACK=1`` shows the traceback). A domain's app adds its own
@@ -10,6 +12,7 @@ subcommands and keeps only those.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +37,15 @@ class App:
             prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
         )
         self.parser.add_argument("--version", action="version", version=f"{prog} {version}")
+        self.parser.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="import MODULE first (repeatable): a module of yours that registers "
+            "methods, algorithms, presets or rewards",
+        )
         self.sub = self.parser.add_subparsers(dest="command", required=True)
         self._report = report
 
@@ -70,6 +82,11 @@ class App:
             self.command("doctor", self._doctor, "print the versions of the engines it uses")
         args = self.parser.parse_args(argv)
         try:
+            for module in args.imports:
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise ValueError(f"--import {module}: {exc}") from exc
             return args.fn(args)
         except USER_ERRORS as exc:
             if os.environ.get("RLPOST_TRACEBACK"):
