@@ -19,3 +19,58 @@ def test_console_script_version_and_doctor(domain, capsys):
     assert main(["doctor"]) == 0
     report = capsys.readouterr().out
     assert "torch" in report and APPS[domain] in report
+
+
+BAD_CONFIGS = {
+    "unclosed.yaml": ("a: [1, 2\nb: 3\n", r"unclosed.yaml:2:2: malformed YAML: expected ','"),
+    "list.yaml": ("- a\n- b\n", r"list.yaml: the top level must be a mapping .* got a list"),
+    "interp.yaml": ("run:\n  dir: ${nope.x}\n", r"interp.yaml: Interpolation key 'nope.x'"),
+    "indent.yaml": ("run:\n dir: x\n  seed: 1\n", r"indent.yaml:3:7: malformed YAML: mapping"),
+    "binary.yaml": (b"\xff\xfe\x00", r"binary.yaml: not a text file"),
+}
+
+
+@pytest.mark.parametrize("domain", sorted(APPS))
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_a_malformed_config_is_one_line_and_exit_2(domain, name, tmp_path, capsys):
+    import re
+
+    text, expected = BAD_CONFIGS[name]
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    main = importlib.import_module(f"rlpost.apps.{domain}.cli").main
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(expected, err), err
+
+
+@pytest.mark.parametrize("domain", sorted(APPS))
+def test_a_malformed_override_is_one_line_and_exit_2(domain, capsys):
+    main = importlib.import_module(f"rlpost.apps.{domain}.cli").main
+    assert main(["train", "--config", _recipe(domain), "a=[1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"rlpost-{domain}: override 'a=[1': malformed value: did not find expected ',' or ']'"
+    )
+    assert main(["train", "--config", _recipe(domain), "run.dir=${oops}"]) == 2
+    assert "Interpolation key 'oops' not found" in capsys.readouterr().err
+
+
+def _recipe(domain):
+    return {"llm": "grpo_arithmetic", "diffusion": "ram_digits", "robot": "otql_reacher"}[domain]
+
+
+def test_flags_and_overrides_mix_in_any_order():
+    from rlpost.apps.llm.cli import build_app
+
+    app = build_app()
+    seen = {}
+    app.sub.choices["train"].set_defaults(fn=lambda a: seen.update(vars(a)) or 0)
+    assert app.main(["train", "--config", "x", "a=1", "--resume", "b=2", "c.d=3"]) == 0
+    assert seen["overrides"] == ["a=1", "b=2", "c.d=3"] and seen["resume"] is True
+    with pytest.raises(SystemExit):
+        app.main(["train", "--resume", "--overwrite"])
+    with pytest.raises(SystemExit):
+        app.main(["train", "--bogus"])

@@ -139,7 +139,7 @@ def test_load_reward_by_name_or_import_path(tmp_path):
     assert rewards.load_reward("rlpost.diffusion.rewards:mean_ink") is rewards.mean_ink
     with pytest.raises(ValueError, match="valid rewards"):
         rewards.load_reward("nope")
-    with pytest.raises(ValueError, match="cannot load reward"):
+    with pytest.raises(ValueError, match=r"reward.name: module .rlpost.diffusion.rewards. has no"):
         rewards.load_reward("rlpost.diffusion.rewards:nope")
 
 

@@ -21,6 +21,7 @@ def red_reward(images, prompts):
 def test_sd3_lora_trains_checkpoints_adapters_and_resumes(tmp_path, method):
     overrides = [
         "model.path=tiny-offline",  # the policy is passed in; the path is not loaded
+        "reward.name=hackable",  # the recipe's placeholder; the reward is passed in
         "prompts.prompts=[a red square, a blue circle]",
         "prompts.per_step=2",
         "prompts.group_size=2",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -331,7 +332,8 @@ def test_mu_grpo_resumes_exactly_mid_stage(fast_cfg):
     full.train()
     final = {k: v.clone() for k, v in full.model.state_dict().items()}
     ckpts = Path(cfg.run.dir) / "checkpoints"  # resume from step 1: one stage batch left
-    (ckpts / "latest.json").write_text(json.dumps({"step": 1, "dir": "step-000001"}))
+    for later in ("step-000002", "step-000003", "step-000004"):
+        shutil.rmtree(ckpts / later)
     b = Trainer(cfg, reward_fn=parity_reward, resume=True)
     assert b.step == 1 and len(b.stages) == 1
     b.train()

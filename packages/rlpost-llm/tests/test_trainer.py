@@ -51,6 +51,7 @@ def test_train_writes_a_complete_run_dir(fast_cfg):
     assert (run / "curves.png").stat().st_size > 10_000
     ckpt = run / "checkpoints" / "step-000002"
     assert {p.name for p in ckpt.iterdir()} == {
+        "manifest.json",
         "model.safetensors",
         "optimizer.safetensors",
         "optimizer.json",
@@ -187,6 +188,7 @@ def test_async_one_step_off_bounds_staleness(fast_cfg):
         Trainer(
             fast_cfg("train.async_rollouts=true", "train.steps=3", "train.max_staleness=0"),
             reward_fn=parity_reward,
+            overwrite=True,
         ).train()
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlpost.core.io import schema
-from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.config import ConfigError, import_object, load_validated
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.presets import Choice
 from rlpost.core.registry import RegistryError
@@ -55,7 +55,34 @@ class ModelConfig(_Strict):
 class RewardConfig(_Strict):
     name: str = "geneval"
     """A built-in reward (``geneval``, ``pickscore``, ``hackable`` for the digits model) or
-    ``package.module:callable`` returning a reward ``(images, prompts) -> [B]``."""
+    ``package.module:callable`` returning a reward ``(images, prompts) -> [B]``; checked
+    (imported) when the config loads."""
+    workers: int | None = Field(None, ge=0)
+    """Worker processes scoring one image per item with time and memory limits (the
+    :class:`rlpost.core.pool.RewardPool` the LLM trainer uses); 0: in this process, batched
+    (a reward model on the GPU). None: 0 for a built-in reward, 2 for an imported one."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Wall-clock limit of one image's score (workers > 0)."""
+    memory_mb: float | None = Field(1024.0, gt=0)
+    """Memory one score may allocate in its worker (workers > 0); None: no cap."""
+
+    @model_validator(mode="after")
+    def _check_name(self) -> RewardConfig:
+        from rlpost.diffusion.rewards import REWARDS
+
+        if ":" in self.name:
+            import_object(self.name, "reward.name")
+        elif self.name not in REWARDS:
+            raise ValueError(
+                f"reward.name: unknown reward {self.name!r}; built-in: {sorted(REWARDS)}, "
+                "or 'package.module:function'"
+            )
+        return self
+
+    def resolved_workers(self) -> int:
+        if self.workers is not None:
+            return self.workers
+        return 2 if ":" in self.name else 0
 
 
 class PromptConfig(_Strict):
@@ -160,6 +187,9 @@ class OptimConfig(schema.OptimConfig):
 
 class TrainConfig(_Strict):
     steps: int = Field(100, ge=1)
+    guard: schema.GuardConfig = schema.GuardConfig()
+    """Non-finite steps (rewards, loss, gradients, parameters): skipped or rolled back and
+    reported; ``max_consecutive`` in a row stop the run with a message."""
 
 
 class RunConfig(schema.CheckpointedRunConfig):

@@ -25,8 +25,10 @@ Typical use::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,7 +52,10 @@ from rlpost.diffusion.models.digits.data import (
 __all__ = [
     "REWARDS",
     "DigitsRewardModel",
+    "ImageReward",
     "RewardFn",
+    "RewardScorer",
+    "Scored",
     "class_accuracy",
     "default_reward_model",
     "geneval",
@@ -236,18 +241,9 @@ def load_reward(spec: str, cache_dir: str | os.PathLike | None = None) -> Reward
     a user reward (any callable ``(images, prompts) -> Tensor [B]``, returned as is)."""
     if ":" not in spec:
         return make_reward(spec, cache_dir)
-    import importlib
+    from rlpost.core.io.config import import_object
 
-    module_name, _, attr = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load reward {spec!r}: {e}") from e
-    if not callable(obj):
-        raise ValueError(f"reward {spec!r} is not callable")
-    return obj
+    return import_object(spec, "reward.name")
 
 
 def quality_metrics(
@@ -269,3 +265,96 @@ def quality_metrics(
         "pickscore": model.pickscore,
         "ink": hackable,
     }
+
+
+# ------------------------------------------------------------------ scoring with limits
+
+
+class ImageReward:
+    """A :class:`RewardFn` as a :class:`rlpost.core.pool.RewardPool` function: one item is
+    one image ``[C, H, W]`` and its prompt, scored as a batch of one. Picklable when the
+    reward is (a module-level function or an instance of a module-level class)."""
+
+    def __init__(self, fn: RewardFn):
+        self.fn = fn
+        if callable(getattr(fn, "warmup", None)):
+            self.warmup = fn.warmup
+
+    def __call__(self, image: Tensor, prompt: Any) -> float:
+        out = torch.as_tensor(self.fn(image[None], [prompt]))
+        if out.numel() != 1:
+            raise ValueError(f"returned {out.numel()} values for one image")
+        return float(out.reshape(()))
+
+
+@dataclass
+class Scored:
+    """Rewards of one batch: ``rewards [B]`` float32 with NaN where scoring failed or the
+    value is not finite in float32; ``metrics`` (``reward/errors``, ``reward/timeouts``,
+    ``reward/oom``, ``reward/nonfinite``: counts); ``failures``: a reason per failed item."""
+
+    rewards: Tensor
+    metrics: dict[str, float]
+    failures: list[str]
+
+    @property
+    def bad(self) -> int:
+        return int(torch.isnan(self.rewards).sum())
+
+
+class RewardScorer:
+    """Scores ``(images, prompts)`` with a reward, so that no reward can crash, hang or
+    poison the run: with ``workers > 0`` in a :class:`rlpost.core.pool.RewardPool` (one
+    image per item, each under ``timeout_s`` and ``memory_mb``), with ``workers = 0`` in
+    this process, batched (an exception fails the whole batch). Failed or non-finite
+    items come back as NaN and are counted."""
+
+    def __init__(
+        self,
+        fn: RewardFn,
+        name: str,
+        workers: int = 0,
+        timeout_s: float = 30.0,
+        memory_mb: float | None = 1024.0,
+    ):
+        self.fn, self.name = fn, name
+        self.pool = None
+        if workers > 0:
+            from rlpost.core.pool import RewardPool
+
+            self.pool = RewardPool(
+                {name: ImageReward(fn)}, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb
+            )
+
+    def __call__(self, images: Tensor, prompts: Sequence[Any]) -> Scored:
+        from rlpost.core.guard import finite_or_nan
+
+        B = images.shape[0]
+        failures: list[str] = []
+        metrics = {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/oom": 0.0}
+        if self.pool is not None:
+            res = self.pool.score(list(images.detach().cpu()), list(prompts))
+            raw = res.components[:, 0].clone()
+            raw[res.failed[:, 0]] = math.nan
+            for k in metrics:
+                metrics[k] = res.metrics[k]
+            failures = [f"{kind}: {why}" for _, _, kind, why in self.pool.last_failures]
+        else:
+            try:
+                raw = torch.as_tensor(self.fn(images, prompts)).detach().reshape(-1).cpu()
+                if raw.numel() != B:
+                    raise ValueError(f"returned {raw.numel()} values for {B} images")
+            except Exception as e:  # the batch fails, the run does not
+                raw = torch.full((B,), math.nan)
+                metrics["reward/errors"] = float(B)
+                failures = [f"error: {type(e).__name__}: {e}"]
+        failed = int(torch.isnan(raw.double()).sum())
+        rewards, bad = finite_or_nan(raw)
+        metrics["reward/nonfinite"] = float(bad - failed)
+        if bad > failed:
+            failures.append(f"{bad - failed} non-finite value(s) (float32)")
+        return Scored(rewards.to(images.device), metrics, failures)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()

@@ -31,19 +31,15 @@ import torch
 from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput
-from rlpost.core.io.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    load_weights,
-    save_checkpoint,
-)
+from rlpost.core.guard import UpdateGuard, all_finite
+from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import open_run_dir
+from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.methods import LossInput, Needs
 from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_index, cond_repeat
-from rlpost.diffusion.rewards import RewardFn, load_reward, quality_metrics
+from rlpost.diffusion.rewards import RewardFn, RewardScorer, load_reward, quality_metrics
 from rlpost.diffusion.runlog import plot_curves, save_grid, summary_table
 from rlpost.diffusion.sampler import Trajectory, flow_sigmas, sample, step
 
@@ -81,6 +77,7 @@ class Batch:
     rewards: Tensor  # [B]
     advantages: Tensor  # [B] (a weighting advantage: non-negative weights)
     metrics: dict[str, float]
+    skip: str | None = None  # why this batch must not train (non-finite samples / rewards)
 
 
 def _pick_device(name: str) -> torch.device:
@@ -105,6 +102,7 @@ class Trainer:
         self.device = _pick_device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         self.policy = policy if policy is not None else load_policy(cfg, self.device)
+        self.scorer: RewardScorer | None = None
         self.reward = reward if reward is not None else load_reward(cfg.reward.name)
         self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
         self.method = cfg.algo.bound_method()
@@ -115,6 +113,12 @@ class Trainer:
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
+        g = cfg.train.guard
+        self.guard = UpdateGuard(
+            self.params, [self.opt], rollback=g.rollback, max_consecutive=g.max_consecutive
+        )
+        self._applied = False  # the last update was applied, not yet confirmed by sampling
+        self._failed: str | None = None  # why the current step applied nothing
         self.run_dir = Path(cfg.run.dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.step = 0
@@ -125,6 +129,24 @@ class Trainer:
         # LoRA on a frozen base: checkpoints hold the adapters only
         self._adapters_only = any(
             not p.requires_grad for p in self.policy.trainable_module().parameters()
+        )
+
+    @property
+    def reward(self) -> RewardFn:
+        return self.scorer.fn
+
+    @reward.setter
+    def reward(self, fn: RewardFn) -> None:
+        """The reward, scored through a :class:`RewardScorer` (replaced with it)."""
+        if self.scorer is not None:
+            self.scorer.close()
+        rc = self.cfg.reward
+        self.scorer = RewardScorer(
+            fn,
+            rc.name.rpartition(":")[2],
+            workers=rc.resolved_workers(),
+            timeout_s=rc.timeout_s,
+            memory_mb=rc.memory_mb,
         )
 
     # ------------------------------------------------------------------ rollouts
@@ -162,17 +184,33 @@ class Trainer:
             init_noise=noise,
             device=self.device,
         )
-        images = self.policy.decode(traj.x0)
         flat_prompts = [p for p in prompts for _ in range(G)]
-        rewards = self.reward(images, flat_prompts).float().to(self.device)
-        adv = self.method.advantage(AdvantageInput(rewards, group_ids)).advantages
-        metrics = {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item(),
-            "adv/abs_mean": adv.abs().mean().item(),
-        }
+        if not all_finite([traj.x0]):
+            n = int((~torch.isfinite(traj.x0.flatten(1))).any(1).sum())
+            nan = torch.full((len(flat_prompts),), math.nan, device=self.device)
+            why = f"{n} of {len(flat_prompts)} samples are not finite: the model diverged"
+            m = {"reward/mean": math.nan}
+            return Batch(flat_prompts, cond, group_ids, traj, nan, nan, m, skip=why)
+        images = self.policy.decode(traj.x0)
+        scored = self.scorer(images, flat_prompts)
+        rewards = scored.rewards
+        metrics = dict(scored.metrics)
         for name, fn in self.quality.items():
             metrics[name] = fn(images, flat_prompts).float().mean().item()
+        if scored.bad:
+            metrics["reward/mean"] = float(rewards.nanmean())  # NaN when all failed
+            why = (
+                f"{scored.bad} of {len(rewards)} rewards failed ({'; '.join(scored.failures[:2])})"
+            )
+            return Batch(flat_prompts, cond, group_ids, traj, rewards, rewards, metrics, skip=why)
+        adv = self.method.advantage(AdvantageInput(rewards, group_ids)).advantages
+        metrics.update(
+            {
+                "reward/mean": rewards.mean().item(),
+                "reward/std": rewards.std().item(),
+                "adv/abs_mean": adv.abs().mean().item(),
+            }
+        )
         return Batch(flat_prompts, cond, group_ids, traj, rewards, adv, metrics)
 
     # ------------------------------------------------------------------ updates
@@ -303,6 +341,7 @@ class Trainer:
         chunks = perm.chunk(cfg.optim.minibatches)
         acc: dict[str, list[float]] = {}
         losses, norms = [], []
+        bad: list[str] = []  # why minibatch updates were skipped
         for chunk in chunks:
             self.opt.zero_grad(set_to_none=True)
             denom = len(chunk)
@@ -316,17 +355,22 @@ class Trainer:
                 total += loss.item() / denom
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
-            if not math.isfinite(total):
+            if not math.isfinite(total) or not self.guard.grads_finite():
                 self.opt.zero_grad(set_to_none=True)
-                acc.setdefault("skipped_nonfinite", []).append(1.0)
+                bad.append("non-finite loss or gradient")
                 continue
             if cfg.optim.grad_clip is not None:
                 norms.append(
                     float(torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip))
                 )
-            self.opt.step()
+            if not self.guard.step(self.opt.step):
+                bad.append("an update made parameters non-finite; it was rolled back")
+                continue
             losses.append(total)
         out = {k: sum(v) / len(v) for k, v in acc.items()}
+        out["skipped_nonfinite"] = float(len(bad))
+        self._failed = bad[-1] if len(bad) == len(chunks) else None  # nothing applied
+        self._applied = len(bad) < len(chunks)
         out["loss"] = sum(losses) / max(len(losses), 1)
         if norms:
             out["grad_norm"] = sum(norms) / len(norms)
@@ -357,8 +401,10 @@ class Trainer:
         images = self.policy.decode(traj.x0)
         self.eval_images.setdefault("first", images)
         self.eval_images["last"] = images
+        scored = self.scorer(images, prompts)
         out = {
-            "eval/reward": self.reward(images, prompts).float().mean().item(),
+            "eval/reward": float(scored.rewards.nanmean()) if scored.bad < len(prompts) else 0.0,
+            "eval/reward_failed": float(scored.bad),
             "eval/vnorm_ratio": traj.velocity_norm_ratio.mean().item(),
         }
         for name, fn in self.quality.items():
@@ -372,10 +418,21 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {"method": self.cfg.algo.method}
 
-    def train(self, resume: bool = True) -> list[dict[str, Any]]:
+    def _skip(self, why: str) -> str:
+        """A batch that must not train: say so; samples that are not finite also undo the
+        last update (their cause). Returns the reason, for the guard's count."""
+        if "samples are not finite" in why and self._applied and self.guard.rollback():
+            why += "; the last update was rolled back"
+        self._applied = False
+        notice(f"step {self.step + 1} skipped: {why}")
+        return why
+
+    def train(self, resume: bool = False, overwrite: bool = False) -> list[dict[str, Any]]:
+        """Run the steps; ``resume`` continues the run in ``run.dir`` from its newest valid
+        checkpoint, ``overwrite`` replaces it (with neither, a used ``run.dir`` is refused)."""
         cfg = self.cfg
-        open_run_dir(self.run_dir, cfg)
-        ckpt = latest_checkpoint(self.ckpt_dir) if resume else None
+        open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
+        ckpt = resume_checkpoint(self.run_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, self.policy.trainable_module(), self.opt, None)
             self.step = state["step"]
@@ -398,7 +455,13 @@ class Trainer:
         try:
             while self.step < cfg.train.steps:
                 b = self.collect()
-                m = {**b.metrics, **self.update(b)}
+                if b.skip is None:
+                    if self._applied:  # the last update sampled finite images: it was good
+                        self.guard.record(True)
+                    m = {**b.metrics, **self.update(b), "skipped": 0.0}
+                else:
+                    m = {**b.metrics, "skipped": 1.0}
+                    self._failed = self._skip(b.skip)
                 self.step += 1
                 if cfg.run.eval_every and (
                     self.step % cfg.run.eval_every == 0 or self.step == cfg.train.steps
@@ -407,6 +470,8 @@ class Trainer:
                     m.update(self.evaluate(self.run_dir / "samples_after.png" if last else None))
                 m["time/elapsed_s"] = time.perf_counter() - t0
                 logger.log(self.step, m)
+                if self._failed is not None:  # after its row is logged: it may stop the run
+                    self.guard.record(False, self._failed)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward/mean']:.3f}")
                 if cfg.run.save_every and (
@@ -425,14 +490,17 @@ class Trainer:
         finally:
             bar.close()
             logger.close()
+            self.scorer.close()
         rows = read_metrics(self.run_dir)
         plot_curves(self.run_dir, title=f"{cfg.algo.method} on {cfg.reward.name}")
         (self.run_dir / "summary.txt").write_text(summary_table(rows) + "\n")
         return rows
 
 
-def train_from_config(cfg: Config, resume: bool = True) -> list[dict[str, Any]]:
-    return Trainer(cfg).train(resume=resume)
+def train_from_config(
+    cfg: Config, resume: bool = False, overwrite: bool = False
+) -> list[dict[str, Any]]:
+    return Trainer(cfg).train(resume=resume, overwrite=overwrite)
 
 
 def evaluate_checkpoint(

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from rlpost.core.contract import Coupling, Input
 from rlpost.core.io import schema
-from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.config import ConfigError, import_object, load_validated
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.optim import OPTIMIZERS
 from rlpost.core.presets import Choice, Preset, get_preset
@@ -257,6 +257,8 @@ class TrainConfig(_Strict):
     async_rollouts: bool = False
     """One-step-off: generate step t+1's rollouts while training on step t's."""
     max_staleness: int = Field(1, ge=0)
+    guard: schema.GuardConfig = schema.GuardConfig()
+    """Non-finite steps: skipped or rolled back, and too many in a row stop the run."""
 
 
 class RewardFunction(_Strict):
@@ -270,6 +272,9 @@ class RewardFunction(_Strict):
 class RewardConfig(_Strict):
     workers: int = Field(2, ge=0)
     timeout_s: float = Field(5.0, gt=0)
+    memory_mb: float | None = Field(1024.0, gt=0)
+    """How much memory one evaluation may allocate in its worker (``RLIMIT_AS`` above the
+    worker's size when ready); past it the item scores 0 (``reward/oom``). None: no cap."""
     funcs: list[RewardFunction] = [RewardFunction(name="correct")]
     """The reward functions (TRL's ``reward_funcs`` / ``reward_weights``): the scalar reward
     is their weighted sum; estimators of vector rewards (vpo, rdpo) get the components.
@@ -288,6 +293,8 @@ class RewardConfig(_Strict):
                     f"reward.funcs: unknown reward {n!r}; use 'correct', 'format' or "
                     "'package.module:function'"
                 )
+            if ":" in n:  # imported now: a bad name fails at load, not after the model
+                import_object(n, "reward.funcs")
         return self
 
 
@@ -319,6 +326,13 @@ class Config(_Strict):
             provided_inputs(self), who="the rlpost-llm trainer with this config", hints=HINTS
         )
         n = preset.group_size  # the rollout's, else the preset's
+        if n == 1 and recipe.advantage_coupling() == Coupling.GROUP:
+            raise ValueError(
+                f"rollout.group_size=1: the {recipe.advantage} compares the responses "
+                "to one prompt, so with one response each every advantage is 0 and nothing "
+                "trains; use rollout.group_size >= 2 (or an estimator with a critic or a "
+                "cross-prompt baseline)"
+            )
         rows = self.rollout.prompts_per_step * n
         coupling = recipe.coupling()
         who = ", ".join(str(e) for e in recipe.loss_entries() if e.coupling == coupling)

@@ -35,7 +35,6 @@ with ``all_reduce`` so a W-process run equals a 1-process run with the same glob
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import time
@@ -50,13 +49,15 @@ from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.contract import Coupling, Input
+from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard, all_finite
 from rlpost.core.io.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     load_tensors,
     save_checkpoint,
 )
-from rlpost.core.io.rundir import open_run_dir
+from rlpost.core.io.config import import_object
+from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
 from rlpost.core.presets import PolicyBatch
@@ -112,14 +113,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def import_reward(spec: str):
     """``"package.module:function"`` -> the function (a picklable module-level callable)."""
-    mod, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward.funcs: cannot import {spec!r}: {exc}") from exc
-    if not callable(fn):
-        raise ValueError(f"reward.funcs: {spec!r} is not callable")
-    return fn
+    return import_object(spec, "reward.funcs")
 
 
 def _split_state(state: dict[str, Any], prefix: str) -> tuple[dict[str, Tensor], dict]:
@@ -139,6 +133,7 @@ class Trainer:
         engine: RolloutEngine | None = None,
         reward_fn=None,
         resume: bool = False,
+        overwrite: bool = False,
     ):
         self.cfg = cfg
         if cfg.run.threads:
@@ -161,7 +156,7 @@ class Trainer:
             raise ValueError("regularizer: supported on one process only")
         self.run_dir = Path(cfg.run.dir)
         if self.main:
-            open_run_dir(self.run_dir, cfg)
+            open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
         if model is None:
             model, tokenizer = load_policy(cfg, progress=cfg.run.progress and self.main)
@@ -185,6 +180,13 @@ class Trainer:
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
+        g = cfg.train.guard
+        self.guard = UpdateGuard(
+            [q for q in model.parameters() if q.requires_grad],
+            [self.optimizer],
+            rollback=g.rollback,
+            max_consecutive=g.max_consecutive,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_schedule(o.schedule, o.warmup_steps, self.total_steps)
         )
@@ -217,10 +219,12 @@ class Trainer:
                 fns,
                 workers=cfg.reward.workers,
                 timeout_s=cfg.reward.timeout_s,
+                memory_mb=cfg.reward.memory_mb,
                 weights={f.name: f.weight for f in cfg.reward.funcs},
             )
         self.step, self.version = 0, 0
         self.skipped = 0
+        self._applied = False  # the last update was applied and not yet confirmed
         self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
@@ -271,7 +275,11 @@ class Trainer:
         return {"critic": (self.critic.module, self.critic.optimizer)} if self.critic else {}
 
     def _resume(self) -> int | None:
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        ckpt = (
+            resume_checkpoint(self.run_dir)
+            if self.main
+            else latest_checkpoint(self.run_dir / "checkpoints")
+        )
         if ckpt is None:
             return None
         state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler, self._extras())
@@ -334,6 +342,11 @@ class Trainer:
             examples = self.source.next_batch(want - kept if rounds else want)
             prompts = [self.tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
             batch = self.engine.generate(prompts, p.group_size, self.sampling)
+            if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
+                raise NonFiniteError(
+                    "the engine's log-probs of the sampled tokens are not finite: the "
+                    "policy's weights have diverged"
+                )
             res = self._score(batch, examples)
             rewards = res.rewards
             for k, v in res.metrics.items():
@@ -556,6 +569,7 @@ class Trainer:
         mism = {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0}
         ent_sum = 0.0
         bad, grad_norm = False, float("nan")
+        why = "non-finite loss or gradient"
         params = [q for q in model.parameters() if q.requires_grad]
         warmup = self.critic is not None and self.step < cfg.critic.warmup_steps
         reg_needs = self.regularizer.needs if self.regularizer is not None else frozenset()
@@ -665,11 +679,15 @@ class Trainer:
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else float("inf")
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
                 bad = not math.isfinite(grad_norm)
+            if not bad and not self.guard.step(self.optimizer.step):
+                bad, why = True, "an update made parameters non-finite; it was rolled back"
             if bad:
                 self.optimizer.zero_grad(set_to_none=True)
                 break
-            self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        if bad and not warmup:
+            self.guard.record(False, why)
+        self._applied = not bad and not warmup  # confirmed by the next generation
         if warmup:
             pass  # only the critic trained: the policy and its schedule stay
         elif bad:  # the schedule advances with applied updates only
@@ -781,6 +799,18 @@ class Trainer:
         col = self._pending.result()
         return col
 
+    def _diverged(self, exc: NonFiniteError) -> None:
+        """Generation met non-finite logits: undo the update that caused them (or stop)."""
+        if self.world > 1 or self.cfg.train.async_rollouts or not self.guard.rollback():
+            raise RunStopped(f"step {self.step + 1}: {exc}; lower optim.lr, then --resume")
+        self._pending = None
+        self._applied = False
+        self.skipped += 1
+        notice(f"step {self.step + 1}: {exc}; the last update was rolled back")
+        if self.engine is not None:
+            self._sync_engine()
+        self.guard.record(False, f"{exc}, after rolling the update back")
+
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         total = self.total_steps
@@ -797,7 +827,14 @@ class Trainer:
             max_stale = max(max_stale, self.stage_len - 1)
         try:
             while self.step < total:
-                col = self._broadcast(self._next_collected())
+                try:
+                    col = self._broadcast(self._next_collected())
+                except NonFiniteError as exc:
+                    self._diverged(exc)  # the last update rolled back: this step again
+                    continue
+                if self._applied:  # the last update generated finite logits: it was good
+                    self.guard.record(True)
+                    self._applied = False
                 staleness = self.version - col.batch.policy_version
                 if staleness > max_stale:
                     raise RuntimeError(f"rollouts are {staleness} versions stale (max {max_stale})")

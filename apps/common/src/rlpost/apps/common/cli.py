@@ -5,7 +5,9 @@ module that registers methods, algorithms or presets, imported before the comman
 ``doctor`` subcommand (the
 versions of the engines the domain uses) and :meth:`App.main`, which runs the chosen
 subcommand and turns bad input into one line on stderr and exit code 2 instead of a
-traceback (``RLPOST_TRACEBACK=1`` shows the traceback). A domain's app adds its own
+traceback, and a run that stops on purpose (an exception marked ``one_line``, e.g.
+``rlpost.core.guard.RunStopped``) into one line and exit code 3 (``RLPOST_TRACEBACK=1``
+shows the traceback). A domain's app adds its own
 subcommands and keeps only those.
 """
 
@@ -56,9 +58,12 @@ class App:
         help: str,
         config: str | None = None,
         config_required: bool = False,
+        run: bool = False,
     ) -> argparse.ArgumentParser:
         """Add subcommand ``name`` running ``fn(args)``. ``config`` (an example recipe name)
-        adds ``--config <recipe name or YAML path>`` and the ``key.sub=value`` overrides."""
+        adds ``--config <recipe name or YAML path>`` and the ``key.sub=value`` overrides
+        (accepted anywhere on the line, between flags too). ``run``: the command writes a
+        run directory, so it takes ``--resume`` and ``--overwrite``."""
         sp = self.sub.add_parser(name, help=help)
         if config is not None:
             sp.add_argument(
@@ -68,6 +73,15 @@ class App:
             )
             sp.add_argument(
                 "overrides", nargs="*", help="field overrides, key.sub=value (e.g. run.seed=1)"
+            )
+        if run:
+            sp.add_argument(
+                "--resume", action="store_true", help="continue the run in run.dir exactly"
+            )
+            sp.add_argument(
+                "--overwrite",
+                action="store_true",
+                help="replace the run in run.dir (its metrics and checkpoints are deleted)",
             )
         sp.set_defaults(fn=fn)
         return sp
@@ -80,7 +94,14 @@ class App:
     def main(self, argv: Sequence[str] | None = None) -> int:
         if "doctor" not in self.sub.choices:  # listed after the domain's own commands
             self.command("doctor", self._doctor, "print the versions of the engines it uses")
-        args = self.parser.parse_args(argv)
+        args, extra = self.parser.parse_known_args(argv)
+        overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+        if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
+            self.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if overrides:  # key=value after a flag: argparse leaves them over; they are overrides
+            args.overrides = [*args.overrides, *overrides]
+        if getattr(args, "resume", False) and getattr(args, "overwrite", False):
+            self.parser.error("--resume and --overwrite exclude each other")
         try:
             for module in args.imports:
                 try:
@@ -93,3 +114,9 @@ class App:
                 raise
             print(f"{self.prog}: {exc}", file=sys.stderr)
             return 2
+        except Exception as exc:
+            if not getattr(exc, "one_line", False) or os.environ.get("RLPOST_TRACEBACK"):
+                raise
+            # a run that stopped on purpose (e.g. repeated non-finite steps): its message
+            print(f"{self.prog}: stopped: {exc}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 3))

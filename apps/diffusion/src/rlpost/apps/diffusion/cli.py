@@ -28,7 +28,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlpost.diffusion.trainer import Trainer
 
     cfg = _config(args)
-    rows = Trainer(cfg).train(resume=args.resume)
+    rows = Trainer(cfg).train(resume=args.resume, overwrite=args.overwrite)
     print(summary_table(rows))
     print(f"run: {cfg.run.dir} (curves.png, samples_before.png, samples_after.png)")
     return 0
@@ -78,8 +78,7 @@ def _methods(_: argparse.Namespace) -> int:
 
 def build_app() -> App:
     app = App("rlpost-diffusion", __doc__, domain.__version__, domain.environment_report)
-    t = app.command("train", _train, "train with a recipe", config="ram_digits")
-    t.add_argument("--resume", action="store_true", help="continue from run.dir's checkpoint")
+    app.command("train", _train, "train with a recipe", config="ram_digits", run=True)
     d = app.command("demo", _demo, "RAM vs Flow-GRPO on the embedded digits model")
     d.add_argument("--out", default="runs/diffusion-demo")
     d.add_argument(

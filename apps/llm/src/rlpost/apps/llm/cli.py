@@ -3,6 +3,7 @@
 rlpost-llm demo                                 # tiny model, GRPO on 3-digit addition
 rlpost-llm train --config grpo_arithmetic optim.lr=1e-4 train.steps=100
 rlpost-llm train --config my.yaml --resume      # continue the run in run.dir exactly
+rlpost-llm train --config my.yaml --overwrite   # replace the run in run.dir
 rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
 rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
@@ -40,7 +41,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlpost.llm.trainer import Trainer
 
     cfg = _config(args)
-    _report(Trainer(cfg, resume=args.resume).train())
+    _report(Trainer(cfg, resume=args.resume, overwrite=args.overwrite).train())
     return 0
 
 
@@ -54,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(
         f"rlpost-llm demo: {cfg.algo.preset} on {cfg.data.task}, {cfg.train.steps} steps -> {cfg.run.dir}"
     )
-    result = Trainer(cfg).train()
+    result = Trainer(cfg, overwrite=True).train()  # the demo replaces its own output
     _report(result)
     with open(f"{cfg.run.dir}/summary.json", "w") as fh:
         json.dump({k: v for k, v in result.items() if k != "summary"}, fh, indent=1)
@@ -66,7 +67,7 @@ def _dpo(args: argparse.Namespace) -> int:
 
     path = recipe_path(args.config) if args.config else None
     cfg = load_preference_config(path, args.overrides)
-    result = PreferenceTrainer(cfg, resume=args.resume).train()
+    result = PreferenceTrainer(cfg, resume=args.resume, overwrite=args.overwrite).train()
     print(result.get("summary", ""))
     if "eval_before" in result:
         print(
@@ -105,22 +106,17 @@ def _presets(_: argparse.Namespace) -> int:
 
 def build_app() -> App:
     app = App("rlpost-llm", __doc__, llm.__version__, llm.environment_report)
-    t = app.command("train", _train, "train with a recipe", config="grpo_arithmetic")
-    t.add_argument(
-        "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
-    )
+    app.command("train", _train, "train with a recipe", config="grpo_arithmetic", run=True)
     d = app.command("demo", _demo, "GRPO on the embedded tiny model; before/after accuracy")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("overrides", nargs="*")
-    p = app.command(
+    app.command(
         "dpo",
         _dpo,
         "preference training with any preference loss (loss.name=...)",
         config="dpo_arithmetic",
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from run.dir's latest checkpoint"
+        run=True,
     )
     e = app.command(
         "eval", _eval, "held-out accuracy of a policy / checkpoint", config="grpo_arithmetic"

@@ -9,19 +9,26 @@ Layout of ``<run>/checkpoints/step-000010/``:
 * ``state.json`` — step, policy version, scheduler, data position, python RNG;
 * ``<name>.safetensors`` (+ ``<name>-optimizer.*``) — each extra module of ``extras``
   (e.g. a critic with its own optimiser);
-* ``tensors.safetensors`` — extra named state tensors (e.g. a regulariser's state).
+* ``tensors.safetensors`` — extra named state tensors (e.g. a regulariser's state);
+* ``manifest.json`` — written last: the size of every file above.
 
 Everything is written into ``step-000010.tmp-<pid>`` and renamed into place, then the
 ``latest`` pointer is replaced atomically, so a run killed at any instant leaves either
 the previous or the new checkpoint, never a torn one. Loading uses safetensors and JSON
 only: no pickle, so an untrusted checkpoint cannot execute code.
+
+:func:`find_checkpoint` picks the checkpoint to resume from: the newest one that
+validates (:func:`validate_checkpoint`: the manifest's sizes, every safetensors header,
+every JSON file), whatever ``latest.json`` says, with a note for each newer one skipped.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,13 +98,16 @@ def save_checkpoint(
     trainable_only: bool = False,
     extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
     tensors: Mapping[str, torch.Tensor] | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
     ``trainable_only``: store only the parameters with ``requires_grad`` (LoRA adapters on
     a frozen multi-billion-parameter base); the frozen rest comes from the base on load.
     ``extras``: further ``name -> (module, optimizer or None)`` pairs saved beside the
-    model; ``tensors``: named state tensors (restore them with :func:`load_tensors`).
+    model; ``tensors``: named state tensors (restore them with :func:`load_tensors`);
+    ``generators``: named ``torch.Generator`` s besides the global one (a sampler's, an
+    environment's), restored by :func:`load_checkpoint` given the same names.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -122,6 +132,8 @@ def save_checkpoint(
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"cuda{i}"] = s
+    for name, gen in (generators or {}).items():
+        rng[f"gen.{name}"] = gen.get_state()
     save_file(rng, str(tmp / "rng.safetensors"))
     full_state = {
         "step": step,
@@ -130,6 +142,8 @@ def save_checkpoint(
         **state,
     }
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
+    sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": sizes}, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -144,12 +158,112 @@ def save_checkpoint(
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"step-(\d+)$")
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    """Why ``f`` is not a whole safetensors file (header and data), or None."""
+    size = f.stat().st_size
+    if size < 8:
+        return f"{f.name} is {size} bytes"
+    with open(f, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > size - 8:
+            return f"{f.name} is truncated (header of {n} bytes in a {size}-byte file)"
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            return f"{f.name} has a garbled header"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        return f"{f.name} is truncated ({size} of {8 + n + end} bytes)"
+    return None
+
+
+def validate_checkpoint(path: Path) -> str | None:
+    """Why checkpoint folder ``path`` cannot be resumed from, or None when it is whole:
+    the sizes its manifest lists, every safetensors file's header and length, every
+    JSON file's syntax."""
+    path = Path(path)
+    if not path.is_dir():
+        return "missing"
+    manifest = path / MANIFEST
+    sizes: dict[str, int] = {}
+    if manifest.is_file():  # (checkpoints of older versions have none: checked file by file)
+        try:
+            sizes = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError):
+            return f"{MANIFEST} is garbled"
+    for name, size in sizes.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} is {f.stat().st_size} bytes, {size} were written"
+    for req in ("model.safetensors", "state.json", "rng.safetensors"):
+        if not (path / req).is_file():
+            return f"{req} is missing"
+    for f in sorted(path.iterdir()):
+        if f.suffix == ".safetensors":
+            problem = _safetensors_problem(f)
+            if problem:
+                return problem
+        elif f.suffix == ".json":
+            try:
+                json.loads(f.read_text())
+            except ValueError:
+                return f"{f.name} is not valid JSON" + (" (empty)" if not f.read_text() else "")
+    return None
+
+
+def checkpoint_dirs(root: Path) -> list[Path]:
+    """The finished ``step-*`` folders under ``root``, newest first."""
+    if not Path(root).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(root).iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True) if p.is_dir()]
+
+
+def find_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint under ``root`` that validates, and a note for every newer
+    one skipped (and for a ``latest.json`` that is garbled or names a missing folder)."""
+    root = Path(root)
+    notes: list[str] = []
     pointer = root / "latest.json"
-    if not pointer.is_file():
-        return None
-    path = root / json.loads(pointer.read_text())["dir"]
-    return path if path.is_dir() else None
+    if pointer.is_file():
+        try:
+            named = json.loads(pointer.read_text())["dir"]
+            if not (root / named).is_dir():
+                notes.append(f"latest.json names {named}, which does not exist")
+        except (ValueError, KeyError, TypeError):
+            notes.append("latest.json is garbled")
+    for path in checkpoint_dirs(root):
+        problem = validate_checkpoint(path)
+        if problem is None:
+            return path, notes
+        notes.append(f"skipped {path.name}: {problem}")
+    return None, notes
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest checkpoint under ``root`` that validates (see :func:`find_checkpoint`)."""
+    return find_checkpoint(root)[0]
+
+
+def remove_stale(root: Path) -> list[str]:
+    """Delete what interrupted writes left under ``root`` (``*.tmp-<pid>`` folders and
+    files); call it only while holding the run directory's lock. Returns their names."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    stale = sorted(p for p in root.iterdir() if ".tmp-" in p.name)
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return [p.name for p in stale]
 
 
 def load_weights(path: Path, model: torch.nn.Module) -> dict[str, Any]:
@@ -186,9 +300,10 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
 ) -> dict[str, Any]:
-    """Restore everything saved by :func:`save_checkpoint` (with the same ``extras``
-    names); returns ``state.json``."""
+    """Restore everything saved by :func:`save_checkpoint` (with the same ``extras`` and
+    ``generators`` names); returns ``state.json``."""
     path = Path(path)
     state = load_weights(path, model)
     _restore_optimizer(optimizer, path, "optimizer")
@@ -206,4 +321,8 @@ def load_checkpoint(
         cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda"))]
         if cuda:
             torch.cuda.set_rng_state_all(cuda)
+    for name, gen in (generators or {}).items():
+        if f"gen.{name}" not in rng:
+            raise FileNotFoundError(f"checkpoint {path} has no state of generator {name!r}")
+        gen.set_state(rng[f"gen.{name}"])
     return state

@@ -27,7 +27,11 @@ def format_validation_error(err: Any) -> str:
             msg = "unknown field"
         elif e["type"] == "literal_error":
             msg = f"must be one of {e.get('ctx', {}).get('expected', '')}, got {e.get('input')!r}"
-        lines.append(f"  {loc}: {msg}")
+        msg = msg.removeprefix("Value error, ")
+        if loc == "<root>" or any(msg.startswith(loc + c) for c in ".:=["):
+            lines.append(f"  {msg}")  # a cross-field check names its fields itself
+        else:
+            lines.append(f"  {loc}: {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 
@@ -41,21 +45,92 @@ def load_validated[T](
     """
     import yaml
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
     from pydantic import ValidationError
 
     cfg = OmegaConf.create(model().model_dump(mode="json"))  # type: ignore[attr-defined]
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.create(yaml.safe_load(p.read_text()) or {}))
-    if overrides:
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise ConfigError(f"overrides must look like key.sub=value, got {bad}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    data = OmegaConf.to_container(cfg, resolve=True)
+    where = "the overrides"
+    try:
+        if path is not None:
+            where = str(path)
+            cfg = OmegaConf.merge(cfg, OmegaConf.create(read_yaml_mapping(path)))
+        if overrides:
+            where = "the overrides"
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"overrides must look like key.sub=value, got {bad}")
+            for o in overrides:
+                try:
+                    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o]))
+                except yaml.YAMLError as err:
+                    problem = getattr(err, "problem", None) or _first_line(err)
+                    raise ConfigError(f"override {o!r}: malformed value: {problem}") from None
+        where = " with ".join(
+            x for x in (str(path) if path else "", "the overrides" if overrides else "") if x
+        )
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{where}: {_first_line(err)}") from None
     try:
         return model.model_validate(data)  # type: ignore[attr-defined]
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The mapping at the top of the YAML file ``path`` (empty file: ``{}``).
+
+    Raises :class:`ConfigError` naming the file, and the line and column of a syntax
+    error, for a missing file, malformed YAML or a top level that is not a mapping."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or _first_line(err)
+        context = getattr(err, "context", None)
+        raise ConfigError(
+            f"{p}{at}: malformed YAML: {problem}" + (f" ({context})" if context else "")
+        ) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p}: not a text file ({err.reason})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{p}: the top level must be a mapping of fields (key: value), "
+            f"got a {type(data).__name__}"
+        )
+    return data
+
+
+def import_object(spec: str, field: str | None = None) -> Any:
+    """``"package.module:attribute"`` (dots allowed in the attribute) -> the callable it
+    names, imported now so that a bad name fails when the config loads; the
+    :class:`ConfigError` names ``field`` when given."""
+    import importlib
+
+    at = f"{field}: " if field else ""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{at}{spec!r} is not of the form 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except ImportError as exc:
+        raise ConfigError(f"{at}cannot import {module_name!r} ({exc})") from None
+    except AttributeError:
+        raise ConfigError(f"{at}module {module_name!r} has no {attr!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"{at}{spec!r} is not callable")
+    return obj

@@ -1,19 +1,167 @@
-"""The run directory every domain's trainer writes into."""
+"""The run directory every domain's trainer writes into, and its discipline.
+
+:func:`open_run_dir` is the one way in:
+
+* an exclusive lock (``<run>/.lock``, ``flock``): a second run in the same directory fails
+  at once with :class:`RunDirError`, naming the process that holds it; the lock goes with
+  the process, however it ends (a killed run leaves no stale lock);
+* a directory that already holds a run (``metrics.jsonl`` or checkpoints) is refused
+  unless the caller resumes it (``--resume``) or asks to replace it (``overwrite``);
+* what interrupted writes left (``*.tmp-<pid>``) is removed;
+* ``config.yaml`` is written atomically (a temporary file, then a rename).
+
+:func:`notice` is how the run tells its user about a decision (which checkpoint it resumed
+from, which it skipped): one line on stderr.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not locked there
+    fcntl = None  # type: ignore[assignment]
 
-def open_run_dir(path: str | os.PathLike, config: Any) -> Path:
-    """Create ``path`` and write ``config.yaml`` (``config.to_yaml()``, a
-    :class:`rlpost.core.io.schema.Strict` model) atomically: a temporary file, then a
-    rename, so a crash never leaves half a config beside a run's checkpoints."""
+LOCK = ".lock"
+#: The files and folders whose presence means "this directory holds a run".
+RUN_OUTPUTS = ("metrics.jsonl", "checkpoints")
+#: What ``overwrite`` deletes (a run's outputs; nothing else in the folder is touched).
+REPLACED = ("metrics.jsonl", "checkpoints", "tensorboard")
+
+_held: dict[str, int] = {}  # resolved path -> fd of the lock this process holds
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked (locked, or holds a run)."""
+
+
+def notice(message: str) -> None:
+    """Tell the user about a decision the run took, in one line on stderr."""
+    print(f"rlpost: {message}", file=sys.stderr, flush=True)
+
+
+def _holder(lock: Path) -> str:
+    try:
+        info = json.loads(lock.read_text())
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
+        return f"pid {info['pid']} on {info['host']} (started {started}: {info['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def lock_run_dir(run: Path) -> None:
+    """Take ``run``'s exclusive lock for the life of this process (re-entrant within it).
+
+    Raises :class:`RunDirError` naming the holder when another process has it."""
+    key = str(Path(run).resolve())
+    if key in _held or fcntl is None:
+        return
+    path = Path(run) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RunDirError(
+            f"run.dir {run} is in use by {_holder(path)}; wait for it to finish or choose "
+            "another run.dir"
+        ) from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[
+            :200
+        ],
+    }
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    _held[key] = fd
+
+
+def unlock_run_dir(run: Path) -> None:
+    """Release ``run``'s lock early (it is released anyway when the process ends)."""
+    fd = _held.pop(str(Path(run).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def holds_run(run: Path) -> list[str]:
+    """The run outputs already in ``run`` (empty for a fresh or unused directory)."""
+    found = []
+    for name in RUN_OUTPUTS:
+        p = Path(run) / name
+        if (p.is_file() and p.stat().st_size > 0) or (p.is_dir() and any(p.iterdir())):
+            found.append(name)
+    return found
+
+
+def open_run_dir(
+    path: str | os.PathLike,
+    config: Any,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    lock: bool = True,
+) -> Path:
+    """Create and lock ``path`` and write ``config.yaml`` (``config.to_yaml()``, a
+    :class:`rlpost.core.io.schema.Strict` model) atomically.
+
+    ``resume``: the caller continues the run it finds (its checkpoints are kept);
+    ``overwrite``: the caller replaces it (``metrics.jsonl``, ``checkpoints/``,
+    ``tensorboard/`` are deleted first). With neither, a directory that holds a run is
+    refused with a message naming ``--resume``. Stale ``*.tmp-<pid>`` leftovers of
+    interrupted writes are removed (under the lock, so none belongs to a live run).
+    """
     run = Path(path)
     run.mkdir(parents=True, exist_ok=True)
-    tmp = run / "config.yaml.tmp"
+    if lock:
+        lock_run_dir(run)
+    existing = holds_run(run)
+    if existing and not resume:
+        if not overwrite:
+            raise RunDirError(
+                f"run.dir {run} already holds a run ({', '.join(existing)}); pass --resume "
+                "to continue it, or choose another run.dir"
+            )
+        for name in REPLACED:
+            p = run / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    from rlpost.core.io.checkpoint import remove_stale
+
+    stale = remove_stale(run) + remove_stale(run / "checkpoints")
+    if (run / "config.yaml.tmp").exists():
+        (run / "config.yaml.tmp").unlink()
+    if stale:
+        notice(f"removed {len(stale)} leftover(s) of interrupted writes in {run}: {stale[:3]}")
+    tmp = run / f"config.yaml.tmp-{os.getpid()}"
     tmp.write_text(config.to_yaml())
     tmp.replace(run / "config.yaml")
     return run
+
+
+def resume_checkpoint(run: str | os.PathLike) -> Path | None:
+    """The checkpoint of ``run`` to resume from (the newest that validates, see
+    :func:`rlpost.core.io.checkpoint.find_checkpoint`), telling the user which one and
+    why newer ones were skipped; None (and a notice) when there is none."""
+    from rlpost.core.io.checkpoint import find_checkpoint
+
+    ckpt, notes = find_checkpoint(Path(run) / "checkpoints")
+    for note in notes:
+        notice(f"{Path(run) / 'checkpoints'}: {note}")
+    if ckpt is None:
+        notice(f"--resume: no valid checkpoint in {Path(run) / 'checkpoints'}; starting at step 0")
+    elif notes:
+        notice(f"resuming from {ckpt.name}")
+    return ckpt

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CheckpointedRunConfig", "LoraConfig", "OptimConfig", "RunConfig", "Strict"]
+__all__ = [
+    "CheckpointedRunConfig",
+    "GuardConfig",
+    "LoraConfig",
+    "OptimConfig",
+    "RunConfig",
+    "Strict",
+]
 
 
 class Strict(BaseModel):
@@ -56,3 +63,14 @@ class CheckpointedRunConfig(RunConfig):
     save_every: int = Field(10, ge=0)
     keep_checkpoints: int = Field(2, ge=1)
     tensorboard: bool = True
+
+
+class GuardConfig(Strict):
+    """Non-finite steps (:class:`rlpost.core.guard.UpdateGuard`): a step whose loss or
+    gradient is not finite is skipped; one that makes a parameter non-finite is rolled
+    back; ``max_consecutive`` bad steps in a row stop the run with a message."""
+
+    rollback: bool = True
+    """Keep a copy of the trainable state before each step to undo a bad one (memory: one
+    more copy of the trainable parameters and optimiser state). Off: such a step stops."""
+    max_consecutive: int = Field(3, ge=1)

@@ -11,8 +11,27 @@ import copy
 
 import torch
 from torch import Tensor
+from transformers import LogitsProcessor
 
 from rlpost.llm.engines.base import FinishReason, RolloutBatch, SamplingParams
+
+
+class _FiniteLogits(LogitsProcessor):
+    """A logits processor that stops generation with :class:`NonFiniteError` when a row's
+    logits hold NaN or +inf or are all -inf (a diverged model), before sampling from them
+    fails with an unrelated error."""
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        bad = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)
+        bad |= torch.isneginf(scores).all(-1)
+        if bool(bad.any()):
+            from rlpost.core.guard import NonFiniteError
+
+            raise NonFiniteError(
+                f"the policy's logits are not finite in {int(bad.sum())} of {len(bad)} rows "
+                "at generation: its weights have diverged"
+            )
+        return scores
 
 
 class _StopStrings:
@@ -93,6 +112,9 @@ class HFEngine:
         )
         if not greedy:
             kwargs.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        from transformers import LogitsProcessorList
+
+        kwargs["logits_processor"] = LogitsProcessorList([_FiniteLogits()])
         if sp.stop:
             from transformers import StoppingCriteriaList
 

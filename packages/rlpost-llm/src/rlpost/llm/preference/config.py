@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from rlpost.core.contract import ContractError, Coupling, Input
 from rlpost.core.io.config import ConfigError, load_validated
+from rlpost.core.io.schema import GuardConfig
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.preference import PREFERENCE_LOSSES
 from rlpost.core.registry import Bound, RegistryError
@@ -111,6 +112,8 @@ class PreferenceTrainConfig(_Strict):
     ``ceil(epochs * pairs / batch_size)`` steps)."""
     batch_size: int = Field(64, ge=1)
     """Offline: pairs per optimizer step (``online.pairs_per_step`` online)."""
+    guard: GuardConfig = GuardConfig()
+    """Non-finite steps: skipped or rolled back, and too many in a row stop the run."""
 
 
 class PreferenceConfig(_Strict):

@@ -45,10 +45,11 @@ import torch
 from torch import Tensor
 
 from rlpost.core.contract import Input
-from rlpost.core.io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlpost.core.guard import UpdateGuard
+from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import open_run_dir
+from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
 from rlpost.llm.data import PromptSource, make_prompt_source
 from rlpost.llm.engines.base import RolloutEngine, SamplingParams
@@ -131,7 +132,8 @@ class PreferenceTrainer:
 
     ``model`` / ``tokenizer``: use these instead of loading ``cfg.model``; ``engine``: the
     rollout engine for online sampling and greedy evaluation (default: an HF engine on the
-    policy); ``resume``: continue ``run.dir``'s latest checkpoint exactly.
+    policy); ``resume``: continue ``run.dir``'s newest valid checkpoint exactly;
+    ``overwrite``: replace the run ``run.dir`` holds (without either, one is refused).
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class PreferenceTrainer:
         tokenizer=None,
         resume: bool = False,
         engine: RolloutEngine | None = None,
+        overwrite: bool = False,
     ):
         self.cfg = cfg
         if cfg.run.threads:
@@ -148,7 +151,7 @@ class PreferenceTrainer:
         self.loss = cfg.loss.build()
         self.needs_ref = Input.REF_LOGPROBS in self.loss.reads
         self.data = make_pair_data(cfg)  # a bad data file fails before the model loads
-        self.run_dir = open_run_dir(cfg.run.dir, cfg)
+        self.run_dir = open_run_dir(cfg.run.dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
         if model is None:
             model, tokenizer = load_policy(cfg, progress=cfg.run.progress)
@@ -186,8 +189,17 @@ class PreferenceTrainer:
                 {"correct": self.task.score},
                 workers=cfg.reward.workers,
                 timeout_s=cfg.reward.timeout_s,
+                memory_mb=cfg.reward.memory_mb,
             )
         self.step, self.skipped = 0, 0
+        g = cfg.train.guard
+        self.guard = UpdateGuard(
+            [q for q in model.parameters() if q.requires_grad],
+            [self.optimizer],
+            rollback=g.rollback,
+            max_consecutive=g.max_consecutive,
+        )
+        self._bad: str | None = None  # why the last step applied nothing
         self.epoch, self.pos = 0, 0  # offline pair stream
         self._order: list[int] = []
         self._shuffle()
@@ -216,7 +228,7 @@ class PreferenceTrainer:
         return ckpt.parent / f"reference-{ckpt.name}.safetensors"
 
     def _resume(self) -> int | None:
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        ckpt = resume_checkpoint(self.run_dir)
         if ckpt is None:
             return None
         state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler)
@@ -347,12 +359,14 @@ class PreferenceTrainer:
             clip = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
             bad = not math.isfinite(grad_norm)
+        why = "non-finite loss or gradient"
+        if not bad and not self.guard.step(self.optimizer.step):
+            bad, why = True, "an update made parameters non-finite; it was rolled back"
+        self.optimizer.zero_grad(set_to_none=True)
+        self._bad = why if bad else None
         if bad:
-            self.optimizer.zero_grad(set_to_none=True)
             self.skipped += 1
         else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
         metrics = {
             "grad_norm": grad_norm,
@@ -510,6 +524,7 @@ class PreferenceTrainer:
                 self.logger.log(0, self.evaluate())
             while self.step < self.total:
                 t0 = time.perf_counter()
+                self._bad = None
                 metrics = self.train_step()
                 self.step += 1
                 if cfg.run.eval_every and (
@@ -518,6 +533,7 @@ class PreferenceTrainer:
                     metrics.update(self.evaluate())
                 metrics["time/step"] = time.perf_counter() - t0
                 self.logger.log(self.step, metrics)
+                self.guard.record(self._bad is None, self._bad or "")  # may stop the run
                 if cfg.run.save_every and (
                     self.step % cfg.run.save_every == 0 or self.step == self.total
                 ):

@@ -101,14 +101,17 @@ def classifier_accuracy(clf: nn.Module, images: Tensor, labels: Tensor) -> float
 @_with_grad
 def load_digits_classifier(path: str | os.PathLike) -> DigitsClassifier:
     """A :class:`DigitsClassifier` from a :func:`build_digits_classifier` folder (or the
-    ``classifier.safetensors`` file), in eval mode on CPU with gradients disabled."""
+    ``classifier.safetensors`` file), in eval mode on CPU with gradients disabled. Loading
+    leaves torch's global generator untouched (it is built lazily, mid-run, and a resumed
+    run must draw the same numbers as an uninterrupted one)."""
     from safetensors.torch import load_file
 
     file = Path(path)
     if file.is_dir():
         file = file / "classifier.safetensors"
     info = json.loads((file.parent / "classifier_info.json").read_text())
-    clf = DigitsClassifier(**info["net"])
+    with torch.random.fork_rng(devices=[]):  # the init is overwritten: draw nothing global
+        clf = DigitsClassifier(**info["net"])
     clf.load_state_dict(load_file(file))
     clf.requires_grad_(False)
     return clf.eval()

@@ -1,0 +1,146 @@
+"""Numeric guards every domain's training loop shares.
+
+A step whose loss, gradient or updated parameters are not finite must not reach the
+model, and a run that keeps producing such steps must stop with a message instead of
+training on garbage or dying later with an unrelated traceback.
+
+:class:`UpdateGuard` wraps an optimiser step:
+
+* :meth:`UpdateGuard.grads_finite` before the step: skip it when a gradient is not finite;
+* :meth:`UpdateGuard.step` snapshots the trainable parameters and the optimisers' state
+  (when ``rollback``), steps, and restores the snapshot when a parameter came out
+  non-finite;
+* :meth:`UpdateGuard.rollback` undoes the last applied step later, when its damage shows
+  only downstream (e.g. finite but huge weights whose logits overflow at generation);
+* :meth:`UpdateGuard.record` counts consecutive bad steps and raises :class:`RunStopped`
+  after ``max_consecutive`` of them, naming the reason.
+
+:class:`RunStopped` and :class:`NonFiniteError` carry ``one_line = True``: the command-line
+apps print them as one line and exit 3 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on purpose (e.g. repeated non-finite steps); the message says why."""
+
+    one_line = True
+    exit_code = 3
+
+
+class NonFiniteError(RuntimeError):
+    """A model produced non-finite values (e.g. logits at generation)."""
+
+    one_line = True
+    exit_code = 3
+
+
+def all_finite(tensors: Iterable[Tensor | None]) -> bool:
+    """True when every given tensor (``None`` skipped) holds only finite values."""
+    ts = [t for t in tensors if t is not None]
+    if not ts:
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
+
+
+class UpdateGuard:
+    """Skip, roll back and count non-finite updates of ``params`` (see the module doc).
+
+    ``optimizers``: whose state a rollback restores too; ``rollback``: keep a copy of the
+    parameters and optimiser state before each step (memory: one more copy of the trainable
+    state; with ``False`` a step that makes a parameter non-finite stops the run at once);
+    ``max_consecutive``: bad steps in a row before :class:`RunStopped`.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        optimizers: Sequence[torch.optim.Optimizer],
+        *,
+        rollback: bool = True,
+        max_consecutive: int = 3,
+    ) -> None:
+        if max_consecutive < 1:
+            raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
+        self.params = list(params)
+        self.optimizers = list(optimizers)
+        self.rollback_enabled = rollback
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+        self.rollbacks = 0
+        self._snapshot: tuple[list[Tensor], list[dict]] | None = None
+
+    def grads_finite(self) -> bool:
+        return all_finite(p.grad for p in self.params)
+
+    def params_finite(self) -> bool:
+        return all_finite(p.detach() for p in self.params)
+
+    def _take_snapshot(self) -> None:
+        import copy
+
+        with torch.no_grad():
+            params = [p.detach().clone() for p in self.params]
+        states = [copy.deepcopy(o.state_dict()) for o in self.optimizers]
+        self._snapshot = (params, states)
+
+    def step(self, step_fn) -> bool:
+        """Run ``step_fn()`` (the optimisers' steps); False when it left a parameter
+        non-finite, in which case the parameters and optimiser states are restored."""
+        if self.rollback_enabled:
+            self._take_snapshot()
+        step_fn()
+        if self.params_finite():
+            return True
+        if not self.rollback():
+            raise RunStopped(
+                "an update made parameters non-finite and rollback is off; resume from the "
+                "last checkpoint with a smaller learning rate"
+            )
+        return False
+
+    def rollback(self) -> bool:
+        """Restore the state before the last :meth:`step`; False when there is no snapshot."""
+        if self._snapshot is None:
+            return False
+        params, states = self._snapshot
+        with torch.no_grad():
+            for p, saved in zip(self.params, params, strict=True):
+                p.copy_(saved)
+        for o, st in zip(self.optimizers, states, strict=True):
+            o.load_state_dict(st)
+        self._snapshot = None
+        self.rollbacks += 1
+        return True
+
+    def record(self, ok: bool, reason: str = "") -> None:
+        """Count a good (``ok``) or bad step; :class:`RunStopped` after too many bad ones."""
+        if ok:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.total += 1
+        if self.consecutive >= self.max_consecutive:
+            raise RunStopped(
+                f"{self.consecutive} steps in a row skipped, the last because {reason}; "
+                "the run cannot make progress: check the rewards and lower optim.lr, then "
+                "--resume"
+            )
+
+
+def finite_or_nan(values: Tensor) -> tuple[Tensor, int]:
+    """``values`` as float32 with every non-finite entry (also a float64 one beyond
+    float32's range) set to NaN, and how many there were."""
+    v = values.detach().to(torch.float64)
+    bad = ~torch.isfinite(v) | (v.abs() > torch.finfo(torch.float32).max)
+    out = v.to(torch.float32)
+    out[bad] = math.nan
+    return out, int(bad.sum())

@@ -1,0 +1,76 @@
+"""Numeric guards: skip, roll back, count and stop."""
+
+import math
+
+import pytest
+import torch
+
+from rlpost.core.guard import RunStopped, UpdateGuard, all_finite, finite_or_nan
+
+
+def _setup():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    m(torch.randn(8, 4)).square().sum().backward()
+    opt.step()  # a non-empty optimiser state
+    return m, opt
+
+
+def test_a_step_that_makes_parameters_non_finite_is_rolled_back_exactly():
+    m, opt = _setup()
+    guard = UpdateGuard(list(m.parameters()), [opt])
+    before = [p.detach().clone() for p in m.parameters()]
+    state = {k: v.clone() for k, v in opt.state[m.weight].items()}
+    m(torch.randn(8, 4)).square().sum().backward()
+    m.weight.grad[0, 0] = math.inf  # Adam turns this into a NaN parameter
+    assert not guard.grads_finite()
+    assert guard.step(opt.step) is False
+    for p, b in zip(m.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    for k, v in opt.state[m.weight].items():
+        assert torch.equal(v, state[k]), k
+    assert guard.rollbacks == 1
+
+
+def test_a_later_rollback_undoes_a_finite_but_diverged_step():
+    m, opt = _setup()
+    guard = UpdateGuard(list(m.parameters()), [opt])
+    before = [p.detach().clone() for p in m.parameters()]
+    for g in opt.param_groups:
+        g["lr"] = 1e30
+    m(torch.randn(8, 4)).square().sum().backward()
+    assert guard.step(opt.step) is True  # huge, finite weights: only their use shows it
+    assert m.weight.abs().max() > 1e20
+    assert guard.rollback() is True
+    assert all(torch.equal(p, b) for p, b in zip(m.parameters(), before, strict=True))
+    assert guard.rollback() is False  # one snapshot, used once
+
+
+def test_consecutive_bad_steps_stop_the_run_and_a_good_one_resets_the_count():
+    guard = UpdateGuard([], [], max_consecutive=3)
+    guard.record(False, "x")
+    guard.record(False, "x")
+    guard.record(True)
+    guard.record(False, "x")
+    guard.record(False, "x")
+    with pytest.raises(RunStopped, match="3 steps in a row skipped, the last because nan loss"):
+        guard.record(False, "nan loss")
+    assert guard.total == 5
+
+
+def test_without_rollback_a_non_finite_parameter_stops_the_run():
+    m, opt = _setup()
+    guard = UpdateGuard(list(m.parameters()), [opt], rollback=False)
+    m(torch.randn(8, 4)).square().sum().backward()
+    m.weight.grad[0, 0] = math.nan
+    with pytest.raises(RunStopped, match="rollback is off"):
+        guard.step(opt.step)
+
+
+def test_values_are_checked_in_the_dtype_they_are_used_in():
+    v = torch.tensor([1.0, 1e39, -1e39, math.nan, 3e38], dtype=torch.float64)
+    out, bad = finite_or_nan(v)
+    assert out.dtype == torch.float32 and bad == 3
+    assert torch.isnan(out[1:4]).all() and out[0] == 1.0 and math.isfinite(out[4])
+    assert all_finite([torch.ones(2), None]) and not all_finite([torch.tensor([math.inf])])

@@ -1,0 +1,148 @@
+"""The run-directory discipline: lock, refusal, stale leftovers, checkpoint fallback."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from rlpost.core.io.checkpoint import (
+    find_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    validate_checkpoint,
+)
+from rlpost.core.io.rundir import RunDirError, open_run_dir, resume_checkpoint, unlock_run_dir
+from rlpost.core.io.schema import CheckpointedRunConfig
+
+CFG = CheckpointedRunConfig(seed=1)
+
+
+def _model():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    return m, torch.optim.AdamW(m.parameters(), lr=0.1)
+
+
+def test_a_second_process_on_a_locked_run_dir_fails_at_once_naming_the_holder(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys, time
+                from rlpost.core.io.rundir import open_run_dir
+                from rlpost.core.io.schema import CheckpointedRunConfig
+                open_run_dir({str(run)!r}, CheckpointedRunConfig())
+                print("locked", flush=True)
+                time.sleep(60)
+            """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        with pytest.raises(RunDirError, match=rf"in use by pid {holder.pid} on .*wait for it"):
+            open_run_dir(run, CFG, resume=True)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock died with its holder: no stale lock
+    assert open_run_dir(run, CFG, resume=True) == run
+    unlock_run_dir(run)
+
+
+def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path):
+    run = open_run_dir(tmp_path / "run", CFG)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(RunDirError, match=r"already holds a run \(metrics.jsonl\); pass --resume"):
+        open_run_dir(run, CFG)
+    open_run_dir(run, CFG, resume=True)
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'  # resume keeps it
+    m, o = _model()
+    save_checkpoint(run / "checkpoints", 1, m, o, None, {})
+    (run / "notes.txt").write_text("mine")
+    open_run_dir(run, CFG, overwrite=True)
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+    assert (run / "notes.txt").read_text() == "mine"  # only a run's outputs are replaced
+    unlock_run_dir(run)
+
+
+def test_leftovers_of_interrupted_writes_are_removed_on_start(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-000004.tmp-99999").mkdir(parents=True)
+    (run / "checkpoints" / "latest.json.tmp-99999").write_text("{")
+    (run / "config.yaml.tmp-99999").write_text("x")
+    open_run_dir(run, CFG, resume=True)
+    assert not list(run.rglob("*.tmp-*"))
+    assert "removed 3 leftover(s)" in capsys.readouterr().err
+    unlock_run_dir(run)
+
+
+def _two_checkpoints(root):
+    m, o = _model()
+    for step in (9, 10):
+        m(torch.randn(4, 3)).sum().backward()
+        o.step()
+        save_checkpoint(root, step, m, o, None, {"at": step}, keep=3)
+    return m, o
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda c: c.joinpath("model.safetensors").write_bytes(b"\x08"), "model.safetensors is"),
+        (
+            lambda c: c.joinpath("optimizer.safetensors").write_bytes(
+                c.joinpath("optimizer.safetensors").read_bytes()[:-7]
+            ),
+            "optimizer.safetensors is",
+        ),
+        (lambda c: c.joinpath("state.json").write_text(""), "state.json is"),
+        (lambda c: c.joinpath("rng.safetensors").unlink(), "rng.safetensors is missing"),
+    ],
+)
+def test_resume_falls_back_to_the_newest_checkpoint_that_validates(tmp_path, capsys, damage, why):
+    root = tmp_path / "run" / "checkpoints"
+    _two_checkpoints(root)
+    assert validate_checkpoint(root / "step-000010") is None
+    damage(root / "step-000010")
+    assert why in validate_checkpoint(root / "step-000010")
+    ckpt = resume_checkpoint(tmp_path / "run")
+    assert ckpt.name == "step-000009"
+    err = capsys.readouterr().err
+    assert f"skipped step-000010: {why}" in err and "resuming from step-000009" in err
+    m, o = _model()
+    assert load_checkpoint(ckpt, m, o, None)["at"] == 9
+
+
+def test_a_garbled_or_dangling_latest_pointer_is_ignored(tmp_path):
+    root = tmp_path / "checkpoints"
+    _two_checkpoints(root)
+    (root / "latest.json").write_text("{garbled")
+    ckpt, notes = find_checkpoint(root)
+    assert ckpt.name == "step-000010" and notes == ["latest.json is garbled"]
+    (root / "latest.json").write_text(json.dumps({"step": 11, "dir": "step-000011"}))
+    ckpt, notes = find_checkpoint(root)
+    assert ckpt.name == "step-000010" and "step-000011, which does not exist" in notes[0]
+    assert find_checkpoint(tmp_path / "none") == (None, [])
+
+
+def test_named_generators_are_saved_and_restored(tmp_path):
+    m, o = _model()
+    gen = torch.Generator().manual_seed(7)
+    torch.rand(3, generator=gen)  # advance it
+    save_checkpoint(tmp_path, 1, m, o, None, {}, generators={"env": gen})
+    expected = torch.rand(5, generator=gen)
+    other = torch.Generator().manual_seed(123)
+    load_checkpoint(tmp_path / "step-000001", m, o, None, generators={"env": other})
+    assert torch.equal(torch.rand(5, generator=other), expected)
+    with pytest.raises(FileNotFoundError, match="no state of generator 'sampler'"):
+        load_checkpoint(tmp_path / "step-000001", m, o, None, generators={"sampler": other})

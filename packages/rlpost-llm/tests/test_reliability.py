@@ -1,0 +1,82 @@
+"""Faults a realistic user hits: diverging updates, overflowing rewards, damaged
+checkpoints, a group size that trains nothing, a reward that cannot be imported."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpost.core.guard import RunStopped
+from rlpost.core.io.config import ConfigError
+from rlpost.llm.trainer import Trainer
+
+
+def parity(completion, example):
+    """A reward that varies within groups of a random model's completions."""
+    return float(len(completion) % 2)
+
+
+def overflowing(completion, example):
+    return 1e39 if len(completion) % 2 else 1.0
+
+
+def _rows(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_diverging_learning_rate_is_rolled_back_and_then_stops_the_run(fast_cfg, capsys):
+    cfg = fast_cfg(
+        "optim.lr=1e30", "train.steps=20", "optim.grad_clip=null", "train.guard.max_consecutive=2"
+    )
+    t = Trainer(cfg, reward_fn=parity)
+    with pytest.raises(RunStopped, match=r"2 steps in a row skipped.*logits are not finite"):
+        t.train()
+    err = capsys.readouterr().err
+    assert "the last update was rolled back" in err
+    # the weights the run stopped with are the last finite ones, not the diverged ones
+    assert all(torch.isfinite(p).all() and p.abs().max() < 1e6 for p in t.model.parameters())
+    assert t.guard.rollbacks == 2 and t.skipped == 2
+
+
+def test_a_reward_beyond_float32_is_counted_and_the_run_goes_on(fast_cfg):
+    cfg = fast_cfg("train.steps=2")
+    Trainer(cfg, reward_fn=overflowing).train()
+    rows = _rows(Path(cfg.run.dir))
+    assert all(math.isfinite(r["reward/mean"]) for r in rows)
+    assert sum(r["reward/errors"] for r in rows) > 0
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_and_still_matches(fast_cfg, tmp_path, capsys):
+
+    ref = fast_cfg("train.steps=6", "run.save_every=2", f"run.dir={tmp_path / 'ref'}")
+    Trainer(ref, reward_fn=parity).train()
+    part = fast_cfg("train.steps=4", "run.save_every=2", f"run.dir={tmp_path / 'cut'}")
+    Trainer(part, reward_fn=parity).train()
+    run = Path(part.run.dir)
+    (run / "checkpoints" / "step-000004" / "model.safetensors").write_bytes(b"\0" * 10)
+    full = fast_cfg("train.steps=6", "run.save_every=2", f"run.dir={run}")
+    Trainer(full, reward_fn=parity, resume=True).train()
+    err = capsys.readouterr().err
+    assert "skipped step-000004: model.safetensors is" in err
+    assert "resuming from step-000002" in err
+    a = load_file(tmp_path / "ref" / "checkpoints" / "step-000006" / "model.safetensors")
+    b = load_file(run / "checkpoints" / "step-000006" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
+    assert strip(_rows(tmp_path / "ref")) == strip(_rows(run))
+
+
+def test_group_size_one_is_refused_for_a_group_relative_estimator(fast_cfg):
+    with pytest.raises(ConfigError, match=r"rollout.group_size=1: the advantage estimator 'grpo'"):
+        fast_cfg("rollout.group_size=1")
+    fast_cfg("rollout.group_size=1", "algo.preset=ppo")  # a critic's baseline: fine
+
+
+def test_an_unimportable_reward_fails_at_load(fast_cfg):
+    with pytest.raises(ConfigError, match=r"reward.funcs: cannot import 'no_such_pkg.mod'"):
+        fast_cfg("reward.funcs=[{name: 'no_such_pkg.mod:fn'}]")
+    with pytest.raises(ConfigError, match=r"module 'math' has no 'nope'"):
+        fast_cfg("reward.funcs=[{name: 'math:nope'}]")
