@@ -100,7 +100,7 @@ def test_train_pac_act_and_craft_recipes(tmp_path, monkeypatch, capsys):
     wrong = ["deploy", "--config", "multimodal_reach", f"policy.run={tmp_path / 'pac_act'}"]
     assert main([*wrong, f"run.dir={tmp_path / 'wrong'}"]) == 2
     assert "reads 11 observations" in capsys.readouterr().err
-    assert main([*deploy, "robot.type=no_such_arm", f"run.dir={run}"]) == 2
+    assert main([*deploy, "robot.type=no_such_arm", f"run.dir={run}", "--overwrite"]) == 2
     assert "so101_follower" in capsys.readouterr().err  # lerobot's arms are listed
 
 

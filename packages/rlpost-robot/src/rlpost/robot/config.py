@@ -71,6 +71,11 @@ class RunConfig(schema.RunConfig):
     dir: str = "runs/robot"
     eval_episodes: int = Field(100, ge=1)
     eval_steps: list[int] = [10, 3, 1]
+    save_every: int = Field(1, ge=0)
+    """Save a checkpoint (``run.dir/checkpoints/step-<episodes>``) every this many online
+    rounds and after the last; 0: never. ``--resume`` continues from the newest."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the newest checkpoints to keep."""
 
 
 class Config(_Strict):

@@ -8,7 +8,8 @@
 4. Writes into ``out``: ``success.png`` (success vs integration steps, before / after, and
    the online success during fine-tuning), ``rollout.png`` (a frame strip of one episode
    after fine-tuning, when a renderer is available), ``policy/`` (the fine-tuned policy),
-   ``demo.json``; and prints the table.
+   ``demo.json``; and prints the table. ``out`` is reused on every call: a run already
+   there is replaced (``overwrite``).
 """
 
 from __future__ import annotations
@@ -47,4 +48,4 @@ def run_demo(
         overrides.append(f"policy.bc_steps={bc_steps}")
     from rlpost.robot.train import train_from_config
 
-    return train_from_config(load_config(path, overrides))
+    return train_from_config(load_config(path, overrides), overwrite=True)

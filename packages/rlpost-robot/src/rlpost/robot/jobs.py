@@ -7,7 +7,10 @@
   ``make_robot_from_config`` from the recipe's ``robot.type`` (``rlpost_mujoco``, our
   simulated tasks, or any arm lerobot supports).
 
-Both write into ``run.dir`` (``config.yaml``, a JSON summary, ``metrics.jsonl``, a plot).
+Both write into ``run.dir`` (``config.yaml``, a JSON summary, ``metrics.jsonl``, a plot);
+a ``run.dir`` that already holds a run is refused unless ``overwrite`` (``--overwrite``)
+replaces it (see :func:`rlpost.core.io.rundir.open_run_dir`). They are short: no
+checkpoints, no resume.
 """
 
 from __future__ import annotations
@@ -18,25 +21,25 @@ from pathlib import Path
 from typing import Any
 
 
-def _start(job: Any) -> Path:
+def _start(job: Any, overwrite: bool = False) -> Path:
     import torch
 
     from rlpost.core.io.rundir import open_run_dir
 
     if job.run.threads:
         torch.set_num_threads(job.run.threads)
-    return open_run_dir(job.run.dir, job)
+    return open_run_dir(job.run.dir, job, overwrite=overwrite)
 
 
 # ------------------------------------------------------------------------ residual
 
 
-def run_residual(job: Any) -> dict[str, Any]:
+def run_residual(job: Any, overwrite: bool = False) -> dict[str, Any]:
     """Train the residual RL agent and the supervised residual on ``job.data.train``
     synthetic trajectories; Pearson r and RMSE (mean over axes) of the base decoder and
     of both corrections on ``job.data.test`` held-out ones. Writes ``agent/``
     (safetensors), ``metrics.jsonl`` (the agent's training log), ``residual.json`` and
-    ``trajectory.png``."""
+    ``trajectory.png``; ``overwrite`` replaces a run already in ``run.dir``."""
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.robot.algos.residual import (
         pearson_r,
@@ -46,7 +49,7 @@ def run_residual(job: Any) -> dict[str, Any]:
         train_residual_rl,
     )
 
-    out = _start(job)
+    out = _start(job, overwrite)
     cfg, d, seed = job.agent_config(), job.data, job.run.seed
     train = synthetic_decoding_data(d.train, d.steps, seed=2 * seed)
     test = synthetic_decoding_data(d.test, d.steps, seed=2 * seed + 1)
@@ -165,16 +168,17 @@ def _deploy_policy(job: Any) -> tuple[Any, str]:
     return load_bc_policy(folder), policy_kind(folder)
 
 
-def run_deploy(job: Any) -> dict[str, Any]:
+def run_deploy(job: Any, overwrite: bool = False) -> dict[str, Any]:
     """Connect the robot, run ``job.episodes`` episodes of the policy through
     :func:`rlpost.robot.lerobot_robot.deploy`, disconnect. Writes ``deploy.json``,
-    ``metrics.jsonl`` (one row per episode) and ``deploy.png``."""
+    ``metrics.jsonl`` (one row per episode) and ``deploy.png``; ``overwrite`` replaces a
+    run already in ``run.dir``."""
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.robot.lerobot_robot import deploy
     from rlpost.robot.policies.bc import ChunkController
     from rlpost.robot.pretrain import POLICY_KINDS
 
-    out = _start(job)
+    out = _start(job, overwrite)
     policy, kind = _deploy_policy(job)
     policy.eval()
     robot = make_robot(job)

@@ -5,33 +5,51 @@ policy of the config's policy kind, evaluates it, runs the configured algorithm
 (:data:`rlpost.robot.algos.ALGORITHMS`) and evaluates again; the trainer holds no
 algorithm or policy-kind names; ``rlpost-robot demo`` runs a recipe through it.
 :func:`format_table` prints a result; ``success.png`` and ``rollout.png`` show it.
+
+The run directory follows :func:`rlpost.core.io.rundir.open_run_dir`: it is locked, and a
+directory that already holds a run is refused unless the run is resumed
+(``--resume``: continue from the newest valid checkpoint, exactly) or replaced
+(``--overwrite``). Checkpoints are written by the online loop
+(:func:`rlpost.robot.algos.common.online_loop`) every ``run.save_every`` rounds and
+after the last, into ``run.dir/checkpoints/step-<episodes used>/``; they also hold the
+evaluation before fine-tuning, so a resumed run reports the same table. An algorithm
+whose runner takes no ``checkpoints`` argument runs without them.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 
-def train_from_config(cfg: Any) -> dict[str, Any]:
+def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Build / load the demonstrations and the BC policy, evaluate, fine-tune, evaluate.
 
-    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per round),
+    Writes ``cfg.run.dir``: ``config.yaml``, ``metrics.jsonl`` (one row per round, step =
+    the online episodes used), ``checkpoints/`` (every ``run.save_every`` rounds),
     ``success.png``, ``rollout.png`` (when a renderer works), ``policy/``, ``demo.json``.
+
+    ``resume``: continue the run in ``run.dir`` from its newest valid checkpoint (from the
+    start when there is none); the result, ``metrics.jsonl`` and the final policy equal
+    an uninterrupted run's (bitwise, but for the wall-clock ``seconds``). ``overwrite``:
+    replace the run there. With neither, a ``run.dir`` holding a run is refused.
     """
     import torch
 
     from rlpost.core.io.metrics import MetricsLogger
-    from rlpost.core.io.rundir import open_run_dir
+    from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
     from rlpost.robot.algos import ALGORITHMS
-    from rlpost.robot.algos.common import evaluate_policy
+    from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
     from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, load_demos
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    out = open_run_dir(cfg.run.dir, cfg)
+    out = open_run_dir(cfg.run.dir, cfg, resume=resume, overwrite=overwrite)
+    ckpt = resume_checkpoint(out) if resume else None
+    saved = checkpoint_state(ckpt) if ckpt is not None else None
     t0 = time.perf_counter()
     policy = load_bc_policy(build_policy_for(cfg))
     demos = load_demos(build_demo_dataset(cfg.task, **_demo_kw(cfg)))
@@ -45,11 +63,28 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
             for n in steps
         }
 
-    before = evaluate()
+    # the BC policy's evaluation is seeded: a resumed run takes it from the checkpoint
+    before = (saved or {}).get("run", {}).get("before")
+    if before is None or set(before) != {str(n) for n in steps}:
+        before = evaluate()
+    checkpoints = Checkpoints(
+        out / "checkpoints",
+        every=cfg.run.save_every,
+        keep=cfg.run.keep_checkpoints,
+        resume=ckpt,
+        state={"before": before},
+    )
     t1 = time.perf_counter()
-    logger = MetricsLogger(out, tensorboard=False)
+    logger = MetricsLogger(
+        out, tensorboard=False, resume_step=saved["step"] if saved is not None else None
+    )
+    algo = ALGORITHMS.get(cfg.algo.name)
+    # an algorithm whose runner takes no ``checkpoints`` (registered elsewhere, written
+    # before them) runs as before: no checkpoints, so nothing to resume
+    takes = "checkpoints" in inspect.signature(algo.run).parameters
+    if ckpt is not None and not takes:
+        raise ValueError(f"--resume: algorithm {algo.name!r} cannot restore a checkpoint")
     try:
-        algo = ALGORITHMS.get(cfg.algo.name)
         history = algo.run(
             policy,
             cfg.task,
@@ -57,6 +92,7 @@ def train_from_config(cfg: Any) -> dict[str, Any]:
             cfg.algorithm_config(),
             log=lambda row: logger.log(row["episodes"], row),
             progress=cfg.run.progress,
+            **({"checkpoints": checkpoints} if takes else {}),
         )["history"]
     finally:
         logger.close()

@@ -3,6 +3,8 @@
 rlpost-robot demo                              # OTQL fine-tunes a BC flow policy (multimodal_reach)
 rlpost-robot demo --task reacher --episodes 60
 rlpost-robot train --config otql_reacher algo.params.episodes=40 run.dir=runs/x
+rlpost-robot train --config otql_reacher run.dir=runs/x --resume   # continue it exactly
+rlpost-robot train --config otql_reacher run.dir=runs/x --overwrite   # replace it
 rlpost-robot train --config pac_act_contour        # PAC-ACT on lerobot ACT, force safety
 rlpost-robot train --config craft_multimodal_reach # CRAFT closed-loop policy gradient
 rlpost-robot residual --config decoding         # offline residual RL corrector (004-03)
@@ -44,7 +46,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlpost.robot.train import format_table, train_from_config
 
     cfg = load_config(recipe_path(args.config), args.overrides)
-    print(format_table(train_from_config(cfg)))
+    print(format_table(train_from_config(cfg, resume=args.resume, overwrite=args.overwrite)))
     print(f"run: {cfg.run.dir} (metrics.jsonl, success.png, policy/)")
     return 0
 
@@ -56,7 +58,7 @@ def _job(args: argparse.Namespace) -> int:
     job = load_job(args.command, recipe_path(args.config, args.command), args.overrides)
     run = {"residual": jobs.run_residual, "deploy": jobs.run_deploy}[args.command]
     fmt = {"residual": jobs.format_residual, "deploy": jobs.format_deploy}[args.command]
-    print(fmt(run(job)))
+    print(fmt(run(job, overwrite=args.overwrite)))
     print(f"run: {job.run.dir}")
     return 0
 
@@ -126,21 +128,20 @@ def build_app() -> App:
         "run a recipe (any registered algorithm) with key=value overrides",
         config="otql_reacher",
         config_required=True,
+        run=True,
     )
-    app.command(
-        "residual",
-        _job,
-        "train the offline residual RL corrector of a base decoder (004-03)",
-        config="decoding",
-        config_required=True,
-    )
-    app.command(
-        "deploy",
-        _job,
-        "run a policy on a robot through lerobot's Robot interface",
-        config="contour",
-        config_required=True,
-    )
+    for name, help_, example in (
+        (
+            "residual",
+            "train the offline residual RL corrector of a base decoder (004-03)",
+            "decoding",
+        ),
+        ("deploy", "run a policy on a robot through lerobot's Robot interface", "contour"),
+    ):
+        j = app.command(name, _job, help_, config=example, config_required=True)
+        j.add_argument(
+            "--overwrite", action="store_true", help="replace the run in run.dir (its metrics)"
+        )
     app.command("recipes", _recipes, "list the shipped recipes")
     app.command("algorithms", _algorithms, "list the registered algorithms")
     b = app.command("build-base", _build_base, "build (or find) the demo set and BC policy")

@@ -6,9 +6,11 @@ algorithm names:
 * ``config``: its frozen dataclass of hyper-parameters (``algo.params`` in a recipe, with
   ``seed`` from ``run.seed``), validated at load like a core registry's parameters;
 * ``policy_kind``: the :data:`rlpost.robot.pretrain.POLICY_KINDS` entry it fine-tunes;
-* ``run``: ``run(policy, task, demos, config, log, progress) -> {"history": [...]}``, the
-  algorithm's fine-tuning, usually its learner plugged into
-  :func:`rlpost.robot.algos.common.online_loop`;
+* ``run``: ``run(policy, task, demos, config, log, progress, checkpoints) ->
+  {"history": [...]}``, the algorithm's fine-tuning, usually its learner plugged into
+  :func:`rlpost.robot.algos.common.online_loop` (which saves and resumes the
+  ``checkpoints``, a :class:`~rlpost.robot.algos.common.Checkpoints` or None, through the
+  learner's ``export_state`` / ``import_state``);
 * ``check``: an optional ``check(task, config)`` run at config load (e.g. CRAFT needs a
   counterfactual model of the task).
 

@@ -3,17 +3,31 @@
 * :class:`ChunkBuffer` / :func:`chunk_transitions`: chunk-level transitions of episodes;
 * :func:`evaluate_policy`, :func:`force_stats`: success, return and contact-force metrics;
 * :func:`online_loop`: the one online fine-tuning loop. An algorithm supplies a learner
-  with ``collect(n, seed)`` (run ``n`` episodes with the current policy, any data it
-  needs) and ``update(data)`` (learn from them; returns the round's metrics, including
-  ``online_success``); the loop spends the episode budget in rounds of ``envs`` episodes,
-  logs one row per round and shows a progress bar.
+  (:class:`OnlineLearner`) with ``collect(n, seed)`` (run ``n`` episodes with the current
+  policy, any data it needs), ``update(data)`` (learn from them; returns the round's
+  metrics, including ``online_success``), ``export_state()`` (its whole state as a
+  :class:`LearnerState`) and ``import_state(state, tensors)``; the loop spends the episode
+  budget in rounds of ``envs`` episodes, logs one row per round, shows a progress bar and,
+  given :class:`Checkpoints`, saves a checkpoint every ``every`` rounds (and after the
+  last) and resumes exactly from one.
+
+**Checkpoints** use the core format (:func:`rlpost.core.io.checkpoint.save_checkpoint`):
+``<run.dir>/checkpoints/step-<episodes used>/`` holds the policy and its optimiser, every
+other module of the learner with its optimiser (critics, target networks, an EMA teacher),
+its replay buffers as tensors, its ``torch.Generator`` s, torch's global generator, and in
+``state.json`` the learner's counters, the round, the episodes used and the history rows
+so far. A resumed loop continues from the round after the checkpoint and ends with the
+same parameters and rows as an uninterrupted one, bitwise (the environment episodes are
+seeded by the episodes used; no robot code draws from numpy's or python's global RNG).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,6 +64,18 @@ class ChunkBuffer:
         return ChunkBuffer(
             *(torch.cat([getattr(self, k), getattr(other, k)]) for k in self.__dataclass_fields__)
         )
+
+    def state_tensors(self, prefix: str = "buffer") -> dict[str, Tensor]:
+        """The buffer as named tensors ``<prefix>.<field>`` (for a checkpoint)."""
+        return {f"{prefix}.{k}": getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor], prefix: str = "buffer") -> ChunkBuffer:
+        """The buffer :meth:`state_tensors` wrote."""
+        missing = [k for k in cls.__dataclass_fields__ if f"{prefix}.{k}" not in tensors]
+        if missing:
+            raise KeyError(f"the checkpoint has no {prefix!r} buffer fields {missing}")
+        return cls(**{k: tensors[f"{prefix}.{k}"] for k in cls.__dataclass_fields__})
 
 
 def chunk_transitions(
@@ -125,12 +151,132 @@ def force_stats(episodes: Sequence[Any]) -> dict[str, float]:
 # ---------------------------------------------------------------------- online loop
 
 
+@dataclass
+class LearnerState:
+    """Everything of a learner that its next round reads, for a checkpoint.
+
+    ``model`` / ``optimizer``: the policy being fine-tuned and its optimiser;
+    ``extras``: every other module, each with its optimiser or None (critics, target
+    networks, a frozen prior, an EMA teacher); ``generators``: its ``torch.Generator`` s.
+    These are the live objects: loading restores them in place. ``tensors``: other state
+    tensors (replay / demonstration buffers); ``state``: JSON counters. These two are
+    values, handed back to :meth:`OnlineLearner.import_state`.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    extras: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] = field(
+        default_factory=dict
+    )
+    generators: dict[str, torch.Generator] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
 class OnlineLearner(Protocol):
     def collect(self, n: int, seed: int) -> Any:
         """Run ``n`` episodes (seeded by ``seed``) with the current policy."""
 
     def update(self, data: Any) -> dict[str, float]:
         """Learn from one round's data; the round's metrics (``online_success`` ...)."""
+
+    def export_state(self) -> LearnerState:
+        """The learner's whole state (see :class:`LearnerState`); anything it creates
+        lazily must exist by now, so that loading into it restores everything."""
+
+    def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        """Take back the ``state`` and ``tensors`` of a :class:`LearnerState` (its modules,
+        optimisers and generators were already restored in place)."""
+
+
+@dataclass
+class Checkpoints:
+    """Checkpointing of :func:`online_loop`: every ``every`` rounds (0: never) and after the
+    last, into ``root`` (``<run.dir>/checkpoints``), keeping the newest ``keep``.
+
+    ``resume``: the checkpoint folder to continue from (e.g.
+    :func:`rlpost.core.io.rundir.resume_checkpoint`), None for a fresh start; ``state``:
+    the caller's JSON state, stored in every checkpoint under ``"run"`` (read it back with
+    :func:`checkpoint_state`).
+    """
+
+    root: Path
+    every: int = 1
+    keep: int = 2
+    resume: Path | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the loop will restore :attr:`resume` (a runner skips its warm-up then:
+        the checkpoint holds its result)."""
+        return self.resume is not None
+
+
+def checkpoint_state(path: Path) -> dict[str, Any]:
+    """The ``state.json`` of checkpoint folder ``path``: ``step`` (the episodes used),
+    ``run`` (the caller's state), ``loop`` (``round``, ``episodes``, ``history``),
+    ``learner``."""
+    return json.loads((Path(path) / "state.json").read_text())
+
+
+def _save_round(
+    learner: OnlineLearner, ck: Checkpoints, rounds: int, used: int, history: list
+) -> None:
+    from rlpost.core.io.checkpoint import save_checkpoint
+
+    ls = learner.export_state()
+    state = {
+        "run": ck.state,
+        "loop": {"round": rounds, "episodes": used, "history": history},
+        "learner": ls.state,
+    }
+    save_checkpoint(
+        ck.root, used, ls.model, ls.optimizer, None, state, keep=ck.keep,
+        extras=ls.extras, tensors=ls.tensors, generators=ls.generators,
+    )  # fmt: skip
+
+
+def _restore_round(learner: OnlineLearner, path: Path) -> tuple[list, int, int]:
+    """Load checkpoint ``path`` into ``learner`` (and torch's global generator); returns
+    the history rows, the episodes used and the rounds done."""
+    from rlpost.core.io.checkpoint import load_checkpoint, load_tensors
+
+    ls = learner.export_state()
+    state = load_checkpoint(
+        path, ls.model, ls.optimizer, None, extras=ls.extras, generators=ls.generators
+    )
+    if "loop" not in state:
+        raise ValueError(f"checkpoint {path} was not written by the robot online loop")
+    learner.import_state(state.get("learner", {}), load_tensors(path))
+    loop = state["loop"]
+    return list(loop["history"]), int(loop["episodes"]), int(loop["round"])
+
+
+def _check_finite(learner: OnlineLearner, rounds: int, used: int, ck: Checkpoints | None) -> None:
+    """Stop (:class:`rlpost.core.guard.RunStopped`) when the round's update left a
+    parameter of the learner non-finite, before a checkpoint could keep it. (A rollback
+    would not help: the next round would collect the same episodes and diverge again.)"""
+    export = getattr(learner, "export_state", None)
+    if export is None:
+        return
+    from rlpost.core.guard import RunStopped, all_finite
+
+    ls = export()
+    modules = {"policy": ls.model, **{k: m for k, (m, _) in ls.extras.items()}}
+    bad = [k for k, m in modules.items() if not all_finite(p.detach() for p in m.parameters())]
+    if bad:
+        last = f"; the last checkpoint is in {ck.root}" if ck is not None else ""
+        raise RunStopped(
+            f"round {rounds} ({used} episodes): the update made the parameters of "
+            f"{', '.join(bad)} non-finite{last}; lower the learning rates, then --resume"
+        )
+
+
+def _due(every: int, rounds: int, last: bool) -> bool:
+    """Whether round ``rounds`` is checkpointed: every ``every`` rounds and the last (0:
+    never)."""
+    return every > 0 and (rounds % every == 0 or last)
 
 
 def online_loop(
@@ -141,23 +287,39 @@ def online_loop(
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     desc: str = "episodes",
+    checkpoints: Checkpoints | None = None,
 ) -> list[dict[str, Any]]:
     """Spend ``episodes`` online episodes in rounds of ``envs``: ``collect`` then
     ``update``; returns one row per round (``episodes`` used so far, the learner's
-    metrics, ``seconds`` since the start), each also passed to ``log``."""
+    metrics, ``seconds`` since the start), each also passed to ``log``.
+
+    ``checkpoints`` (see :class:`Checkpoints`): after a round is logged, a checkpoint
+    ``step-<episodes used>`` every ``every`` rounds and after the last; with ``resume``,
+    the loop first restores that checkpoint (learner, generators, history) and continues
+    with the next round, so it ends as the uninterrupted run would (rows of the restored
+    rounds are not passed to ``log`` again).
+    """
     from tqdm.auto import tqdm
 
-    history, used, t0 = [], 0, time.perf_counter()
-    bar = tqdm(total=episodes, disable=not progress, desc=desc)
+    history: list[dict[str, Any]] = []
+    used = rounds = 0
+    if checkpoints is not None and checkpoints.resume is not None:
+        history, used, rounds = _restore_round(learner, checkpoints.resume)
+    t0 = time.perf_counter() - (history[-1]["seconds"] if history else 0.0)
+    bar = tqdm(total=episodes, initial=min(used, episodes), disable=not progress, desc=desc)
     try:
         while used < episodes:
             n = min(envs, episodes - used)
             data = learner.collect(n, seed * 100_003 + used)
             used += n
+            rounds += 1
             row = {"episodes": used, **learner.update(data), "seconds": time.perf_counter() - t0}
             history.append(row)
-            if log is not None:
+            if log is not None:  # before the checkpoint: a resume drops rows past it
                 log(row)
+            _check_finite(learner, rounds, used, checkpoints)
+            if checkpoints is not None and _due(checkpoints.every, rounds, used >= episodes):
+                _save_round(learner, checkpoints, rounds, used, history)
             bar.update(n)
             bar.set_postfix(success=f"{row.get('online_success', float('nan')):.2f}")
     finally:
@@ -166,8 +328,11 @@ def online_loop(
 
 
 __all__ = [
+    "Checkpoints",
     "ChunkBuffer",
+    "LearnerState",
     "OnlineLearner",
+    "checkpoint_state",
     "chunk_transitions",
     "evaluate_policy",
     "force_stats",

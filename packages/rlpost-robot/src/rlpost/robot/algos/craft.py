@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
-from rlpost.robot.algos.common import online_loop
+from rlpost.robot.algos.common import Checkpoints, LearnerState, online_loop
 
 
 def counterfactual_advantages(scores: Tensor, eps: float = 1e-6) -> Tensor:
@@ -302,7 +302,9 @@ def chunk_gae(b: dict[str, Tensor], v: Tensor, v_final: Tensor, lam: float) -> T
 
 
 class _CRAFTRounds:
-    """CRAFT's round of the shared online loop (see :func:`run_craft`)."""
+    """CRAFT's round of the shared online loop (see :func:`run_craft`). Its state: the
+    policy, the EMA teacher, the value baseline, both optimisers and the generator of the
+    candidates (on-policy: no buffer outlives a round)."""
 
     def __init__(self, policy: Any, task: str, cfg: CRAFTConfig):
         from rlpost.robot.nets import mlp
@@ -376,6 +378,17 @@ class _CRAFTRounds:
             "std": float(policy.log_std.detach().exp().mean()),
         }
 
+    def export_state(self) -> LearnerState:
+        return LearnerState(
+            model=self.policy,
+            optimizer=self.opt,
+            extras={"value": (self.value, self.v_opt), "teacher": (self.teacher.model, None)},
+            generators={"learner": self.gen},
+        )
+
+    def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        del state, tensors  # everything is in the modules, optimisers and generator
+
 
 def run_craft(
     policy: Any,
@@ -383,6 +396,7 @@ def run_craft(
     cfg: CRAFTConfig,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Closed-loop CRAFT fine-tuning of a :class:`GaussianChunkPolicy` in place.
 
@@ -393,7 +407,8 @@ def run_craft(
     discounted return-to-go minus a value baseline fitted on the round (chunk-level GAE,
     :func:`chunk_gae`), divided by the batch std; the proxy is scaled onto it
     (``proxy_scale``). Then ``updates_per_round`` steps on :func:`craft_surrogate` +
-    ``kl_coef`` * the Gaussian asymmetric KL to the EMA teacher.
+    ``kl_coef`` * the Gaussian asymmetric KL to the EMA teacher. ``checkpoints``: the
+    loop's checkpointing (:class:`~rlpost.robot.algos.common.Checkpoints`).
     """
     if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
         have = {t: sorted(p) for t, p in PROXIES.items()}
@@ -404,8 +419,9 @@ def run_craft(
     torch.manual_seed(cfg.seed)
     rounds = _CRAFTRounds(policy, task, cfg)
     history = online_loop(
-        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, f"craft[{cfg.mode}] episodes"
-    )
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, f"craft[{cfg.mode}] episodes",
+        checkpoints,
+    )  # fmt: skip
     policy.eval()
     return {"history": history, "config": asdict(cfg)}
 
@@ -419,11 +435,19 @@ def _check_proxy(task: str, cfg: CRAFTConfig) -> None:
         )
 
 
-def _run(policy: Any, task: str, demos: Any, cfg: CRAFTConfig, log=None, progress=True):
+def _run(
+    policy: Any,
+    task: str,
+    demos: Any,
+    cfg: CRAFTConfig,
+    log=None,
+    progress=True,
+    checkpoints: Checkpoints | None = None,
+):
     """CRAFT fine-tunes from its own closed-loop rollouts (the demonstrations only built
     the BC policy)."""
     del demos
-    return run_craft(policy, task, cfg, log=log, progress=progress)
+    return run_craft(policy, task, cfg, log=log, progress=progress, checkpoints=checkpoints)
 
 
 register_algorithm(

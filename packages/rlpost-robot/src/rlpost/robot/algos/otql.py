@@ -47,7 +47,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
-from rlpost.robot.algos.common import ChunkBuffer, chunk_transitions, online_loop
+from rlpost.robot.algos.common import (
+    Checkpoints,
+    ChunkBuffer,
+    LearnerState,
+    chunk_transitions,
+    online_loop,
+)
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.flow import FlowChunkPolicy
 
@@ -248,7 +254,8 @@ class OTQL:
 class _OTQLRounds:
     """OTQL's round of the shared online loop: act with the current policy (chunks
     executed open-loop), add the chunk transitions, ``updates_per_round`` critic + policy
-    updates."""
+    updates. Its state: the policy, critic, target critic, their three optimisers, the
+    sampling generator and the replay buffer."""
 
     def __init__(self, learner: OTQL, buf: ChunkBuffer, task: str):
         self.learner, self.buf, self.task = learner, buf, task
@@ -279,6 +286,24 @@ class _OTQLRounds:
             **m,
         }
 
+    def export_state(self) -> LearnerState:
+        ln = self.learner
+        return LearnerState(
+            model=ln.policy,
+            optimizer=ln.pi_opt,
+            extras={
+                "critic": (ln.critic, ln.q_opt),
+                "critic_v": (ln.critic.v, ln.v_opt),  # V has its own optimiser
+                "target": (ln.target, None),
+            },
+            generators={"learner": ln.gen},
+            tensors=self.buf.state_tensors("buffer"),
+        )
+
+    def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        del state
+        self.buf = ChunkBuffer.from_tensors(tensors, "buffer")
+
 
 def run_otql(
     policy: FlowChunkPolicy,
@@ -287,6 +312,7 @@ def run_otql(
     cfg: OTQLConfig,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``policy`` in place on ``task`` with ``cfg.episodes`` online episodes.
 
@@ -294,17 +320,20 @@ def run_otql(
     (:func:`rlpost.robot.algos.common.online_loop`) with rounds of: collect ``cfg.envs``
     episodes with the current policy (``sample_steps`` integration steps, chunks executed
     open-loop), add their chunk transitions, run ``updates_per_round`` critic + policy
-    updates. Returns the history of per-round metrics.
+    updates. Returns the history of per-round metrics. ``checkpoints``: the loop's
+    checkpointing (:class:`~rlpost.robot.algos.common.Checkpoints`); when it resumes,
+    the warm-up is skipped (the checkpoint holds its result).
     """
     torch.manual_seed(cfg.seed)
     H = policy.cfg.horizon
     learner = OTQL(policy, cfg)
     buf = chunk_transitions(demos, H, H, cfg.gamma)
-    for _ in range(cfg.critic_pretrain_steps):
-        learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
+    if checkpoints is None or not checkpoints.resuming:
+        for _ in range(cfg.critic_pretrain_steps):
+            learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
     history = online_loop(
         _OTQLRounds(learner, buf, task), cfg.episodes, cfg.envs, cfg.seed, log, progress,
-        "otql episodes",
+        "otql episodes", checkpoints,
     )  # fmt: skip
     return {"history": history, "config": asdict(cfg)}
 

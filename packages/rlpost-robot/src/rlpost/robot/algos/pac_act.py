@@ -48,7 +48,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
-from rlpost.robot.algos.common import chunk_transitions, force_stats, online_loop
+from rlpost.robot.algos.common import (
+    Checkpoints,
+    ChunkBuffer,
+    LearnerState,
+    chunk_transitions,
+    force_stats,
+    online_loop,
+)
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.act import ActChunkPolicy
 
@@ -296,9 +303,12 @@ class _Explorer:
 class _PACACTRounds:
     """PAC-ACT's round of the shared online loop: ``envs`` exploring episodes, their
     (force-shaped) chunk transitions, ``updates_per_round`` critic updates and every
-    ``policy_delay``-th an actor update with a demonstration batch."""
+    ``policy_delay``-th an actor update with a demonstration batch. Its state: the actor,
+    the frozen prior, the target actor, the critic and its target, both optimisers, the
+    generator (exploration, target noise, batches), the critic-step count and the replay
+    buffer."""
 
-    def __init__(self, learner: PACACT, buf: Any, task: str, demo_batch: Callable):
+    def __init__(self, learner: PACACT, buf: ChunkBuffer, task: str, demo_batch: Callable):
         self.learner, self.buf, self.task, self.demo_batch = learner, buf, task, demo_batch
 
     def collect(self, n: int, seed: int) -> list[Any]:
@@ -335,6 +345,26 @@ class _PACACTRounds:
             **m,
         }
 
+    def export_state(self) -> LearnerState:
+        ln = self.learner
+        return LearnerState(
+            model=ln.policy,
+            optimizer=ln.pi_opt,
+            extras={
+                "critic": (ln.critic, ln.q_opt),
+                "target": (ln.target, None),
+                "target_pi": (ln.target_pi, None),
+                "prior": (ln.prior, None),
+            },
+            generators={"learner": ln.gen},
+            tensors=self.buf.state_tensors("buffer"),
+            state={"n_critic": ln.n_critic},
+        )
+
+    def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        self.learner.n_critic = int(state["n_critic"])
+        self.buf = ChunkBuffer.from_tensors(tensors, "buffer")
+
 
 def run_pac_act(
     policy: ActChunkPolicy,
@@ -343,6 +373,7 @@ def run_pac_act(
     cfg: PACACTConfig,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``policy`` in place on ``task`` with ``cfg.episodes`` online episodes.
 
@@ -350,7 +381,9 @@ def run_pac_act(
     (:func:`rlpost.robot.algos.common.online_loop`) with rounds of: collect ``cfg.envs``
     exploring episodes, add their chunk transitions, run ``updates_per_round`` critic
     updates and every ``policy_delay``-th an actor update. Returns the per-round history
-    (online success, peak force, force exceedances).
+    (online success, peak force, force exceedances). ``checkpoints``: the loop's
+    checkpointing (:class:`~rlpost.robot.algos.common.Checkpoints`); when it resumes,
+    the warm-up is skipped (the checkpoint holds its result).
     """
     from rlpost.robot.policies.bc import make_chunks
 
@@ -364,11 +397,12 @@ def run_pac_act(
         idx = torch.randint(len(d_obs), (cfg.batch_size,), generator=learner.gen)
         return {"obs": d_obs[idx], "chunks": d_chunks[idx], "mask": d_mask[idx]}
 
-    for _ in range(cfg.critic_pretrain_steps):
-        learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
+    if checkpoints is None or not checkpoints.resuming:
+        for _ in range(cfg.critic_pretrain_steps):
+            learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
     rounds = _PACACTRounds(learner, buf, task, demo_batch)
     history = online_loop(
-        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, "pac-act episodes"
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress, "pac-act episodes", checkpoints
     )
     policy.eval()
     return {"history": history, "config": asdict(cfg)}
