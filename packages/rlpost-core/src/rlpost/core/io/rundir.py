@@ -162,6 +162,7 @@ def resume_checkpoint(run: str | os.PathLike) -> Path | None:
         notice(f"{Path(run) / 'checkpoints'}: {note}")
     if ckpt is None:
         notice(f"--resume: no valid checkpoint in {Path(run) / 'checkpoints'}; starting at step 0")
-    elif notes:
-        notice(f"resuming from {ckpt.name}")
+    else:
+        step = json.loads((ckpt / "state.json").read_text()).get("step", "?")
+        notice(f"resuming from {ckpt.name} (step {step}) in {ckpt.parent}")
     return ckpt
