@@ -74,3 +74,25 @@ def test_flags_and_overrides_mix_in_any_order():
         app.main(["train", "--resume", "--overwrite"])
     with pytest.raises(SystemExit):
         app.main(["train", "--bogus"])
+
+
+def test_a_run_that_stops_on_purpose_is_one_line_and_exit_3(capsys):
+    from rlpost.apps.llm.cli import build_app
+    from rlpost.core.guard import RunStopped
+
+    app = build_app()
+
+    def stop(_):
+        raise RunStopped("3 steps in a row skipped, the last because x")
+
+    app.sub.choices["train"].set_defaults(fn=stop)
+    assert app.main(["train"]) == 3
+    err = capsys.readouterr().err
+    assert err == "rlpost-llm: stopped: 3 steps in a row skipped, the last because x\n"
+
+    def bug(_):
+        raise RuntimeError("a bug")  # not marked one_line: the traceback is kept
+
+    app.sub.choices["train"].set_defaults(fn=bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        app.main(["train"])

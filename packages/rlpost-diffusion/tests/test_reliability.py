@@ -4,7 +4,6 @@ diverging learning rate; a run killed mid-training."""
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlpost.core.guard import RunStopped
+from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.diffusion.config import ConfigError, load_config
 from rlpost.diffusion.models.digits import DigitsPolicy
 from rlpost.diffusion.recipes import recipe_path
@@ -166,19 +166,7 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, one_thread):
     ref = tmp_path / "ref"  # uninterrupted, in this process (same code, seeds and threads)
     Trainer(load_config(recipe_path("flow_grpo_digits"), [*args, f"run.dir={ref}"])).train()
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [*CLI, *args, f"run.dir={killed}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = killed / "checkpoints" / "latest.json"
-    deadline = time.time() + 120
-    while not latest.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = json.loads(latest.read_text())["step"]
+    killed_at = kill_at_first_checkpoint([*CLI, *args, f"run.dir={killed}"], killed, env)
     assert killed_at < 10, "the run must be killed mid-training"
     subprocess.run(
         [*CLI, *args, f"run.dir={killed}", "--resume"], check=True, env=env, capture_output=True

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.llm.config import load_config
 from rlpost.llm.engines.fake import FakeEngine
 from rlpost.llm.engines.hf import HFEngine
@@ -220,19 +219,8 @@ def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(tmp_path, fast_
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
     # the uninterrupted reference runs in this process (same code, seeds and thread count)
     Trainer(load_config(None, _run_args(fast_overrides, ref_dir, steps))).train()
-    proc = subprocess.Popen(
-        [*CLI, *_run_args(fast_overrides, killed_dir, steps)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = killed_dir / "checkpoints" / "latest.json"
-    deadline = time.time() + 120
-    while not latest.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = json.loads(latest.read_text())["step"]
+    argv = [*CLI, *_run_args(fast_overrides, killed_dir, steps)]
+    killed_at = kill_at_first_checkpoint(argv, killed_dir, env)
     assert killed_at < steps, "the run must be killed mid-training"
     subprocess.run(
         [*CLI, "--resume", *_run_args(fast_overrides, killed_dir, steps)],

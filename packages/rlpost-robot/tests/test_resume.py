@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlpost.apps.robot.cli import main
+from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.robot.algos import common
 from rlpost.robot.config import load_config, recipe_path
 from rlpost.robot.train import train_from_config
@@ -118,19 +117,7 @@ def test_otql_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, cache):
     # the reference runs in this process: same code, seeds and thread count (and it fills
     # the cache of demonstrations and BC policy the subprocesses load)
     train_from_config(load_config(recipe_path("otql_reacher"), [*args[2:], f"run.dir={ref}"]))
-    proc = subprocess.Popen(
-        [*CLI, *args, f"run.dir={killed}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = killed / "checkpoints" / "latest.json"
-    deadline = time.time() + 300
-    while not latest.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run must be killed, not finish"
-    killed_at = json.loads(latest.read_text())["step"]
+    killed_at = kill_at_first_checkpoint([*CLI, *args, f"run.dir={killed}"], killed, env)
     assert killed_at < episodes, "the run must be killed mid-training"
     assert not (killed / "policy").exists()
     done = subprocess.run(

@@ -78,6 +78,20 @@ class UpdateGuard:
         self.rollbacks = 0
         self._snapshot: tuple[list[Tensor], list[dict]] | None = None
 
+    @classmethod
+    def configured(
+        cls,
+        params: Sequence[torch.nn.Parameter],
+        optimizers: Sequence[torch.optim.Optimizer],
+        cfg,
+    ) -> UpdateGuard:
+        """A guard set by a run config's ``train.guard`` (a
+        :class:`rlpost.core.io.schema.GuardConfig`: ``rollback``, ``max_consecutive``)."""
+        trainable = [p for p in params if p.requires_grad]
+        return cls(
+            trainable, optimizers, rollback=cfg.rollback, max_consecutive=cfg.max_consecutive
+        )
+
     def grads_finite(self) -> bool:
         return all_finite(p.grad for p in self.params)
 

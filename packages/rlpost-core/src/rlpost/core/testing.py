@@ -26,6 +26,8 @@ The checks per registry (shapes ``B = 6`` rows in two groups of 3, ``T = 5`` tok
 
 Required parameters without defaults are filled by type (1.0, 1, False).
 Use it for your own entries: ``check_entry(OBJECTIVES, "my_objective", clip=0.3)``.
+
+:func:`kill_at_first_checkpoint` interrupts a training command for a kill-then-resume test.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -439,4 +442,27 @@ def check_entry(
     check(bound)
 
 
-__all__ = ["UndeclaredInputError", "check_entry", "poison_undeclared"]
+def kill_at_first_checkpoint(
+    argv: list[str], run_dir: str | Path, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> int:
+    """Start the training command ``argv`` (writing ``run_dir``), ``SIGKILL`` it the moment
+    its first checkpoint is published (``checkpoints/latest.json``) and return that
+    checkpoint's step: how every domain's kill-then-resume test interrupts a run. Raises
+    AssertionError when the run ended by itself before it could be killed."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    latest = Path(run_dir) / "checkpoints" / "latest.json"
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout_s
+    while not latest.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run must be killed, not finish"
+    return int(json.loads(latest.read_text())["step"])
+
+
+__all__ = ["UndeclaredInputError", "check_entry", "kill_at_first_checkpoint", "poison_undeclared"]

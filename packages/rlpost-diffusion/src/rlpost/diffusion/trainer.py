@@ -113,10 +113,7 @@ class Trainer:
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
-        g = cfg.train.guard
-        self.guard = UpdateGuard(
-            self.params, [self.opt], rollback=g.rollback, max_consecutive=g.max_consecutive
-        )
+        self.guard = UpdateGuard.configured(self.params, [self.opt], cfg.train.guard)
         self._applied = False  # the last update was applied, not yet confirmed by sampling
         self._failed: str | None = None  # why the current step applied nothing
         self.run_dir = Path(cfg.run.dir)
@@ -370,6 +367,8 @@ class Trainer:
         out = {k: sum(v) / len(v) for k, v in acc.items()}
         out["skipped_nonfinite"] = float(len(bad))
         self._failed = bad[-1] if len(bad) == len(chunks) else None  # nothing applied
+        if bad:
+            notice(f"step {self.step + 1}: {len(bad)} of {len(chunks)} updates skipped: {bad[-1]}")
         self._applied = len(bad) < len(chunks)
         out["loss"] = sum(losses) / max(len(losses), 1)
         if norms:

@@ -180,13 +180,7 @@ class Trainer:
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
-        g = cfg.train.guard
-        self.guard = UpdateGuard(
-            [q for q in model.parameters() if q.requires_grad],
-            [self.optimizer],
-            rollback=g.rollback,
-            max_consecutive=g.max_consecutive,
-        )
+        self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_schedule(o.schedule, o.warmup_steps, self.total_steps)
         )
@@ -686,6 +680,7 @@ class Trainer:
                 break
             self.optimizer.zero_grad(set_to_none=True)
         if bad and not warmup:
+            notice(f"step {self.step + 1}: update skipped: {why}")
             self.guard.record(False, why)
         self._applied = not bad and not warmup  # confirmed by the next generation
         if warmup:

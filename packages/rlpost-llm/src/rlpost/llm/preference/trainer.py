@@ -49,7 +49,7 @@ from rlpost.core.guard import UpdateGuard
 from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
 from rlpost.llm.data import PromptSource, make_prompt_source
 from rlpost.llm.engines.base import RolloutEngine, SamplingParams
@@ -192,13 +192,7 @@ class PreferenceTrainer:
                 memory_mb=cfg.reward.memory_mb,
             )
         self.step, self.skipped = 0, 0
-        g = cfg.train.guard
-        self.guard = UpdateGuard(
-            [q for q in model.parameters() if q.requires_grad],
-            [self.optimizer],
-            rollback=g.rollback,
-            max_consecutive=g.max_consecutive,
-        )
+        self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
         self._bad: str | None = None  # why the last step applied nothing
         self.epoch, self.pos = 0, 0  # offline pair stream
         self._order: list[int] = []
@@ -365,6 +359,7 @@ class PreferenceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._bad = why if bad else None
         if bad:
+            notice(f"step {self.step + 1}: update skipped: {why}")
             self.skipped += 1
         else:
             self.scheduler.step()
