@@ -49,11 +49,14 @@ def test_task_source_resumes_exactly():
 def test_file_source_errors_name_the_problem(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['prompt'\]"):
+    with pytest.raises(ValueError, match=r"no 'prompt' column; found \['question', 'answer'\]"):
         make_prompt_source("arithmetic", {}, str(f), eval_size=1, seed=0)
-    _write_jsonl(f, 3)
-    with pytest.raises(ValueError, match=r"need more than data\.eval_size=5"):
+    _write_jsonl(f, 1)
+    with pytest.raises(ValueError, match=r"1 row\(s\); need at least 2"):
         make_prompt_source("arithmetic", {}, str(f), eval_size=5, seed=0)
+    _write_jsonl(f, 3)  # fewer rows than data.eval_size: a tenth (at least one) held out
+    src = make_prompt_source("arithmetic", {}, str(f), eval_size=5, seed=0)
+    assert len(src.examples) == 2 and len(src.eval_examples) == 1
 
 
 def test_file_rows_are_scored_with_math_verify(tmp_path):

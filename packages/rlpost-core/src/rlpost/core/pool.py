@@ -56,7 +56,14 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["FLOAT32_MAX", "RewardPool", "RewardResult", "Verifier"]
+__all__ = [
+    "FLOAT32_MAX",
+    "MainGuardError",
+    "RewardPool",
+    "RewardResult",
+    "Verifier",
+    "check_main_guard",
+]
 
 #: The largest finite float32: a reward above it would be ``inf`` once stored.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -213,6 +220,36 @@ def _cap_memory(memory_mb: float | None) -> None:
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+# ----------------------------------------------------------------------------- the main guard
+
+#: The exit code of a worker that found itself re-running the user's training script.
+REIMPORTED_EXIT = 86
+MAIN_GUARD = (
+    "reward worker processes re-import your script's main module, and it starts training "
+    'at import time: put the training code under  if __name__ == "__main__":  '
+    "(the reward functions themselves may stay at the top level)"
+)
+
+
+class MainGuardError(RuntimeError):
+    """A script without ``if __name__ == "__main__":`` started training in a worker."""
+
+    one_line = True
+    exit_code = 2
+
+
+def check_main_guard() -> None:
+    """Called where a run starts (the run directory, the reward pool): inside a process that
+    multiprocessing is bootstrapping (re-importing the parent's main module), a run must
+    not start; the process says why and exits with :data:`REIMPORTED_EXIT`, which the
+    pool turns into :class:`MainGuardError` at once instead of restarting it."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        print(f"rlpost: {MAIN_GUARD}", file=sys.stderr, flush=True)
+        os._exit(REIMPORTED_EXIT)
 
 
 # ----------------------------------------------------------------------------- worker side (no torch)
@@ -405,6 +442,7 @@ class RewardPool:
         start_timeout_s: float = 120.0,
         max_chunk: int = 16,
     ) -> None:
+        check_main_guard()
         self._closed = True
         self._slots: list[_Worker] = []
         if isinstance(reward_fns, dict):
@@ -660,6 +698,8 @@ class RewardPool:
         """Kill worker ``idx`` and start a new one; charge its current item, requeue the rest."""
         w = self._slots[idx]
         self._kill(w)
+        if w.proc.exitcode == REIMPORTED_EXIT:
+            raise MainGuardError(MAIN_GUARD)
         call = self._call
         if w.inflight and call is not None:
             tid = w.inflight.popleft()

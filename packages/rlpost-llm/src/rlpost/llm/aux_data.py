@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlpost.core.regularizers import flat_grad
 from rlpost.llm.config import AuxDataConfig
-from rlpost.llm.data import PromptSource, _load_file
+from rlpost.llm.data import PromptSource, _load_file, encode_prompt
 from rlpost.llm.policy import completion_logprobs, make_seq_batch
 from rlpost.llm.tasks import Example, make_task
 
@@ -42,7 +42,7 @@ class AuxData:
 
 def sft_loss(model: torch.nn.Module, tok, examples: list[Example]) -> Tensor:
     """Mean NLL per answer token of ``answer + EOS`` given ``prompt`` (a scalar)."""
-    prompts = [tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
+    prompts = [encode_prompt(tok, e.prompt) for e in examples]
     answers = [
         [*tok(e.answer, add_special_tokens=False).input_ids, tok.eos_token_id] for e in examples
     ]

@@ -61,9 +61,12 @@ class DataConfig(_Strict):
     task: TaskName = "arithmetic"
     task_params: dict[str, Any] = {}
     path: str | None = None
-    """Local JSONL / parquet with "prompt" and "answer" columns (scored by math-verify);
-    overrides ``task`` for the training prompts."""
+    """Local JSONL / parquet with a "prompt" column (text, or a list of chat messages
+    rendered with the tokenizer's chat template) and an "answer" column for the "correct"
+    reward (math-verify; a prompt-only file needs your own ``reward.funcs``); other columns
+    reach the verifiers in ``example.meta``. Overrides ``task`` for the training prompts."""
     eval_size: int = Field(256, ge=1)
+    """Held-out rows (the last ones of a file); a smaller file holds out a tenth of it."""
     seed: int = 0
     curriculum: list[TaskStage] = []
     """A sequence of tasks trained one after the other (continual post-training, e.g. with

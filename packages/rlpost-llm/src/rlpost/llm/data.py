@@ -2,9 +2,14 @@
 
 * task-backed: examples drawn from a synthetic task with a seeded ``random.Random``
   (state saved in checkpoints), a held-out set from a different seed;
-* file-backed: a local JSONL / parquet with "prompt" and "answer" columns loaded with
-  ``datasets``; the last ``eval_size`` rows are held out, the rest are visited in a
-  fresh seeded permutation each epoch.
+* file-backed: a local JSONL / parquet (or a ``datasets.Dataset`` from Python) with a
+  "prompt" column and, for the ``correct`` reward, an "answer" column; the last
+  ``eval_size`` rows are held out (fewer when the data set is small), the rest are
+  visited in a fresh seeded permutation each epoch.
+
+A prompt is plain text or, as in TRL's conversational data sets, a list of messages
+(``{"role": ..., "content": ...}``); :func:`encode_prompt` renders messages with the
+tokenizer's chat template and the generation prompt, and encodes text as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +18,36 @@ import random
 from typing import Any
 
 from rlpost.llm.tasks import Example, Task, make_task
+
+Prompt = str | list[dict[str, Any]]
+
+
+def is_conversational(prompt: Any) -> bool:
+    """A list of ``{"role", "content"}`` messages (TRL's conversational format)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of ``prompt``: text as it is (no special tokens added); messages through
+    the tokenizer's chat template with the generation prompt (then encoded without
+    adding special tokens again, as TRL does)."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False).input_ids
+    if not is_conversational(prompt):
+        raise ValueError(
+            f"a prompt must be text or a list of {{'role', 'content'}} messages, got {prompt!r:.80}"
+        )
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the data has conversational prompts (lists of messages) but the model's "
+            "tokenizer has no chat template: use plain-text prompts or a chat model"
+        )
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 class PromptSource:
@@ -64,33 +99,76 @@ class PromptSource:
             self._shuffle()
 
 
-def _load_file(path: str) -> list[Example]:
+def _rows_to_examples(rows: Any, where: str, need_answer: bool) -> list[Example]:
+    columns = list(rows.column_names)
+    if "prompt" not in columns:
+        raise ValueError(f"{where}: no 'prompt' column; found {columns}")
+    if need_answer and "answer" not in columns:
+        raise ValueError(
+            f"{where}: no 'answer' column, which the 'correct' reward needs; for a prompt-only "
+            "data set give your own reward: reward.funcs=[{name: 'my_pkg.rewards:fn'}]"
+        )
+    out = []
+    for i, r in enumerate(rows):
+        prompt = r["prompt"]
+        if not isinstance(prompt, str) and not is_conversational(prompt):
+            raise ValueError(
+                f"{where}: row {i}: 'prompt' must be text or a list of {{'role', 'content'}} "
+                f"messages, got {type(prompt).__name__}"
+            )
+        answer = r.get("answer")
+        meta = {k: v for k, v in r.items() if k not in ("prompt", "answer")}
+        out.append(Example(prompt, "" if answer is None else str(answer), meta))
+    return out
+
+
+def _load_file(path: str, need_answer: bool = True) -> list[Example]:
     import datasets
 
     kind = "parquet" if path.endswith(".parquet") else "json"
     ds = datasets.load_dataset(kind, data_files=path, split="train")
-    missing = {"prompt", "answer"} - set(ds.column_names)
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {sorted(missing)}; found {ds.column_names}")
-    return [
-        Example(
-            str(r["prompt"]),
-            str(r["answer"]),
-            {k: v for k, v in r.items() if k not in ("prompt", "answer")},
+    return _rows_to_examples(ds, path, need_answer)
+
+
+def split_eval(rows: list[Example], eval_size: int, where: str) -> tuple[list, list]:
+    """(train, held-out): the last ``eval_size`` rows held out, or, for a data set that
+    small, a tenth of it (at least one row), with a notice."""
+    if len(rows) < 2:
+        raise ValueError(
+            f"{where}: {len(rows)} row(s); need at least 2 (1 to train, 1 to evaluate)"
         )
-        for r in ds
-    ]
+    n = eval_size
+    if len(rows) <= eval_size:
+        from rlpost.core.io.rundir import notice
+
+        n = max(1, len(rows) // 10)
+        notice(f"{where}: {len(rows)} rows <= data.eval_size={eval_size}; holding out {n}")
+    return rows[:-n], rows[-n:]
 
 
 def make_prompt_source(
-    task_name: str, task_params: dict, path: str | None, eval_size: int, seed: int
+    task_name: str,
+    task_params: dict,
+    path: str | None,
+    eval_size: int,
+    seed: int,
+    need_answer: bool = True,
+    dataset: Any = None,
 ) -> PromptSource:
-    """Build the training stream and held-out set described by a ``DataConfig``."""
+    """Build the training stream and held-out set described by a ``DataConfig`` (or of
+    ``dataset``, a ``datasets.Dataset`` given from Python). ``need_answer``: the rewards
+    read the "answer" column."""
+    if dataset is not None:
+        rows = _rows_to_examples(dataset, "the train_dataset", need_answer)
+        return PromptSource(*_train_eval(rows, eval_size, "the train_dataset", seed))
     if path is None:
         task = make_task(task_name, **task_params)
         held_out = task.sample(eval_size, random.Random(10_000 + seed))
         return PromptSource(None, task, held_out, seed)
-    rows = _load_file(path)
-    if len(rows) <= eval_size:
-        raise ValueError(f"{path}: {len(rows)} rows, need more than data.eval_size={eval_size}")
-    return PromptSource(rows[:-eval_size], None, rows[-eval_size:], seed)
+    rows = _load_file(path, need_answer)
+    return PromptSource(*_train_eval(rows, eval_size, path, seed))
+
+
+def _train_eval(rows: list[Example], eval_size: int, where: str, seed: int) -> tuple:
+    train, held_out = split_eval(rows, eval_size, where)
+    return train, None, held_out, seed

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rlpost.llm.config import Config
-from rlpost.llm.data import make_prompt_source
+from rlpost.llm.data import encode_prompt, make_prompt_source
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.hf import HFEngine
 from rlpost.llm.policy import load_policy
@@ -30,7 +30,7 @@ def evaluate_config(
     fn = source.task.score if cfg.data.path is None else math_verify_reward
     engine = HFEngine(model, tok)
     exs = source.eval_examples
-    prompts = [tok(e.prompt, add_special_tokens=False).input_ids for e in exs]
+    prompts = [encode_prompt(tok, e.prompt) for e in exs]
     r = cfg.rollout
     out: dict[str, float | int] = {"examples": len(exs)}
     with RewardPool(

@@ -54,13 +54,15 @@ class Example:
     """One task instance.
 
     Attributes:
-        prompt: the text the model is conditioned on (e.g. ``"123+456="``).
+        prompt: the text the model is conditioned on (e.g. ``"123+456="``), or a list of
+            chat messages (``[{"role": "user", "content": "123+456="}]``) rendered with the
+            tokenizer's chat template (:func:`rlpost.llm.data.encode_prompt`).
         answer: one correct completion (e.g. ``"579"``); for tasks with several
             correct answers it is one of them, and :meth:`Task.score` decides.
         meta: JSON-serialisable data the verifier needs (operands, target ...).
     """
 
-    prompt: str
+    prompt: str | list[dict[str, Any]]
     answer: str
     meta: dict = field(default_factory=dict)
 

@@ -66,7 +66,7 @@ from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
 from rlpost.llm.aux_data import AuxData, aux_gradients
 from rlpost.llm.config import Config
 from rlpost.llm.critic import ValueModel, explained_variance
-from rlpost.llm.data import make_prompt_source
+from rlpost.llm.data import encode_prompt, make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.optim import build_optimizer, lr_schedule
 from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
@@ -124,6 +124,15 @@ def _split_state(state: dict[str, Any], prefix: str) -> tuple[dict[str, Tensor],
 
 
 class Trainer:
+    """The GRPO-family / PPO trainer (see the module docstring).
+
+    ``model`` / ``tokenizer``: use these instead of loading ``cfg.model``; ``engine``: the
+    rollout engine (default: HF ``generate`` or vLLM by ``cfg.rollout.engine``);
+    ``reward_fn``: the "correct" verifier instead of the task's; ``train_dataset``: a
+    ``datasets.Dataset`` with a "prompt" column (text or chat messages) instead of
+    ``cfg.data``; ``resume`` / ``overwrite``: what to do with a run ``run.dir`` holds.
+    """
+
     def __init__(
         self,
         cfg: Config,
@@ -134,6 +143,7 @@ class Trainer:
         reward_fn=None,
         resume: bool = False,
         overwrite: bool = False,
+        train_dataset=None,
     ):
         self.cfg = cfg
         if cfg.run.threads:
@@ -173,6 +183,8 @@ class Trainer:
             cfg.data.path,
             cfg.data.eval_size,
             cfg.data.seed,
+            need_answer=reward_fn is None and "correct" in [f.name for f in cfg.reward.funcs],
+            dataset=train_dataset,
         )
         self.total_steps = cfg.train_steps()
         self.kl_in_loss = self.recipe.kl_in_loss
@@ -236,7 +248,8 @@ class Trainer:
                 return override
             if self.curriculum is not None:
                 return StagedScore(self.curriculum.tasks)
-            return self.source.task.score if self.cfg.data.path is None else math_verify_reward
+            task = getattr(self.source, "task", None)  # a task's own verifier, else math-verify
+            return task.score if task is not None else math_verify_reward
         if name == "format":
             return format_reward
         return import_reward(name)
@@ -334,7 +347,7 @@ class Trainer:
         kept, rounds, seen_groups, metrics = 0, 0, 0, {}
         while True:
             examples = self.source.next_batch(want - kept if rounds else want)
-            prompts = [self.tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
+            prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
             batch = self.engine.generate(prompts, p.group_size, self.sampling)
             if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
                 raise NonFiniteError(
@@ -733,7 +746,7 @@ class Trainer:
 
     # -------------------------------------------------------------------- loop
     def _eval_accuracy(self, examples: list[Example]) -> float:
-        prompts = [self.tok(e.prompt, add_special_tokens=False).input_ids for e in examples]
+        prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
         greedy = SamplingParams(self.sampling.max_new_tokens, 0.0, stop=self.sampling.stop)
         batch = self.engine.generate(prompts, 1, greedy)
         return float(self._accuracy(self._score(batch, examples).components).mean())

@@ -121,6 +121,9 @@ def open_run_dir(
     refused with a message naming ``--resume``. Stale ``*.tmp-<pid>`` leftovers of
     interrupted writes are removed (under the lock, so none belongs to a live run).
     """
+    from rlpost.core.pool import check_main_guard
+
+    check_main_guard()  # a worker re-running the user's script must not start a run
     run = Path(path)
     run.mkdir(parents=True, exist_ok=True)
     if lock:

@@ -1,0 +1,128 @@
+"""A user's own data: conversational prompts through the chat template, prompt-only files
+with a user reward, small files, a datasets.Dataset from Python."""
+
+import json
+
+import pytest
+
+from rlpost.llm.data import encode_prompt
+from rlpost.llm.policy import load_policy
+from rlpost.llm.trainer import Trainer
+
+# characters of the tiny tokenizer's vocabulary, so that every rendered one is a token
+TEMPLATE = (
+    "{% for m in messages %}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}:{% endif %}"
+)
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _chat_rows(n):
+    return [
+        {"prompt": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)}
+        for i in range(n)
+    ]
+
+
+def test_conversational_prompts_go_through_the_chat_template(fast_cfg, tmp_path):
+    data = _jsonl(tmp_path / "chat.jsonl", _chat_rows(12))
+    cfg = fast_cfg(f"data.path={data}", "data.eval_size=4", "train.steps=1")
+    model, tok = load_policy(cfg, progress=False)
+    tok.chat_template = TEMPLATE
+    messages = [{"role": "user", "content": "87+65="}]
+    assert encode_prompt(tok, messages) == tok(">87+65=:", add_special_tokens=False).input_ids
+    assert encode_prompt(tok, "87+65=") == tok("87+65=", add_special_tokens=False).input_ids
+    t = Trainer(cfg, model=model, tokenizer=tok)
+    col = t.collect()
+    text = tok.decode(col.batch.prompt_ids[0])  # what the model was conditioned on
+    assert text.startswith(">") and text.endswith("=:") and "role" not in text, text
+    t.update(col)
+
+
+def test_conversational_prompts_need_a_tokenizer_with_a_template(fast_cfg, tmp_path):
+    data = _jsonl(tmp_path / "chat.jsonl", _chat_rows(12))
+    cfg = fast_cfg(f"data.path={data}", "data.eval_size=4")
+    model, tok = load_policy(cfg, progress=False)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match=r"conversational prompts .* no chat template"):
+        Trainer(cfg, model=model, tokenizer=tok).collect()
+
+
+def test_a_prompt_only_file_trains_with_a_user_reward(fast_cfg, tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def length(completion, example):\n    return float(len(completion) % 2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = _jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"{i}+1="} for i in range(20)])
+    with pytest.raises(ValueError, match="no 'answer' column, which the 'correct' reward needs"):
+        Trainer(fast_cfg(f"data.path={data}")).train()
+    cfg = fast_cfg(
+        f"data.path={data}", "reward.funcs=[{name: 'my_rewards:length'}]", "train.steps=1",
+        f"run.dir={tmp_path / 'run2'}",
+    )  # fmt: skip
+    assert Trainer(cfg).train()["steps"] == 1
+
+
+def test_a_small_file_holds_out_a_tenth_and_says_so(fast_cfg, tmp_path, capsys):
+    data = _jsonl(tmp_path / "small.jsonl", _chat_rows(10))
+    cfg = fast_cfg(f"data.path={data}", "data.eval_size=256")
+    model, tok = load_policy(cfg, progress=False)
+    tok.chat_template = TEMPLATE
+    t = Trainer(cfg, model=model, tokenizer=tok)
+    assert len(t.source.examples) == 9 and len(t.source.eval_examples) == 1
+    assert "10 rows <= data.eval_size=256; holding out 1" in capsys.readouterr().err
+
+
+def test_a_datasets_dataset_from_python(fast_cfg):
+    import datasets
+
+    ds = datasets.Dataset.from_list(
+        [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(30)]
+    )
+    t = Trainer(fast_cfg("data.eval_size=5", "train.steps=1"), train_dataset=ds)
+    assert len(t.source.examples) == 25 and t.source.eval_examples[-1].prompt == "29+2="
+    t.train()
+
+
+SCRIPT = """
+from rlpost.llm.config import load_config
+from rlpost.llm.trainer import Trainer
+
+
+def reward(completion, example):
+    return float(len(completion) % 2)
+
+
+{guard}cfg = load_config(None, {overrides!r})
+{guard}Trainer(cfg, reward_fn=reward).train()
+{guard}print("TRAINED")
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guarded):
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import FAST
+
+    overrides = [*FAST, "reward.workers=1", f"run.dir={tmp_path / 'run'}"]
+    guard = "    " if guarded else ""
+    text = SCRIPT.format(guard=guard, overrides=overrides)
+    if guarded:
+        text = text.replace("\n    cfg", '\nif __name__ == "__main__":\n    cfg', 1)
+    (tmp_path / "train.py").write_text(text)
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    if guarded:
+        assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr[-2000:]
+    else:
+        assert out.returncode != 0 and time.monotonic() - t0 < 60
+        assert 'under  if __name__ == "__main__":' in out.stderr.splitlines()[-1]
