@@ -50,6 +50,10 @@ def test_train_writes_a_complete_run_dir(fast_cfg):
     assert (run / "curves.png").stat().st_size > 10_000
     ckpt = run / "checkpoints" / "step-000002"
     assert {p.name for p in ckpt.iterdir()} == {
+        "config.json",  # with model.safetensors and the tokenizer: from_pretrained loads it
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
         "manifest.json",
         "model.safetensors",
         "optimizer.safetensors",

@@ -57,3 +57,15 @@ def evaluate_config(
             out["sampled_accuracy"] = float(hits.mean())
             out[f"pass@{samples}"] = float(hits.amax(1).mean())
     return out
+
+
+def export_checkpoint(cfg: Config, checkpoint: str | Path, out: str | Path) -> Path:
+    """``rlpost-llm export``: the policy of ``cfg.model`` with a checkpoint's weights, LoRA
+    adapters merged, written to ``out`` as a standalone Hugging Face model folder (loads
+    with ``AutoModelForCausalLM.from_pretrained(out)``, no rlpost needed)."""
+    from rlpost.core.io.checkpoint import load_weights
+    from rlpost.llm.policy import export_merged
+
+    model, tok = load_policy(cfg, progress=cfg.run.progress)
+    load_weights(Path(checkpoint), model)
+    return export_merged(model, tok, Path(out))

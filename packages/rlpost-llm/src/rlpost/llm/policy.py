@@ -7,6 +7,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +44,36 @@ def load_policy(cfg: Config, progress: bool = True):
     if cfg.model.lora is not None:
         model = apply_lora(model, cfg.model.lora)
     return model, tok
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def save_pretrained_files(model: torch.nn.Module, tokenizer, folder: Path) -> None:
+    """What makes a checkpoint folder load with the field's own loaders, beside the
+    trainer's ``model.safetensors``: for a full model its ``config.json`` and generation
+    config (``AutoModelForCausalLM.from_pretrained(folder)`` then reads
+    ``model.safetensors``); for LoRA the PEFT adapter (``adapter_config.json``,
+    ``adapter_model.safetensors``: ``PeftModel.from_pretrained(base, folder)``); and the
+    tokenizer (``AutoTokenizer.from_pretrained(folder)``)."""
+    if is_peft(model):
+        model.save_pretrained(str(folder))
+    else:
+        model.config.save_pretrained(str(folder))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(folder))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+
+
+def export_merged(model: torch.nn.Module, tokenizer, out: Path) -> Path:
+    """A standalone Hugging Face model folder: LoRA adapters merged into the base."""
+    out = Path(out)
+    merged = model.merge_and_unload() if is_peft(model) else model
+    merged.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
 
 
 def apply_lora(model: torch.nn.Module, lc) -> torch.nn.Module:

@@ -69,7 +69,13 @@ from rlpost.llm.critic import ValueModel, explained_variance
 from rlpost.llm.data import encode_prompt, make_prompt_source
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.optim import build_optimizer, lr_schedule
-from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.policy import (
+    Reference,
+    completion_logprobs,
+    load_policy,
+    make_seq_batch,
+    save_pretrained_files,
+)
 from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_distributions
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
@@ -929,6 +935,7 @@ class Trainer:
             keep=self.cfg.run.keep_checkpoints,
             extras=self._extras(),
             tensors=tensors,
+            write_extra=lambda folder: save_pretrained_files(self.model, self.tok, folder),
         )
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ rlpost-llm train --config grpo_arithmetic optim.lr=1e-4 train.steps=100
 rlpost-llm train --config my.yaml --resume      # continue the run in run.dir exactly
 rlpost-llm train --config my.yaml --overwrite   # replace the run in run.dir
 rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
+rlpost-llm export --config my.yaml --checkpoint runs/x/checkpoints/step-000060 --out hf-model
 rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -92,6 +93,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rlpost.llm.evaluate import export_checkpoint
+
+    out = export_checkpoint(_config(args), args.checkpoint, args.out)
+    print(
+        f"exported {args.checkpoint} -> {out} (AutoModelForCausalLM.from_pretrained({str(out)!r}))"
+    )
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.tiny import build_base
 
@@ -123,6 +134,14 @@ def build_app() -> App:
     )
     e.add_argument("--checkpoint", default=None)
     e.add_argument("--samples", type=int, default=0, help="also pass@k with k sampled answers")
+    x = app.command(
+        "export",
+        _export,
+        "a checkpoint as a standalone Hugging Face model (LoRA merged)",
+        config="grpo_arithmetic",
+    )
+    x.add_argument("--checkpoint", required=True, help="a checkpoints/step-XXXXXX folder")
+    x.add_argument("--out", required=True, help="the folder to write")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

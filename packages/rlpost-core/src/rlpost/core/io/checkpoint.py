@@ -29,12 +29,15 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
+
+#: safetensors metadata Hugging Face loaders require of a weights file.
+PT = {"format": "pt"}
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -99,6 +102,7 @@ def save_checkpoint(
     extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
     tensors: Mapping[str, torch.Tensor] | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
@@ -107,7 +111,10 @@ def save_checkpoint(
     ``extras``: further ``name -> (module, optimizer or None)`` pairs saved beside the
     model; ``tensors``: named state tensors (restore them with :func:`load_tensors`);
     ``generators``: named ``torch.Generator`` s besides the global one (a sampler's, an
-    environment's), restored by :func:`load_checkpoint` given the same names.
+    environment's), restored by :func:`load_checkpoint` given the same names;
+    ``write_extra(folder)``: writes more files into the checkpoint before it is published
+    (a domain's loader-native files: a Hugging Face ``config.json`` and tokenizer, PEFT
+    adapters), covered by the manifest like the rest.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -115,9 +122,9 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     if trainable_only:
-        save_file(_trainable_state(model), str(tmp / "model.safetensors"))
+        save_file(_trainable_state(model), str(tmp / "model.safetensors"), metadata=PT)
     else:
-        save_model(model, str(tmp / "model.safetensors"))
+        save_model(model, str(tmp / "model.safetensors"), metadata=PT)
     _save_optimizer(optimizer, tmp, "optimizer")
     for name, (module, opt) in (extras or {}).items():
         save_model(module, str(tmp / f"{name}.safetensors"))
@@ -142,6 +149,8 @@ def save_checkpoint(
         **state,
     }
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
+    if write_extra is not None:
+        write_extra(tmp)
     sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": sizes}, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them

@@ -54,7 +54,13 @@ from rlpost.core.preference import PreferenceInput
 from rlpost.llm.data import PromptSource, make_prompt_source
 from rlpost.llm.engines.base import RolloutEngine, SamplingParams
 from rlpost.llm.optim import build_optimizer, lr_schedule
-from rlpost.llm.policy import Reference, completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.policy import (
+    Reference,
+    completion_logprobs,
+    load_policy,
+    make_seq_batch,
+    save_pretrained_files,
+)
 from rlpost.llm.preference.config import PreferenceConfig
 from rlpost.llm.preference.pairs import (
     PreferencePair,
@@ -258,6 +264,7 @@ class PreferenceTrainer:
             self.scheduler,
             state,
             keep=self.cfg.run.keep_checkpoints,
+            write_extra=lambda folder: save_pretrained_files(self.model, self.tok, folder),
         )
         for f in root.glob("reference-step-*.safetensors"):  # orphans of pruned checkpoints
             if not (root / f.name.removeprefix("reference-").removesuffix(".safetensors")).is_dir():
