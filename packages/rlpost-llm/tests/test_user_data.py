@@ -4,6 +4,7 @@ with a user reward, small files, a datasets.Dataset from Python."""
 import json
 
 import pytest
+import torch
 
 from rlpost.llm.data import encode_prompt
 from rlpost.llm.policy import load_policy
@@ -126,3 +127,49 @@ def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guard
     else:
         assert out.returncode != 0 and time.monotonic() - t0 < 60
         assert 'under  if __name__ == "__main__":' in out.stderr.splitlines()[-1]
+
+
+TRL_REWARDS = '''
+def odd_length(prompts, completions, **kwargs):
+    """TRL's convention: batches, the data set's other columns as keyword arguments."""
+    assert set(kwargs) >= {"answer", "level"}, kwargs
+    return [float(len(c[0]["content"]) % 2) for c in completions]
+
+
+def level_bonus(prompts, completions, level, **kwargs):
+    return [None if lv == 0 else 0.5 for lv in level]  # None: does not apply
+'''
+
+
+def test_trl_style_reward_files_from_the_config_each_logged(fast_cfg, tmp_path):
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    rows = [{**r, "level": i % 2} for i, r in enumerate(_chat_rows(24))]
+    data = _jsonl(tmp_path / "chat.jsonl", rows)
+    f = tmp_path / "trl_rewards.py"
+    cfg = fast_cfg(
+        f"data.path={data}", "data.eval_size=4", "train.steps=1", "reward.workers=1",
+        f"reward.funcs=['{f}:odd_length', '{f}:level_bonus']", "reward.weights=[1.0, 2.0]",
+    )  # fmt: skip
+    model, tok = load_policy(cfg, progress=False)
+    tok.chat_template = TEMPLATE
+    t = Trainer(cfg, model=model, tokenizer=tok)
+    try:
+        col = t.collect()
+    finally:
+        t.close()
+    m = col.metrics
+    assert m["reward/errors"] == 0, t.pool.last_failures if t.pool else None
+    names = [n for n in t.reward_names]
+    assert [n.rsplit(":", 1)[1] for n in names] == ["odd_length", "level_bonus"]
+    bonus = col.components[:, 1]
+    levels = torch.tensor([e.meta["level"] for e in col.examples])
+    assert torch.equal(bonus, torch.where(levels == 0, 0.0, 0.5))  # None scored 0
+    assert torch.allclose(col.rewards, col.components[:, 0] + 2.0 * bonus)
+    assert f"reward/{names[0]}/mean" in m and f"reward/{names[1]}/mean" in m
+
+
+def test_reward_weights_must_match_the_functions(fast_cfg):
+    from rlpost.llm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"reward.weights: 2 weights for 1 reward.funcs"):
+        fast_cfg("reward.weights=[1.0, 2.0]")

@@ -268,8 +268,15 @@ class RewardFunction(_Strict):
     name: str
     """"correct": the task's verifier (math-verify for ``data.path`` files); "format": a
     well-formed answer (non-empty, answer characters only); else "package.module:function"
-    with the signature ``fn(completion: str, example) -> float`` (module level, picklable)."""
+    or "path/to/file.py:function" with the signature ``fn(completion: str, example) ->
+    float`` or TRL's ``fn(prompts, completions, **kwargs) -> list[float | None]`` (module
+    level, picklable)."""
     weight: float = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data  # funcs=[a:f, b:g]
 
 
 class RewardConfig(_Strict):
@@ -279,6 +286,8 @@ class RewardConfig(_Strict):
     """How much memory one evaluation may allocate in its worker (``RLIMIT_AS`` above the
     worker's size when ready); past it the item scores 0 (``reward/oom``). None: no cap."""
     funcs: list[RewardFunction] = [RewardFunction(name="correct")]
+    weights: list[float] | None = None
+    """TRL's ``reward_weights``: one weight per function of ``funcs`` (replacing theirs)."""
     """The reward functions (TRL's ``reward_funcs`` / ``reward_weights``): the scalar reward
     is their weighted sum; estimators of vector rewards (vpo, rdpo) get the components.
     Each is logged (``reward/<name>/mean``); accuracy is the "correct" component."""
@@ -288,6 +297,10 @@ class RewardConfig(_Strict):
         names = [f.name for f in self.funcs]
         if not names:
             raise ValueError("reward.funcs: at least one reward function")
+        if self.weights is not None and len(self.weights) != len(names):
+            raise ValueError(
+                f"reward.weights: {len(self.weights)} weights for {len(names)} reward.funcs"
+            )
         if len(set(names)) != len(names):
             raise ValueError(f"reward.funcs: duplicate names {names}")
         for n in names:
@@ -299,6 +312,12 @@ class RewardConfig(_Strict):
             if ":" in n:  # imported now: a bad name fails at load, not after the model
                 import_object(n, "reward.funcs")
         return self
+
+    def weight_of(self) -> dict[str, float]:
+        """Each function's weight (``weights`` when given, else each entry's)."""
+        if self.weights is not None:
+            return {f.name: w for f, w in zip(self.funcs, self.weights, strict=True)}
+        return {f.name: f.weight for f in self.funcs}
 
 
 class RunConfig(schema.CheckpointedRunConfig):

@@ -77,7 +77,7 @@ from rlpost.llm.policy import (
     save_pretrained_files,
 )
 from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_distributions
-from rlpost.llm.rewards import RewardPool, math_verify_reward
+from rlpost.llm.rewards import RewardPool, as_verifier, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
 from rlpost.llm.tasks import Example, format_reward
@@ -232,7 +232,7 @@ class Trainer:
                 workers=cfg.reward.workers,
                 timeout_s=cfg.reward.timeout_s,
                 memory_mb=cfg.reward.memory_mb,
-                weights={f.name: f.weight for f in cfg.reward.funcs},
+                weights=cfg.reward.weight_of(),
             )
         self.step, self.version = 0, 0
         self.skipped = 0
@@ -258,7 +258,7 @@ class Trainer:
             return task.score if task is not None else math_verify_reward
         if name == "format":
             return format_reward
-        return import_reward(name)
+        return as_verifier(import_reward(name))
 
     def _make_engine(self) -> RolloutEngine:
         cfg = self.cfg
@@ -486,7 +486,7 @@ class Trainer:
         """Vector rewards (components and weights) for estimators that read them, else the
         weighted sum."""
         if Input.VECTOR_REWARDS in self.reads:
-            w = torch.tensor([f.weight for f in self.cfg.reward.funcs])
+            w = torch.tensor(list(self.cfg.reward.weight_of().values()))
             return {"rewards": col.components, "reward_weights": w}
         return {"rewards": col.rewards}
 

@@ -113,18 +113,39 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _import_file(path: str, at: str) -> Any:
+    import importlib.util
+    import sys
+
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(f"{at}no file {path!r}")
+    name = file.stem
+    module = sys.modules.get(name)
+    if module is not None and Path(getattr(module, "__file__", "") or "").resolve() == file:
+        return module
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # picklable by name; reward workers load it from its file
+    spec.loader.exec_module(module)
+    return module
+
+
 def import_object(spec: str, field: str | None = None) -> Any:
-    """``"package.module:attribute"`` (dots allowed in the attribute) -> the callable it
-    names, imported now so that a bad name fails when the config loads; the
+    """``"package.module:attribute"`` or ``"path/to/file.py:attribute"`` (dots allowed in
+    the attribute) -> the callable it names, imported now so that a bad name fails when the config loads; the
     :class:`ConfigError` names ``field`` when given."""
     import importlib
 
     at = f"{field}: " if field else ""
-    module_name, sep, attr = spec.partition(":")
+    module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{at}{spec!r} is not of the form 'package.module:function'")
     try:
-        obj: Any = importlib.import_module(module_name)
+        if module_name.endswith(".py"):  # a file: imported under its stem, once
+            obj: Any = _import_file(module_name, at)
+        else:
+            obj = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except ImportError as exc:
