@@ -173,3 +173,14 @@ def test_reward_weights_must_match_the_functions(fast_cfg):
 
     with pytest.raises(ConfigError, match=r"reward.weights: 2 weights for 1 reward.funcs"):
         fast_cfg("reward.weights=[1.0, 2.0]")
+
+
+def test_report_to_wandb_writes_offline_files(fast_cfg, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = fast_cfg("run.report_to=[jsonl, wandb]", "train.steps=1")
+    Trainer(cfg).train()
+    run = Path(cfg.run.dir)
+    run_id = (run / "wandb-run-id").read_text()
+    assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))

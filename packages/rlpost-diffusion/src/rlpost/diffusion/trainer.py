@@ -435,9 +435,7 @@ class Trainer:
         if ckpt is not None:
             state = load_checkpoint(ckpt, self.policy.trainable_module(), self.opt, None)
             self.step = state["step"]
-        logger = MetricsLogger(
-            self.run_dir, cfg.run.tensorboard, resume_step=self.step if ckpt else None
-        )
+        logger = MetricsLogger.for_run(self.run_dir, cfg.run, self.step if ckpt else None)
         if self.step == 0:
             ev = self.evaluate(self.run_dir / "samples_before.png") if cfg.run.eval_every else {}
             logger.log(0, ev)

@@ -243,9 +243,7 @@ class Trainer:
         resumed = None
         if resume:
             resumed = self._resume()
-        self.logger = (
-            MetricsLogger(self.run_dir, cfg.run.tensorboard, resumed) if self.main else None
-        )
+        self.logger = MetricsLogger.for_run(self.run_dir, cfg.run, resumed) if self.main else None
 
     # ------------------------------------------------------------------ setup
     def _reward_function(self, name: str, override=None):

@@ -54,7 +54,7 @@ def run_residual(job: Any, overwrite: bool = False) -> dict[str, Any]:
     train = synthetic_decoding_data(d.train, d.steps, seed=2 * seed)
     test = synthetic_decoding_data(d.test, d.steps, seed=2 * seed + 1)
     t0 = time.perf_counter()
-    logger = MetricsLogger(out, tensorboard=False)
+    logger = MetricsLogger.for_run(out, job.run)
     try:
         agent, _ = train_residual_rl(
             train, cfg, log=lambda row: logger.log(row["step"], row), progress=job.run.progress
@@ -202,7 +202,7 @@ def run_deploy(job: Any, overwrite: bool = False) -> dict[str, Any]:
         episodes = deploy(ctrl, robot, job.episodes, job.max_steps, seed=job.run.seed)
     finally:
         robot.disconnect()
-    logger = MetricsLogger(out, tensorboard=False)
+    logger = MetricsLogger.for_run(out, job.run)
     try:
         for i, ep in enumerate(episodes):
             logger.log(i, {k: v for k, v in ep.items() if v is not None})

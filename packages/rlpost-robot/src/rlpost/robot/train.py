@@ -75,9 +75,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         state={"before": before},
     )
     t1 = time.perf_counter()
-    logger = MetricsLogger(
-        out, tensorboard=False, resume_step=saved["step"] if saved is not None else None
-    )
+    logger = MetricsLogger.for_run(out, cfg.run, saved["step"] if saved is not None else None)
     algo = ALGORITHMS.get(cfg.algo.name)
     # an algorithm whose runner takes no ``checkpoints`` (registered elsewhere, written
     # before them) runs as before: no checkpoints, so nothing to resume

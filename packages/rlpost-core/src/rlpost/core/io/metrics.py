@@ -1,7 +1,11 @@
-"""Run metrics: one JSON object per step in ``metrics.jsonl``, mirrored to TensorBoard.
+"""Run metrics: one JSON object per step in ``metrics.jsonl``, mirrored to TensorBoard and
+Weights & Biases.
 
-Shared by every domain's trainer. TensorBoard is optional: without the ``tensorboard``
-package the JSONL file is still written.
+Shared by every domain's trainer (:meth:`MetricsLogger.for_run` reads a run config's
+``report_to``). TensorBoard is optional: without the ``tensorboard`` package the JSONL file
+is still written. W&B (the ``rlpost-core[wandb]`` extra) runs offline by default, into
+``<run.dir>/wandb``; a resumed run continues the same W&B run (its id is kept in
+``<run.dir>/wandb-run-id``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,16 @@ class MetricsLogger:
     uninterrupted run's.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        wandb: dict[str, Any] | None = None,
+    ):
+        """``wandb``: ``wandb.init`` settings (``project``, ``mode``, ``config``) to mirror
+        the metrics to W&B, or None."""
+        run_dir = Path(run_dir)
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             keep = [
@@ -38,6 +51,18 @@ class MetricsLogger:
                 SummaryWriter = None
             if SummaryWriter is not None:
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.wb = _start_wandb(run_dir, wandb) if wandb is not None else None
+
+    @classmethod
+    def for_run(cls, run_dir: Path, run: Any, resume_step: int | None = None) -> MetricsLogger:
+        """The logger a run config's ``run`` section asks for (``report_to``, and the older
+        ``tensorboard`` switch, which turns TensorBoard off when false)."""
+        to = set(getattr(run, "report_to", ["jsonl", "tensorboard"]))
+        tb = "tensorboard" in to and getattr(run, "tensorboard", True)
+        wb = None
+        if "wandb" in to:
+            wb = {"project": run.wandb_project, "mode": run.wandb_mode}
+        return cls(Path(run_dir), tb, resume_step, wandb=wb)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **metrics}
@@ -47,11 +72,45 @@ class MetricsLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):
                     self.tb.add_scalar(k, v, step)
+        if self.wb is not None:
+            self.wb.log(
+                {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step
+            )
 
     def close(self) -> None:
         self._fh.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wb is not None:
+            self.wb.finish()
+            self.wb = None
+
+
+def _start_wandb(run_dir: Path, settings: dict[str, Any]) -> Any:
+    """A W&B run writing into ``run_dir/wandb``; the same run again on resume."""
+    import uuid
+
+    import wandb
+
+    id_file = run_dir / "wandb-run-id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id)
+    config = {}
+    cfg_file = run_dir / "config.yaml"
+    if cfg_file.is_file():
+        import yaml
+
+        config = yaml.safe_load(cfg_file.read_text()) or {}
+    return wandb.init(
+        project=settings.get("project", "rlpost"),
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        mode=settings.get("mode", "offline"),
+        config=config,
+        settings=wandb.Settings(silent=True, console="off"),
+    )
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ defaults (a subclass may override a default) and its cross-field checks. Load wi
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CheckpointedRunConfig",
@@ -48,12 +50,30 @@ class OptimConfig(Strict):
 
 
 class RunConfig(Strict):
-    """Where a run writes, its seed, progress bars and torch threads."""
+    """Where a run writes, its seed, progress bars, torch threads and where its metrics go."""
 
     dir: str = "runs/run"
     seed: int = 0
     progress: bool = True
     threads: int | None = Field(None, ge=1)
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = ["jsonl", "tensorboard"]
+    """Where metrics go (TRL's ``report_to``). ``metrics.jsonl`` is always written (resume,
+    curves and the summary read it); ``wandb`` needs the ``rlpost-core[wandb]`` extra."""
+    wandb_project: str = "rlpost"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """``offline`` (default: never touches the network; ``wandb sync <run.dir>/wandb/...``
+    uploads later) or ``online``."""
+
+    @model_validator(mode="after")
+    def _check_wandb(self) -> RunConfig:
+        if "wandb" in self.report_to:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ValueError(
+                    "run.report_to: wandb is not installed (pip install 'rlpost-core[wandb]')"
+                )
+        return self
 
 
 class CheckpointedRunConfig(RunConfig):

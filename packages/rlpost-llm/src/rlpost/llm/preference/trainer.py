@@ -204,7 +204,7 @@ class PreferenceTrainer:
         self._order: list[int] = []
         self._shuffle()
         resumed = self._resume() if resume else None
-        self.logger = MetricsLogger(self.run_dir, cfg.run.tensorboard, resumed)
+        self.logger = MetricsLogger.for_run(self.run_dir, cfg.run, resumed)
 
     # ------------------------------------------------------------------ state
     def _shuffle(self) -> None:
