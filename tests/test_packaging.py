@@ -79,9 +79,9 @@ def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
     reqs = meta.get_all("Requires-Dist")
     assert {name(r) for r in reqs if "extra ==" not in r} == {"torch", "numpy", "safetensors"}
     # the typed-config loader (rlpost.core.io.config, .schema) is the optional extra
-    # "config", curves.png (rlpost.core.io.curves) the extra "plots"
+    # "config", curves.png (rlpost.core.io.curves) the extra "plots", W&B the extra "wandb"
     extras = {name(r) for r in reqs if "extra ==" in r}
-    assert extras == {"pydantic", "omegaconf", "pyyaml", "matplotlib"}
+    assert extras == {"pydantic", "omegaconf", "pyyaml", "matplotlib", "wandb"}
 
 
 def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):

@@ -27,6 +27,7 @@ def test_wandb_offline_files_are_written_and_a_resume_continues_the_run(tmp_path
 
 
 def test_tensorboard_by_default_and_off_by_either_switch(tmp_path):
+    pytest.importorskip("tensorboard")  # (core alone does not install it)
     for d in "abc":
         (tmp_path / d).mkdir()
     assert MetricsLogger.for_run(tmp_path / "a", CheckpointedRunConfig()).tb is not None

@@ -63,6 +63,10 @@ def test_every_method_runs_logs_and_checkpoints(tmp_path, method):
         assert (run / f).is_file(), f
     assert (run / "samples_before.png").is_file() and (run / "samples_after.png").is_file()
     assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 2
+    summary = json.loads((run / "summary.json").read_text())  # the shape every domain writes
+    assert summary["domain"] == "diffusion" and summary["steps"] == 2
+    assert summary["before"]["eval/reward"] == rows[0]["eval/reward"]
+    assert summary["after"]["eval/reward"] == rows[-1]["eval/reward"]
 
 
 def _params(trainer):

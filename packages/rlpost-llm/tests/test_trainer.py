@@ -62,6 +62,11 @@ def test_train_writes_a_complete_run_dir(fast_cfg):
         "state.json",
     }
     assert "eval_after" in result and result["steps"] == 2
+    summary = json.loads((run / "summary.json").read_text())  # the shape every domain writes
+    assert summary["domain"] == "llm" and summary["steps"] == 2
+    assert summary["before"]["eval/accuracy"] == result["eval_before"]
+    assert summary["after"]["eval/accuracy"] == result["eval_after"]
+    assert {"first", "last", "seconds", "run_dir"} <= set(summary)
 
 
 def test_microbatching_equals_full_batch_update(fast_cfg):

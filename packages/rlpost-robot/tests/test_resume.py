@@ -171,6 +171,9 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(
     assert_same_run(ref, crashed)
 
 
+SUMMARY_KEYS = ("domain", "run_dir", "steps", "seconds", "first", "last", "before", "after")
+
+
 def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path, cache, capsys):
     run = tmp_path / "run"
     args = ["train", *OTQL, "algo.params.episodes=6", "run.save_every=2", f"run.dir={run}"]
@@ -179,6 +182,10 @@ def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path, cache, capsys):
     steps = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     assert steps == ["step-000004", "step-000006"]
     assert len(_rows(run)) == 3
+    summary = json.loads((run / "summary.json").read_text())  # the shape every domain writes
+    assert set(SUMMARY_KEYS) <= set(summary) and summary["domain"] == "robot"
+    assert summary["steps"] == 6 and "success" in summary["after"]["1"]
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err

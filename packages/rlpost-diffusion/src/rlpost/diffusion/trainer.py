@@ -33,6 +33,7 @@ from torch import Tensor
 from rlpost.core.advantages import AdvantageInput
 from rlpost.core.guard import UpdateGuard, all_finite
 from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
+from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.diffusion import objectives as obj
@@ -491,6 +492,9 @@ class Trainer:
         rows = read_metrics(self.run_dir)
         plot_curves(self.run_dir, title=f"{cfg.algo.method} on {cfg.reward.name}")
         (self.run_dir / "summary.txt").write_text(summary_table(rows) + "\n")
+        write_summary(
+            self.run_dir, "diffusion", rows, time.perf_counter() - t0, method=cfg.algo.method
+        )
         return rows
 
 

@@ -57,6 +57,7 @@ from rlpost.core.io.checkpoint import (
     save_checkpoint,
 )
 from rlpost.core.io.config import import_object
+from rlpost.core.io.curves import write_summary
 from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
@@ -901,6 +902,7 @@ class Trainer:
             ev = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
             if ev:
                 result["eval_before"], result["eval_after"] = ev[0], ev[-1]
+            write_summary(self.run_dir, "llm", rows, result["seconds"], preset=self.preset.name)
         return result
 
     def save(self) -> Path:

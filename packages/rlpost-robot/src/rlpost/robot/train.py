@@ -118,6 +118,14 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     _plot(result, out / "success.png")
     result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
     (out / "demo.json").write_text(json.dumps(result, indent=1))
+    from rlpost.core.io.curves import write_summary
+    from rlpost.core.io.metrics import read_metrics
+
+    write_summary(
+        out, "robot", read_metrics(out), result["seconds_build"] + result["seconds_train"],
+        before=result["before_metrics"], after=result["after_metrics"],
+        algo=cfg.algo.name, policy=cfg.policy.kind, task=cfg.task,
+    )  # fmt: skip
     return result
 
 

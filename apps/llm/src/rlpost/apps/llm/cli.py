@@ -14,7 +14,6 @@ rlpost-llm presets | doctor
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import rlpost.llm as llm
@@ -57,9 +56,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"rlpost-llm demo: {cfg.algo.preset} on {cfg.data.task}, {cfg.train.steps} steps -> {cfg.run.dir}"
     )
     result = Trainer(cfg, overwrite=True).train()  # the demo replaces its own output
-    _report(result)
-    with open(f"{cfg.run.dir}/summary.json", "w") as fh:
-        json.dump({k: v for k, v in result.items() if k != "summary"}, fh, indent=1)
+    _report(result)  # (the trainer wrote summary.json)
     return 0
 
 

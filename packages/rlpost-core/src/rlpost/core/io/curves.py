@@ -64,3 +64,43 @@ def summary_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str
         if vals:
             lines.append(f"{k:<{width}}{vals[0]:>10.4f}{vals[-1]:>10.4f}")
     return "\n".join(lines) if len(lines) > 1 else "(no steps)"
+
+
+def _numbers(row: Mapping[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def write_summary(
+    run_dir: str | Path,
+    domain: str,
+    rows: Sequence[Mapping[str, Any]],
+    seconds: float,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
+    """``<run_dir>/summary.json``, one shape in every domain: ``domain``, ``run_dir``,
+    ``steps`` (the last logged step), ``seconds``; ``first`` / ``last``: the numeric
+    metrics of the first and last logged rows; ``before`` / ``after``: the evaluation
+    before and after training (by default the ``eval/`` metrics of the first and last rows
+    that have any); then any ``extra`` keys of the domain."""
+    evals = [_numbers({k: v for k, v in r.items() if k.startswith("eval/")}) for r in rows]
+    evals = [e for e in evals if e]
+    summary = {
+        "domain": domain,
+        "run_dir": str(run_dir),
+        "steps": rows[-1].get("step", len(rows)) if rows else 0,
+        "seconds": round(float(seconds), 1),
+        "first": _numbers(rows[0]) if rows else {},
+        "last": _numbers(rows[-1]) if rows else {},
+        "before": dict(before) if before is not None else (evals[0] if evals else {}),
+        "after": dict(after) if after is not None else (evals[-1] if evals else {}),
+        **extra,
+    }
+    import json
+
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_name(f"summary.json.tmp-{__import__('os').getpid()}")
+    tmp.write_text(json.dumps(summary, indent=1, default=str))
+    tmp.replace(path)
+    return path

@@ -33,7 +33,6 @@ trainer never branches on a loss name.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import time
@@ -48,6 +47,7 @@ from rlpost.core.contract import Input
 from rlpost.core.guard import UpdateGuard
 from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
+from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
@@ -564,9 +564,8 @@ class PreferenceTrainer:
             vals = [r[key] for r in rows if key in r]
             if vals:
                 result[f"{name}_before"], result[f"{name}_after"] = vals[0], vals[-1]
-        (self.run_dir / "summary.json").write_text(
-            json.dumps({k: v for k, v in result.items() if k != "summary"}, indent=1)
-        )
+        extra = {k: v for k, v in result.items() if k not in ("summary", "steps", "seconds")}
+        write_summary(self.run_dir, "llm-preference", rows, result["seconds"], **extra)
         return result
 
     def close(self) -> None:
