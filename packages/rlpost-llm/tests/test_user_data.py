@@ -171,8 +171,10 @@ def test_trl_style_reward_files_from_the_config_each_logged(fast_cfg, tmp_path):
 def test_reward_weights_must_match_the_functions(fast_cfg):
     from rlpost.llm.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"reward.weights: 2 weights for 1 reward.funcs"):
-        fast_cfg("reward.weights=[1.0, 2.0]")
+    with pytest.raises(ConfigError, match=r"reward.weights: 3 weights for 2 reward.funcs"):
+        fast_cfg("reward.funcs=[correct, format]", "reward.weights=[1.0, 2.0, 3.0]")
+    with pytest.raises(ValueError, match=r"reward.weights: 2 weights for 1 reward.funcs"):
+        Trainer(fast_cfg("reward.weights=[1.0, 2.0]"))  # (no reward_funcs to weight)
 
 
 def test_report_to_wandb_writes_offline_files(fast_cfg, monkeypatch):
@@ -184,3 +186,16 @@ def test_report_to_wandb_writes_offline_files(fast_cfg, monkeypatch):
     run = Path(cfg.run.dir)
     run_id = (run / "wandb-run-id").read_text()
     assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+
+
+def test_reward_funcs_given_from_python_are_named_weighted_and_scored(fast_cfg):
+    def lengthy(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    cfg = fast_cfg("reward.weights=[1.0, 0.5]", "data.eval_size=4")
+    t = Trainer(cfg, reward_funcs=[lengthy, lengthy])  # workers=0: a local function is fine
+    assert t.reward_names == ["lengthy", "lengthy_2"]
+    col = t.collect()
+    assert torch.allclose(col.rewards, 1.5 * col.components[:, 0])
+    with pytest.raises(ValueError, match=r"reward.weights: 2 weights for 1 reward_funcs"):
+        Trainer(cfg, reward_funcs=[lengthy], overwrite=True)

@@ -297,7 +297,8 @@ class RewardConfig(_Strict):
         names = [f.name for f in self.funcs]
         if not names:
             raise ValueError("reward.funcs: at least one reward function")
-        if self.weights is not None and len(self.weights) != len(names):
+        default = names == ["correct"]  # (weights may then be for Trainer(reward_funcs=))
+        if not default and self.weights is not None and len(self.weights) != len(names):
             raise ValueError(
                 f"reward.weights: {len(self.weights)} weights for {len(names)} reward.funcs"
             )
@@ -316,6 +317,11 @@ class RewardConfig(_Strict):
     def weight_of(self) -> dict[str, float]:
         """Each function's weight (``weights`` when given, else each entry's)."""
         if self.weights is not None:
+            if len(self.weights) != len(self.funcs):
+                raise ValueError(
+                    f"reward.weights: {len(self.weights)} weights for {len(self.funcs)} "
+                    "reward.funcs"
+                )
             return {f.name: w for f, w in zip(self.funcs, self.weights, strict=True)}
         return {f.name: f.weight for f in self.funcs}
 

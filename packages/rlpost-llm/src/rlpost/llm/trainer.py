@@ -118,6 +118,24 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return sd
 
 
+def _named(funcs) -> dict:
+    """``{name: fn}`` of a list of reward callables (their ``__name__``, made unique) or a
+    dict as it is."""
+    if isinstance(funcs, dict):
+        return dict(funcs)
+    out: dict = {}
+    for fn in funcs:
+        base = getattr(fn, "__name__", type(fn).__name__)
+        name, i = base, 1
+        while name in out:
+            i += 1
+            name = f"{base}_{i}"
+        out[name] = fn
+    if not out:
+        raise ValueError("reward_funcs: at least one reward function")
+    return out
+
+
 def import_reward(spec: str):
     """``"package.module:function"`` -> the function (a picklable module-level callable)."""
     return import_object(spec, "reward.funcs")
@@ -135,7 +153,9 @@ class Trainer:
 
     ``model`` / ``tokenizer``: use these instead of loading ``cfg.model``; ``engine``: the
     rollout engine (default: HF ``generate`` or vLLM by ``cfg.rollout.engine``);
-    ``reward_fn``: the "correct" verifier instead of the task's; ``train_dataset``: a
+    ``reward_fn``: the "correct" verifier instead of the task's; ``reward_funcs``: reward
+    callables (a list, or ``{name: fn}``) replacing ``cfg.reward.funcs``, verifiers or
+    TRL-style batched functions, weighted by ``cfg.reward.weights``; ``train_dataset``: a
     ``datasets.Dataset`` with a "prompt" column (text or chat messages) instead of
     ``cfg.data``; ``resume`` / ``overwrite``: what to do with a run ``run.dir`` holds.
     """
@@ -151,6 +171,7 @@ class Trainer:
         resume: bool = False,
         overwrite: bool = False,
         train_dataset=None,
+        reward_funcs=None,
     ):
         self.cfg = cfg
         if cfg.run.threads:
@@ -190,7 +211,9 @@ class Trainer:
             cfg.data.path,
             cfg.data.eval_size,
             cfg.data.seed,
-            need_answer=reward_fn is None and "correct" in [f.name for f in cfg.reward.funcs],
+            need_answer=reward_fn is None
+            and reward_funcs is None
+            and "correct" in [f.name for f in cfg.reward.funcs],
             dataset=train_dataset,
         )
         self.total_steps = cfg.train_steps()
@@ -223,17 +246,32 @@ class Trainer:
         )
         self.engine = engine
         self.pool = None
-        self.reward_names = [f.name for f in cfg.reward.funcs]
+        if reward_funcs is not None:  # TRL's reward_funcs: callables given from Python
+            given = _named(reward_funcs)
+            if cfg.reward.weights is not None and len(cfg.reward.weights) != len(given):
+                raise ValueError(
+                    f"reward.weights: {len(cfg.reward.weights)} weights for "
+                    f"{len(given)} reward_funcs"
+                )
+            ws = cfg.reward.weights or [1.0] * len(given)
+            self.reward_weights = dict(zip(given, ws, strict=True))
+        else:
+            given = None
+            self.reward_weights = cfg.reward.weight_of()
+        self.reward_names = list(self.reward_weights)
         if self.main:
             if self.engine is None:
                 self.engine = self._make_engine()
-            fns = {f.name: self._reward_function(f.name, reward_fn) for f in cfg.reward.funcs}
+            if given is not None:
+                fns = {name: as_verifier(fn) for name, fn in given.items()}
+            else:
+                fns = {n: self._reward_function(n, reward_fn) for n in self.reward_names}
             self.pool = RewardPool(
                 fns,
                 workers=cfg.reward.workers,
                 timeout_s=cfg.reward.timeout_s,
                 memory_mb=cfg.reward.memory_mb,
-                weights=cfg.reward.weight_of(),
+                weights=self.reward_weights,
             )
         self.step, self.version = 0, 0
         self.skipped = 0
@@ -485,7 +523,7 @@ class Trainer:
         """Vector rewards (components and weights) for estimators that read them, else the
         weighted sum."""
         if Input.VECTOR_REWARDS in self.reads:
-            w = torch.tensor(list(self.cfg.reward.weight_of().values()))
+            w = torch.tensor(list(self.reward_weights.values()))
             return {"rewards": col.components, "reward_weights": w}
         return {"rewards": col.rewards}
 
