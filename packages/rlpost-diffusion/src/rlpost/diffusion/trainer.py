@@ -79,6 +79,7 @@ class Batch:
     advantages: Tensor  # [B] (a weighting advantage: non-negative weights)
     metrics: dict[str, float]
     skip: str | None = None  # why this batch must not train (non-finite samples / rewards)
+    diverged: bool = False  # the samples themselves are not finite: the last update's doing
 
 
 def _pick_device(name: str) -> torch.device:
@@ -188,7 +189,7 @@ class Trainer:
             nan = torch.full((len(flat_prompts),), math.nan, device=self.device)
             why = f"{n} of {len(flat_prompts)} samples are not finite: the model diverged"
             m = {"reward/mean": math.nan}
-            return Batch(flat_prompts, cond, group_ids, traj, nan, nan, m, skip=why)
+            return Batch(flat_prompts, cond, group_ids, traj, nan, nan, m, skip=why, diverged=True)
         images = self.policy.decode(traj.x0)
         scored = self.scorer(images, flat_prompts)
         rewards = scored.rewards
@@ -418,10 +419,10 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {"method": self.cfg.algo.method}
 
-    def _skip(self, why: str) -> str:
-        """A batch that must not train: say so; samples that are not finite also undo the
-        last update (their cause). Returns the reason, for the guard's count."""
-        if "samples are not finite" in why and self._applied and self.guard.rollback():
+    def _skip(self, why: str, diverged: bool) -> str:
+        """A batch that must not train: say so; ``diverged`` (samples that are not finite)
+        also undoes the last update (their cause). Returns the reason, for the guard's count."""
+        if diverged and self._applied and self.guard.rollback():
             why += "; the last update was rolled back"
         self._applied = False
         notice(f"step {self.step + 1} skipped: {why}")
@@ -459,7 +460,7 @@ class Trainer:
                     m = {**b.metrics, **self.update(b), "skipped": 0.0}
                 else:
                     m = {**b.metrics, "skipped": 1.0}
-                    self._failed = self._skip(b.skip)
+                    self._failed = self._skip(b.skip, b.diverged)
                 self.step += 1
                 if cfg.run.eval_every and (
                     self.step % cfg.run.eval_every == 0 or self.step == cfg.train.steps

@@ -98,9 +98,10 @@ def write_summary(
         **extra,
     }
     import json
+    import os
 
     path = Path(run_dir) / "summary.json"
-    tmp = path.with_name(f"summary.json.tmp-{__import__('os').getpid()}")
+    tmp = path.with_name(f"summary.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(summary, indent=1, default=str))
     tmp.replace(path)
     return path
