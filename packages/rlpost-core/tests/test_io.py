@@ -33,12 +33,20 @@ def test_load_validated_merges_defaults_yaml_and_overrides(tmp_path):
         (["inner.kind=c"], "must be one of 'a' or 'b', got 'c'"),
         (["inner.nope=1"], "inner.nope: unknown field"),
         (["steps"], "key.sub=value"),
+        (["inner=[1, 2]"], "override 'inner=[1, 2]': inner: Cannot merge"),
     ],
 )
 def test_bad_config_names_the_field(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_validated(_Cfg, None, overrides)
     assert message in str(err.value)
+
+
+def test_a_list_for_a_mapping_in_yaml_is_a_config_error(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("inner: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: Cannot merge"):
+        load_validated(_Cfg, f)
 
 
 def test_missing_file_is_named(tmp_path):

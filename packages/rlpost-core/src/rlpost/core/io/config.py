@@ -53,7 +53,10 @@ def load_validated[T](
     try:
         if path is not None:
             where = str(path)
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(read_yaml_mapping(path)))
+            try:
+                cfg = OmegaConf.merge(cfg, OmegaConf.create(read_yaml_mapping(path)))
+            except (TypeError, ValueError) as err:  # a list where a mapping goes, ...
+                raise ConfigError(f"{path}: {_first_line(err)}") from None
         if overrides:
             where = "the overrides"
             bad = [o for o in overrides if "=" not in o]
@@ -65,6 +68,9 @@ def load_validated[T](
                 except yaml.YAMLError as err:
                     problem = getattr(err, "problem", None) or _first_line(err)
                     raise ConfigError(f"override {o!r}: malformed value: {problem}") from None
+                except (TypeError, ValueError) as err:  # e.g. a list where a mapping goes
+                    key = o.split("=", 1)[0]
+                    raise ConfigError(f"override {o!r}: {key}: {_first_line(err)}") from None
         where = " with ".join(
             x for x in (str(path) if path else "", "the overrides" if overrides else "") if x
         )
