@@ -47,7 +47,7 @@ def test_craft_proxy_is_checked_at_load():
     assert cfg.algorithm_config().mode == "real"
 
 
-@pytest.mark.parametrize("command", ["residual", "deploy"])
+@pytest.mark.parametrize("command", ["residual", "deploy", "record"])
 def test_every_job_recipe_validates(command):
     paths = sorted(recipes_dir(command).glob("*.yaml"))
     assert paths
@@ -55,7 +55,29 @@ def test_every_job_recipe_validates(command):
         job = load_job(command, recipe_path(path.stem, command))
         if command == "deploy":
             assert job.task == path.stem
+        elif command == "record":
+            assert path.stem.startswith(job.task) and job.rename
         else:
             assert job.agent_config().seed == job.run.seed
     with pytest.raises(FileNotFoundError, match=f"no shipped {command} recipe"):
         recipe_path("nope", command)
+
+
+def test_data_and_pretrained_fields():
+    cfg = load_config(
+        None, ["data.path=my/ds", "data.rename={a.pos: x.pos}", "data.episodes=[0,2]"]
+    )
+    src = cfg.demo_source()
+    assert (src.path, src.rename, src.episodes, src.task) == (
+        "my/ds",
+        (("a.pos", "x.pos"),),
+        (0, 2),
+        "multimodal_reach",
+    )
+    assert load_config(None).demo_source() == {"n_good": 10, "n_poor": 30}  # scripted
+    with pytest.raises(ConfigError, match=r"policy.pretrained: a lerobot ACT checkpoint"):
+        load_config(None, ["policy.pretrained=ckpt"])
+    with pytest.raises(ConfigError, match=r"data\.rename"):
+        load_config(None, ["data.rename=[1]"])
+    with pytest.raises(ConfigError, match=r"data\.nope"):
+        load_config(None, ["data.nope=1"])

@@ -174,3 +174,72 @@ def test_lerobot_missing_gives_install_hint(monkeypatch, tmp_path):
         write_lerobot_dataset([], tmp_path / "x", task="reacher")
     with pytest.raises(ImportError, match="lerobot"):
         load_lerobot_dataset(tmp_path / "x")
+
+
+ARM = {"x.pos": "shoulder_pan.pos", "y.pos": "shoulder_lift.pos", "z.pos": "elbow_flex.pos",
+       "x.vel": "shoulder_pan.vel", "y.vel": "shoulder_lift.vel", "z.vel": "elbow_flex.vel",
+       "contact_force": "wrist.force"}  # fmt: skip
+
+
+def _foreign_dataset(root, demos, reward=True):
+    """A data set as someone else's recorder writes it: every float in one
+    ``observation.state`` in its own order and names, actions named like an arm's in
+    another order, robot_type an arm's, no ``next.observation`` / ``quality``."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from rlpost.robot.envs import TASKS
+
+    spec = TASKS["contour"]
+    names = [ARM.get(n, n) for n in spec.obs_names][::-1]
+    perm = [spec.obs_names.index({v: k for k, v in ARM.items()}.get(n, n)) for n in names]
+    act = [ARM[n] for n in spec.act_names][::-1]
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (len(names),), "names": names},
+        "action": {"dtype": "float32", "shape": (3,), "names": act},
+        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+    }
+    if reward:
+        features["next.reward"] = {"dtype": "float32", "shape": (1,), "names": None}
+    ds = LeRobotDataset.create(repo_id="me/arm", fps=25, features=features, root=root,
+                               robot_type="so101_follower", use_videos=False)  # fmt: skip
+    for ep in demos:
+        for t in range(len(ep.actions)):
+            frame = {
+                "observation.state": ep.obs[t, perm].astype(np.float32),
+                "action": ep.actions[t, ::-1].astype(np.float32),
+                "next.done": np.array([t == len(ep.actions) - 1]),
+                "task": "press and slide",
+            }
+            if reward:
+                frame["next.reward"] = np.array([ep.rewards[t]], np.float32)
+            ds.add_frame(frame)
+        ds.save_episode()
+    ds.finalize()
+    return root
+
+
+def test_any_robot_type_and_layout_maps_onto_the_task_by_name(tmp_path):
+    pytest.importorskip("lerobot")
+    demos = collect_demos("contour", n_good=1, n_poor=1, seed=1)
+    root = _foreign_dataset(tmp_path / "arm", demos)
+    rename = {v: k for k, v in ARM.items()}
+    back = load_lerobot_dataset(root, task="contour", rename=rename)
+    assert len(back) == 2
+    for x, y in zip(demos, back, strict=True):
+        np.testing.assert_array_equal(x.obs[:-1], y.obs[:-1])  # every frame, by name
+        np.testing.assert_array_equal(y.obs[-1], x.obs[-2])  # no next.observation: last frame
+        np.testing.assert_array_equal(x.actions, y.actions)
+        np.testing.assert_array_equal(x.rewards, y.rewards)
+        np.testing.assert_array_equal(y.contact_force[:-1], x.obs[1:-1, 6])  # next reading
+        assert y.task == "contour" and y.quality == ""
+    only_first = load_lerobot_dataset(root, task="contour", rename=rename, episodes=[1])
+    np.testing.assert_array_equal(only_first[0].actions, demos[1].actions)
+    with pytest.raises(ValueError, match=r"robot_type 'so101_follower' is not a task"):
+        load_lerobot_dataset(root)
+    with pytest.raises(ValueError, match=r"no observation feature named \['x.pos'.*data.rename"):
+        load_lerobot_dataset(root, task="contour")
+    no_reward = _foreign_dataset(tmp_path / "arm2", demos[:1], reward=False)
+    with pytest.raises(ValueError, match=r"no next\.reward"):
+        load_lerobot_dataset(no_reward, task="contour", rename=rename)
+    with pytest.raises(FileNotFoundError, match="not a LeRobotDataset"):
+        load_lerobot_dataset(tmp_path / "nothing", task="contour")

@@ -31,6 +31,8 @@ def test_spaces_dtypes_and_infos(task):
     spec = TASKS[task]
     assert isinstance(spec, TaskSpec) and spec.name == task
     assert len(spec.obs_names) == spec.obs_dim
+    assert len(spec.act_names) == spec.act_dim
+    assert len(set(spec.obs_names)) == spec.obs_dim and len(set(spec.act_names)) == spec.act_dim
     assert (spec.force_threshold is not None) == spec.has_force
     env = make_env(task, seed=0)
     assert env.observation_space.shape == (spec.obs_dim,)

@@ -22,7 +22,9 @@ from rlpost.core.registry import RegistryError
 __all__ = [
     "Config",
     "ConfigError",
+    "DataConfig",
     "DeployJob",
+    "RecordJob",
     "ResidualJob",
     "load_config",
     "load_job",
@@ -53,6 +55,33 @@ class PolicyConfig(_Strict):
     dim_model: int = Field(64, ge=8)
     """ACT transformer width (``act`` only)."""
     bc_steps: int = Field(3000, ge=1)
+    pretrained: str | None = None
+    """A lerobot ACT checkpoint to fine-tune instead of behaviour cloning one (``act`` only):
+    the ``pretrained_model/`` folder ``lerobot-train`` writes (``config.json``,
+    ``model.safetensors``, ``policy_preprocessor*``), trained on ``data`` (whose feature
+    names place its inputs in the task's observation); ``horizon`` is its chunk size."""
+
+
+class DataConfig(_Strict):
+    """A user's LeRobotDataset as the demonstrations, instead of the scripted set."""
+
+    path: str | None = None
+    """The data set's local folder (the ``root`` holding ``meta/info.json``)."""
+    repo_id: str | None = None
+    """Its Hugging Face Hub id (``user/name``), read from lerobot's cache
+    (``HF_LEROBOT_HOME``) or downloaded where the Hub is reachable; with ``path``, the id
+    of the local copy."""
+    rename: dict[str, str] = {}
+    """Data set feature name -> task feature name (``rlpost-robot tasks --names`` lists the
+    task's), e.g. ``{"shoulder_pan.pos": "x.pos"}``; names not listed are taken as they are.
+    The trained policy keeps the data set's names (``policy/features.json``), so it deploys
+    on the robot that recorded the data."""
+    episodes: list[int] | None = None
+    """Only these episode indices (default: all)."""
+
+    @property
+    def given(self) -> bool:
+        return self.path is not None or self.repo_id is not None
 
 
 class DemoConfig(_Strict):
@@ -83,6 +112,8 @@ class Config(_Strict):
     algo: AlgoConfig = AlgoConfig()
     policy: PolicyConfig = PolicyConfig()
     demos: DemoConfig = DemoConfig()
+    """The scripted demonstration set (ignored when ``data`` names a data set)."""
+    data: DataConfig = DataConfig()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -107,7 +138,23 @@ class Config(_Strict):
                 algo.check(self.task, params)
             except ValueError as exc:
                 raise ValueError(f"algo.params: {exc}") from exc
+        if self.policy.pretrained is not None and self.policy.kind != "act":
+            raise ValueError(
+                f"policy.pretrained: a lerobot ACT checkpoint; policy.kind is {self.policy.kind!r}"
+            )
         return self
+
+    def demo_source(self) -> Any:
+        """The demonstrations: the scripted set's parameters, or ``data``'s data set."""
+        if not self.data.given:
+            return {"n_good": self.demos.n_good, "n_poor": self.demos.n_poor}
+        from rlpost.robot.pretrain import DatasetDemos
+
+        d = self.data
+        return DatasetDemos(
+            self.task, d.path, d.repo_id, tuple(sorted(d.rename.items())),
+            tuple(d.episodes) if d.episodes is not None else None,
+        )  # fmt: skip
 
     def algorithm_config(self) -> Any:
         """The algorithm's validated config dataclass (with ``seed = run.seed``)."""
@@ -201,7 +248,31 @@ class DeployJob(_Strict):
     _known_task = field_validator("task")(Config._known_task.__func__)
 
 
-JOBS: dict[str, type[_Strict]] = {"train": Config, "residual": ResidualJob, "deploy": DeployJob}
+# ---------------------------------------------------------------------- record job
+
+
+class RecordJob(_Strict):
+    """``rlpost-robot record``: the scripted good + poor demonstrations of ``task`` recorded
+    as a LeRobotDataset (``run.dir/dataset``) whose features carry a robot's names."""
+
+    task: str = "contour"
+    demos: DemoConfig = DemoConfig()
+    robot_type: str = "rlpost_mujoco"
+    """The data set's ``robot_type`` (any name: lerobot's, or your robot's)."""
+    rename: dict[str, str] = {}
+    """Task feature name -> the robot's (``{"x.pos": "shoulder_pan.pos", ...}``): the names
+    the data set's features carry; unlisted names stay the task's."""
+    run: schema.RunConfig = schema.RunConfig(dir="runs/record")
+
+    _known_task = field_validator("task")(Config._known_task.__func__)
+
+
+JOBS: dict[str, type[_Strict]] = {
+    "train": Config,
+    "residual": ResidualJob,
+    "deploy": DeployJob,
+    "record": RecordJob,
+}
 """Each CLI command with recipes, and the model its recipes validate against; a command's
 recipes live in ``recipes/`` (``train``) or ``recipes/<command>/``."""
 

@@ -55,6 +55,7 @@ __all__ = [
     "collect_episodes",
     "load_lerobot_dataset",
     "make_expert",
+    "open_lerobot_dataset",
     "write_lerobot_dataset",
 ]
 
@@ -521,13 +522,13 @@ def _obs_split(task: str) -> tuple[np.ndarray, np.ndarray]:
     return state_idx, env_idx
 
 
-def _names(task: str, idx: np.ndarray) -> list[str]:
-    names = TASKS[task].obs_names
-    return [names[i] for i in idx] if names else [f"obs_{i}" for i in idx]
-
-
 def write_lerobot_dataset(
-    demos: Sequence[Episode], root: str | os.PathLike, task: str, fps: float | None = None
+    demos: Sequence[Episode],
+    root: str | os.PathLike,
+    task: str,
+    fps: float | None = None,
+    robot_type: str | None = None,
+    rename: dict[str, str] | None = None,
 ) -> Path:
     """Write ``demos`` as a local LeRobotDataset at ``root`` (which must not exist yet).
 
@@ -536,30 +537,35 @@ def write_lerobot_dataset(
     goals -- what ACT needs without cameras), ``action``, ``next.reward``, ``next.done``
     (last frame), ``next.terminated``, ``next.success``, ``next.observation`` (full
     ``obs[t+1]``), ``next.contact_force`` (contact tasks) and ``quality`` (0 unlabelled,
-    1 good, 2 poor). ``fps`` defaults to the task's control rate; the language ``task``
-    is ``TaskSpec.description``. Returns ``root``.
+    1 good, 2 poor). Vector features carry lerobot ``names``: the task's
+    (``TaskSpec.obs_names`` / ``act_names``), or a robot's own through ``rename``
+    (``{task name: robot name}``). ``fps`` defaults to the task's control rate,
+    ``robot_type`` to the task; the language ``task`` is ``TaskSpec.description``.
+    Returns ``root``.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
     lerobot_dataset = _lerobot_dataset_cls()
     spec, root = TASKS[task], Path(root)
     state_idx, env_idx = _obs_split(task)
+    rename = rename or {}
+    obs_names = [rename.get(n, n) for n in spec.obs_names]  # an image task's: front.<i>
     vec = {"dtype": "float32", "names": None}
     features: dict[str, dict[str, Any]] = {
         "observation.state": {
             "dtype": "float32",
             "shape": (len(state_idx),),
-            "names": _names(task, state_idx),
+            "names": [obs_names[i] for i in state_idx],
         },
         "observation.environment_state": {
             "dtype": "float32",
             "shape": (len(env_idx),),
-            "names": _names(task, env_idx),
+            "names": [obs_names[i] for i in env_idx],
         },
         "action": {
             "dtype": "float32",
             "shape": (spec.act_dim,),
-            "names": [f"a{i}" for i in range(spec.act_dim)],
+            "names": [rename.get(n, n) for n in spec.act_names],
         },
         "next.reward": {**vec, "shape": (1,)},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
@@ -575,7 +581,7 @@ def write_lerobot_dataset(
         fps=round(fps or spec.fps),
         features=features,
         root=root,
-        robot_type=task,
+        robot_type=robot_type or task,
         use_videos=False,
         video_backend="pyav",
     )
@@ -609,21 +615,111 @@ def write_lerobot_dataset(
     return root
 
 
-def load_lerobot_dataset(root: str | os.PathLike) -> list[Episode]:
-    """Read a dataset written by :func:`write_lerobot_dataset` back into episodes.
+def _feature_names(key: str, ft: dict[str, Any]) -> list[str] | None:
+    """A vector feature's entry names (lerobot writes a list, or ``{"motors": [...]}``)."""
+    names = ft.get("names")
+    if isinstance(names, dict):
+        names = [n for group in names.values() for n in group]
+    shape = tuple(ft.get("shape") or ())
+    if not names or len(shape) != 1 or len(names) != shape[0]:
+        return None
+    return [str(n) for n in names]
 
-    ``obs``, ``actions``, ``rewards``, per-step success / force, ``terminated`` and
-    ``quality`` round-trip exactly; ``metrics`` are recomputed from them (``return`` as
-    the float32 sum of the rewards).
-    """
+
+def open_lerobot_dataset(
+    root: str | os.PathLike | None = None,
+    repo_id: str | None = None,
+    episodes: Sequence[int] | None = None,
+) -> Any:
+    """A ``LeRobotDataset`` from a local ``root`` and / or a Hub ``repo_id`` (read from
+    lerobot's cache, ``HF_LEROBOT_HOME``, when it is there); a missing one is named."""
+    if root is None and repo_id is None:
+        raise ValueError("a LeRobotDataset needs a path (root) or a repo_id")
     lerobot_dataset = _lerobot_dataset_cls()
-    root = Path(root)
-    ds = lerobot_dataset(f"local/{root.name}", root=root, video_backend="pyav")
-    task = ds.meta.robot_type
+    if root is not None:
+        root = Path(root)
+        if not (root / "meta" / "info.json").is_file():
+            raise FileNotFoundError(f"{root}: not a LeRobotDataset (no meta/info.json)")
+    try:
+        return lerobot_dataset(
+            repo_id or f"local/{Path(root).name}",
+            root=root,
+            episodes=list(episodes) if episodes is not None else None,
+            video_backend="pyav",
+        )
+    except Exception as exc:  # hub / cache errors of many kinds: say which data set
+        raise ValueError(f"cannot open LeRobotDataset {repo_id or root}: {exc}") from exc
+
+
+def dataset_names(ds: Any, rename: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """The (renamed) entry names of every named vector feature of a LeRobotDataset."""
+    rename = rename or {}
+    out = {}
+    for key, ft in ds.meta.features.items():
+        names = _feature_names(key, ft)
+        if names is not None:
+            out[key] = [rename.get(n, n) for n in names]
+    return out
+
+
+def load_lerobot_dataset(
+    root: str | os.PathLike | None = None,
+    task: str | None = None,
+    repo_id: str | None = None,
+    rename: dict[str, str] | None = None,
+    episodes: Sequence[int] | None = None,
+) -> list[Episode]:
+    """Read a LeRobotDataset into episodes of ``task``, matching features by name.
+
+    Any ``robot_type`` and layout: the task's observation entries (``TaskSpec.obs_names``)
+    are found by name among the ``names`` of the data set's ``observation.*`` vector
+    features, its actions among those of ``action``, after ``rename`` (``{dataset name:
+    task name}``); a name not found is an error listing the data set's names. ``task``
+    defaults to the data set's ``robot_type`` when that is a task. Rewards come from
+    ``next.reward`` (required: the critics learn from them), success from ``next.success``,
+    the end from ``next.terminated`` / ``next.done``, contact force from
+    ``next.contact_force`` (else the next frame's ``contact_force`` entry) and the episode's
+    last observation from ``next.observation`` when the data set has it (else the last
+    frame's). A data set written by :func:`write_lerobot_dataset` round-trips exactly;
+    ``metrics`` are recomputed (``return`` as the float32 sum of the rewards).
+    """
+    ds = open_lerobot_dataset(root, repo_id, episodes)
+    where = repo_id or str(root)
+    if task is None:
+        task = ds.meta.robot_type
+        if task not in TASKS:
+            raise ValueError(
+                f"{where}: robot_type {task!r} is not a task; say which task the data maps "
+                f"onto (data.task / task=): {sorted(TASKS)}"
+            )
     if task not in TASKS:
-        raise ValueError(f"{root}: robot_type {task!r} is not a task of rlpost.robot.envs")
+        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
     spec = TASKS[task]
-    state_idx, env_idx = _obs_split(task)
+    names = dataset_names(ds, rename)
+    located: dict[str, tuple[str, int]] = {}
+    for key, entries in names.items():
+        if key.startswith("observation."):
+            for i, n in enumerate(entries):
+                located.setdefault(n, (key, i))
+    missing = [n for n in spec.obs_names if n not in located]
+    if missing:
+        have = [n for k, v in names.items() if k.startswith("observation.") for n in v]
+        raise ValueError(
+            f"{where}: no observation feature named {missing} for task {task} (the data set "
+            f"has {have}); map names with data.rename (dataset name -> task name)"
+        )
+    act_names = names.get("action", [])
+    missing = [n for n in spec.act_names if n not in act_names]
+    if missing:
+        raise ValueError(
+            f"{where}: no action named {missing} for task {task} (the data set's actions are "
+            f"{act_names}); map names with data.rename"
+        )
+    if "next.reward" not in ds.meta.features:
+        raise ValueError(
+            f"{where}: no next.reward column; the algorithms' critics learn from the "
+            "demonstrations' rewards (record them, as lerobot's gym_manipulator does)"
+        )
     cols = ds.hf_dataset.with_format("numpy")[:]
     ep_index = np.asarray(cols["episode_index"]).reshape(-1)
     order = np.lexsort((np.asarray(cols["frame_index"]).reshape(-1), ep_index))
@@ -631,28 +727,42 @@ def load_lerobot_dataset(root: str | os.PathLike) -> list[Episode]:
     def col(name: str) -> np.ndarray:
         return np.stack(list(cols[name]))[order]
 
+    def has(name: str) -> bool:
+        return name in ds.meta.features
+
     ep_index = ep_index[order]
-    state, env_state, next_obs = (
-        col("observation.state"),
-        col("observation.environment_state"),
-        col("next.observation"),
-    )
-    actions, rewards = col("action"), col("next.reward").reshape(-1)
-    success = col("next.success").reshape(-1).astype(bool)
-    terminated = col("next.terminated").reshape(-1).astype(bool)
-    quality = col("quality").reshape(-1)
-    forces = col("next.contact_force").reshape(-1) if spec.has_force else None
-    names = {v: k for k, v in _QUALITY_CODES.items()}
-    episodes = []
+    vectors = {key: col(key).astype(np.float32) for key in {k for k, _ in located.values()}}
+    frames = np.stack([vectors[k][:, i] for k, i in (located[n] for n in spec.obs_names)], 1)
+    actions = col("action")[:, [act_names.index(n) for n in spec.act_names]]
+    rewards = col("next.reward").reshape(-1)
+    n = len(rewards)
+    success = col("next.success").reshape(-1).astype(bool) if has("next.success") else None
+    end = "next.terminated" if has("next.terminated") else "next.done"
+    terminated = col(end).reshape(-1).astype(bool) if has(end) else np.zeros(n, bool)
+    next_obs = col("next.observation") if has("next.observation") else None
+    if next_obs is not None and next_obs.shape[1:] != (spec.obs_dim,):
+        next_obs = None  # someone else's next.observation: not the task's vector
+    quality = col("quality").reshape(-1) if has("quality") else np.zeros(n, np.int64)
+    forces = None
+    if spec.has_force:
+        if has("next.contact_force"):
+            forces = col("next.contact_force").reshape(-1)
+        elif "contact_force" in spec.obs_names:
+            forces = np.empty(n, np.float32)  # the next frame's reading, per episode
+    codes = {v: k for k, v in _QUALITY_CODES.items()}
+    episodes_out = []
     for e in np.unique(ep_index):
         sel = np.flatnonzero(ep_index == e)
         obs = np.empty((len(sel) + 1, spec.obs_dim), dtype=np.float32)
-        obs[:-1, state_idx] = state[sel]
-        obs[:-1, env_idx] = env_state[sel]
-        obs[-1] = next_obs[sel[-1]]
-        f = forces[sel].astype(np.float32) if forces is not None else None
+        obs[:-1] = frames[sel]
+        obs[-1] = next_obs[sel[-1]] if next_obs is not None else frames[sel[-1]]
+        f = None
+        if forces is not None:
+            if not has("next.contact_force"):
+                forces[sel] = obs[1:, spec.obs_names.index("contact_force")]
+            f = forces[sel].astype(np.float32)
         r = rewards[sel].astype(np.float32)
-        s = success[sel]
+        s = success[sel] if success is not None else np.zeros(len(sel), bool)
         metrics = {
             "return": float(r.sum()),
             "length": len(sel),
@@ -661,7 +771,7 @@ def load_lerobot_dataset(root: str | os.PathLike) -> list[Episode]:
             "peak_force": float(f.max()) if f is not None else None,
             "frac_force_above": float(np.mean(f > spec.force_threshold)) if f is not None else None,
         }
-        episodes.append(
+        episodes_out.append(
             Episode(
                 obs=obs,
                 actions=actions[sel].astype(np.float32),
@@ -671,8 +781,8 @@ def load_lerobot_dataset(root: str | os.PathLike) -> list[Episode]:
                 terminated=bool(terminated[sel[-1]]),
                 step_success=s,
                 contact_force=f,
-                quality=names.get(int(quality[sel[0]]), ""),
+                quality=codes.get(int(quality[sel[0]]), ""),
                 task=task,
             )
         )
-    return episodes
+    return episodes_out

@@ -84,9 +84,12 @@ class TaskSpec:
     ``fps``: control rate (1 / control step). ``success_threshold``: the ``distance``
     (metres) under which the task counts as solved. ``force_threshold``: contact force
     (Newtons) above which a step counts as unsafe (``None`` without force).
-    ``obs_names`` labels the observation entries; ``env_obs`` indexes those that describe
-    the world (targets, objects, goals) rather than the robot (what lerobot calls
-    ``observation.environment_state``). ``terminates_on_success``: the episode ends as soon
+    ``obs_names`` / ``act_names`` label the observation and action entries the way a
+    lerobot robot names its features (``{motor}.pos``, ``{motor}.vel``, ``{motor}.effort``
+    after what the motor is commanded in; a LeRobotDataset's ``names``), so data and
+    robots are matched to the task by name (:mod:`rlpost.robot.features`); ``env_obs``
+    indexes the entries that describe the world (targets, objects, goals) rather than the
+    robot (what lerobot calls ``observation.environment_state``). ``terminates_on_success``: the episode ends as soon
     as it succeeds (else only at ``max_steps``).
     """
 
@@ -100,6 +103,7 @@ class TaskSpec:
     force_threshold: float | None
     terminates_on_success: bool = False
     obs_names: tuple[str, ...] = field(default=(), repr=False)
+    act_names: tuple[str, ...] = field(default=(), repr=False)
     env_obs: tuple[int, ...] = field(default=(), repr=False)
     description: str = field(default="", repr=False)
     image_shape: tuple[int, int, int] | None = None
@@ -108,8 +112,16 @@ class TaskSpec:
     """For an image variant: the state task it renders (same dynamics and experts)."""
 
 
-def _xyz(prefix: str) -> tuple[str, ...]:
-    return tuple(f"{prefix}_{c}" for c in "xyz")
+def _xyz(prefix: str, suffix: str = "") -> tuple[str, ...]:
+    """``prefix.x`` ... (or ``x.suffix`` ... without a prefix)."""
+    return tuple(f"{prefix}.{c}" if prefix else f"{c}.{suffix}" for c in "xyz")
+
+
+#: the joints of gymnasium's Pusher-v5 arm, in its action order
+PUSHER_JOINTS = (
+    *("r_shoulder_pan", "r_shoulder_lift", "r_upper_arm_roll", "r_elbow_flex"),
+    *("r_forearm_roll", "r_wrist_flex", "r_wrist_roll"),
+)
 
 
 # ------------------------------------------------------------------ our MJCF scenes
@@ -421,9 +433,10 @@ TASKS: dict[str, TaskSpec] = {
         has_force=False,
         force_threshold=None,
         obs_names=(
-            *("cos_q0", "cos_q1", "sin_q0", "sin_q1", "target_x", "target_y"),
-            *("dq0", "dq1", "tip_minus_target_x", "tip_minus_target_y"),
+            *("shoulder.cos", "elbow.cos", "shoulder.sin", "elbow.sin", "target.x", "target.y"),
+            *("shoulder.vel", "elbow.vel", "tip_to_target.x", "tip_to_target.y"),
         ),
+        act_names=("shoulder.effort", "elbow.effort"),
         env_obs=(4, 5, 8, 9),
         description="gymnasium Reacher-v5; success: fingertip-target distance < 0.02 m",
     ),
@@ -437,12 +450,13 @@ TASKS: dict[str, TaskSpec] = {
         has_force=False,
         force_threshold=None,
         obs_names=(
-            *(f"q{i}" for i in range(7)),
-            *(f"dq{i}" for i in range(7)),
+            *(f"{j}.pos" for j in PUSHER_JOINTS),
+            *(f"{j}.vel" for j in PUSHER_JOINTS),
             *_xyz("tip"),
             *_xyz("object"),
             *_xyz("goal"),
         ),
+        act_names=tuple(f"{j}.effort" for j in PUSHER_JOINTS),
         env_obs=tuple(range(17, 23)),
         description="gymnasium Pusher-v5; success: object-goal xy distance < 0.08 m",
     ),
@@ -456,7 +470,8 @@ TASKS: dict[str, TaskSpec] = {
         has_force=False,
         force_threshold=None,
         terminates_on_success=True,
-        obs_names=("x", "y", "vx", "vy", "goal0_x", "goal0_y", "goal1_x", "goal1_y"),
+        obs_names=("x.pos", "y.pos", "x.vel", "y.vel", "goal0.x", "goal0.y", "goal1.x", "goal1.y"),
+        act_names=("x.vel", "y.vel"),  # velocity servos, as a mobile base's ``x.vel``
         env_obs=(4, 5, 6, 7),
         description="point mass must reach either of two opposite goals (bimodal demos)",
     ),
@@ -470,7 +485,8 @@ TASKS: dict[str, TaskSpec] = {
         has_force=True,
         force_threshold=CONTOUR.force_threshold,
         terminates_on_success=True,
-        obs_names=(*_xyz("ee"), *_xyz("ee_v"), "contact_force", *_xyz("b"), "progress"),
+        obs_names=(*_xyz("", "pos"), *_xyz("", "vel"), "contact_force", *_xyz("b"), "progress"),
+        act_names=_xyz("", "pos"),  # position servos on the x / y / z slides, as an arm's
         env_obs=(7, 8, 9, 10),
         description="press on a curved rigid surface and slide from A to B (force-safety)",
     ),
@@ -487,7 +503,7 @@ def _pixel_variant(base: str) -> TaskSpec:
         b,
         name=f"{base}_pixels",
         obs_dim=b.obs_dim + PIXELS * PIXELS * 3,
-        obs_names=(*b.obs_names, *(f"pixel{i}" for i in range(PIXELS * PIXELS * 3))),
+        obs_names=(*b.obs_names, *(f"front.{i}" for i in range(PIXELS * PIXELS * 3))),
         description=f"{b.description}; plus a {PIXELS}x{PIXELS} RGB camera image",
         image_shape=shape,
         base=base,

@@ -1,11 +1,14 @@
-"""The robot domain's two other jobs: ``rlpost-robot residual`` and ``rlpost-robot deploy``.
+"""The robot domain's other jobs: ``rlpost-robot residual``, ``deploy``, ``record``, ``eval``.
 
 * :func:`run_residual`: the offline residual RL corrector (catalog 004-03) trained on a base
   decoder's trajectories, measured on held-out ones against the supervised residual;
 * :func:`run_deploy`: a policy (a ``rlpost-robot train`` run's, or the cached BC policy)
   drives a robot through lerobot's ``Robot`` interface, built by lerobot's
   ``make_robot_from_config`` from the recipe's ``robot.type`` (``rlpost_mujoco``, our
-  simulated tasks, or any arm lerobot supports).
+  simulated tasks, or any arm lerobot supports);
+* :func:`run_record`: scripted demonstrations written as a LeRobotDataset named like a
+  robot's features (a stand-in for ``lerobot-record`` on an arm);
+* :func:`evaluate_run`: a trained run's policy evaluated on its simulated task.
 
 Both write into ``run.dir`` (``config.yaml``, a JSON summary, ``metrics.jsonl``, a plot);
 a ``run.dir`` that already holds a run is refused unless ``overwrite`` (``--overwrite``)
@@ -152,8 +155,11 @@ def make_robot(job: Any) -> Any:
     return make_robot_from_config(config)
 
 
-def _deploy_policy(job: Any) -> tuple[Any, str]:
-    """The policy to deploy and its :data:`~rlpost.robot.pretrain.POLICY_KINDS` kind."""
+def _deploy_policy(job: Any) -> tuple[Any, str, Any]:
+    """The policy to deploy, its :data:`~rlpost.robot.pretrain.POLICY_KINDS` kind and its
+    :class:`~rlpost.robot.features.FeatureMap` (the run's ``policy/features.json``: the
+    names of the data it was trained on; else the task's)."""
+    from rlpost.robot.features import FeatureMap
     from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, policy_kind
 
     p = job.policy
@@ -165,30 +171,27 @@ def _deploy_policy(job: Any) -> tuple[Any, str]:
         demos = job.demos.model_dump()
         build_demo_dataset(job.task, **demos)
         folder = POLICY_KINDS[p.kind].build(job.task, demos, p, job.run.progress)
-    return load_bc_policy(folder), policy_kind(folder)
+    features = FeatureMap.load(folder / "policy", job.task)
+    return load_bc_policy(folder), policy_kind(folder), features
 
 
 def run_deploy(job: Any, overwrite: bool = False) -> dict[str, Any]:
     """Connect the robot, run ``job.episodes`` episodes of the policy through
-    :func:`rlpost.robot.lerobot_robot.deploy`, disconnect. Writes ``deploy.json``,
-    ``metrics.jsonl`` (one row per episode) and ``deploy.png``; ``overwrite`` replaces a
-    run already in ``run.dir``."""
+    :func:`rlpost.robot.lerobot_robot.deploy`, disconnect. Observations and actions are
+    matched to the robot's features by name (the policy's ``features.json``); a robot
+    lacking one is refused before it moves. Writes ``deploy.json``, ``metrics.jsonl`` (one
+    row per episode) and ``deploy.png``; ``overwrite`` replaces a run already in
+    ``run.dir``."""
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.robot.lerobot_robot import deploy
     from rlpost.robot.policies.bc import ChunkController
     from rlpost.robot.pretrain import POLICY_KINDS
 
     out = _start(job, overwrite)
-    policy, kind = _deploy_policy(job)
+    policy, kind, features = _deploy_policy(job)
     policy.eval()
     robot = make_robot(job)
-    n_state = len([k for k in robot.observation_features if k.startswith("state.")])
-    if n_state != policy.cfg.obs_dim or len(robot.action_features) != policy.cfg.act_dim:
-        raise ValueError(
-            f"the policy reads {policy.cfg.obs_dim} observations and writes "
-            f"{policy.cfg.act_dim} actions; robot {job.robot.type!r} has {n_state} and "
-            f"{len(robot.action_features)}"
-        )
+    features.check(robot.observation_features, robot.action_features, f"robot {job.robot.type!r}")
     multi = POLICY_KINDS[kind]
     ctrl = ChunkController(
         policy,
@@ -199,7 +202,7 @@ def run_deploy(job: Any, overwrite: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     robot.connect()
     try:
-        episodes = deploy(ctrl, robot, job.episodes, job.max_steps, seed=job.run.seed)
+        episodes = deploy(ctrl, robot, job.episodes, job.max_steps, job.run.seed, features)
     finally:
         robot.disconnect()
     logger = MetricsLogger.for_run(out, job.run)
@@ -253,3 +256,90 @@ def _plot_deploy(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -------------------------------------------------------------------------- record
+
+
+def run_record(job: Any, overwrite: bool = False) -> dict[str, Any]:
+    """Collect ``job.demos`` scripted episodes of ``job.task`` and write them to
+    ``run.dir/dataset`` as a LeRobotDataset with ``robot_type`` and the features renamed
+    by ``job.rename``; writes ``record.json``. Read back with ``data.path=<run.dir>/dataset``
+    and ``data.rename`` mapping the names back onto the task's."""
+    from rlpost.robot.demos import collect_demos, write_lerobot_dataset
+
+    out = _start(job, overwrite)
+    t0 = time.perf_counter()
+    demos = collect_demos(job.task, job.demos.n_good, job.demos.n_poor, seed=job.run.seed)
+    root = write_lerobot_dataset(
+        demos, out / "dataset", job.task, robot_type=job.robot_type, rename=job.rename
+    )
+    result = {
+        "task": job.task,
+        "dataset": str(root),
+        "robot_type": job.robot_type,
+        "episodes": len(demos),
+        "frames": sum(len(d.actions) for d in demos),
+        "success": sum(d.success for d in demos) / len(demos),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    (out / "record.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_record(result: dict[str, Any]) -> str:
+    return (
+        f"recorded {result['episodes']} episodes ({result['frames']} frames, "
+        f"{result['success']:.0%} succeed) of {result['task']} as robot "
+        f"{result['robot_type']!r}: {result['dataset']}"
+    )
+
+
+# -------------------------------------------------------------------------- eval
+
+
+def evaluate_run(
+    run_dir: str | Path, episodes: int = 100, seed: int = 10_000, steps: int | None = None
+) -> dict[str, Any]:
+    """Evaluate the policy of a ``rlpost-robot train`` run on its simulated task:
+    ``episodes`` fresh episodes from ``seed`` (the train command's evaluation uses
+    10,000), with ``steps`` integration steps (a flow policy; default the run's
+    ``run.eval_steps``). Reads the run, writes nothing."""
+    from rlpost.robot.algos.common import evaluate_policy
+    from rlpost.robot.config import load_config
+    from rlpost.robot.pretrain import POLICY_KINDS, load_bc_policy, policy_kind
+
+    run = Path(run_dir)
+    if not (run / "policy" / "config.json").is_file() or not (run / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run}: not a finished rlpost-robot train run (no policy/)")
+    cfg = load_config(run / "config.yaml")
+    kind = policy_kind(run)
+    policy = load_bc_policy(run).eval()
+    if POLICY_KINDS[kind].multi_step:
+        all_steps = [steps] if steps is not None else list(cfg.run.eval_steps)
+    else:
+        all_steps = [1]
+    t0 = time.perf_counter()
+    rows = {str(n): evaluate_policy(policy, cfg.task, episodes, n, seed=seed) for n in all_steps}
+    return {
+        "run": str(run),
+        "task": cfg.task,
+        "policy": kind,
+        "episodes": episodes,
+        "seed": seed,
+        "by_steps": rows,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def format_eval(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['policy']} policy of {result['run']} on {result['task']}: "
+        f"{result['episodes']} episodes from seed {result['seed']}",
+        f"{'steps':<8}{'success':>9}{'return':>9}{'peak force':>12}",
+    ]
+    for n, m in result["by_steps"].items():
+        force = f"{m['peak_force']:.1f} N" if "peak_force" in m else "-"
+        lines.append(f"{n:<8}{m['success']:>9.2f}{m['return']:>9.2f}{force:>12}")
+    lines.append(f"time: {result['seconds']} s")
+    return "\n".join(lines)

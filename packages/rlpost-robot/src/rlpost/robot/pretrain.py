@@ -25,7 +25,7 @@ import numpy as np
 from rlpost.core.io.cache import cache_entry, merge_params, publish_directory
 
 #: Bump when a recipe changes in a way that invalidates cached builds.
-ROBOT_VERSION = 2
+ROBOT_VERSION = 3
 
 DEMO_DEFAULTS: dict[str, Any] = {"n_good": 10, "n_poor": 30, "seed": 0}
 BC_DEFAULTS: dict[str, Any] = {
@@ -80,11 +80,57 @@ def load_demos(path: str | os.PathLike) -> list[Any]:
     return load_lerobot_dataset(Path(path) / "dataset")
 
 
+@dataclass(frozen=True)
+class DatasetDemos:
+    """Demonstrations from a user's LeRobotDataset (a run config's ``data`` section),
+    mapped onto ``task`` by name (:func:`rlpost.robot.demos.load_lerobot_dataset`).
+
+    Passed wherever the scripted set's parameters (``demos=``) go; the cached BC policy
+    is keyed by the data set's :meth:`fingerprint`, so editing the data rebuilds it.
+    """
+
+    task: str
+    path: str | None = None
+    repo_id: str | None = None
+    rename: tuple[tuple[str, str], ...] = ()
+    episodes: tuple[int, ...] | None = None
+
+    def open(self) -> Any:
+        from rlpost.robot.demos import open_lerobot_dataset
+
+        return open_lerobot_dataset(self.path, self.repo_id, self.episodes)
+
+    def load(self) -> list[Any]:
+        from rlpost.robot.demos import load_lerobot_dataset
+
+        return load_lerobot_dataset(
+            self.path, self.task, self.repo_id, dict(self.rename), self.episodes
+        )
+
+    def fingerprint(self) -> str:
+        """A hash of the data set's files (names, sizes and ``meta/info.json``)."""
+        import hashlib
+
+        root = Path(self.open().root)
+        h = hashlib.sha256((root / "meta" / "info.json").read_bytes())
+        for f in sorted(p for p in root.rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(root)}:{f.stat().st_size};".encode())
+        return h.hexdigest()[:16]
+
+    def recipe(self) -> dict[str, Any]:
+        return {
+            "dataset": self.repo_id or Path(self.path).name,
+            "fingerprint": self.fingerprint(),
+            "rename": dict(self.rename),
+            "episodes": list(self.episodes) if self.episodes is not None else None,
+        }
+
+
 def _build_policy(
     kind: str,
     task: str,
     recipe: dict[str, Any],
-    demos: dict[str, Any] | None,
+    demos: dict[str, Any] | DatasetDemos | None,
     cache_dir: str | os.PathLike | None,
     force: bool,
     fit: Any,
@@ -95,17 +141,21 @@ def _build_policy(
 
     from rlpost.robot.envs import TASKS
 
-    demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
+    if isinstance(demos, DatasetDemos):  # a user's data set
+        demo_recipe, source = demos.recipe(), demos.path or demos.repo_id
+    else:  # the scripted demonstration set (built once, cached)
+        demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
     target = _folder(
         "bc" if kind == "flow" else kind, task, {**recipe, "demos": demo_recipe}, cache_dir
     )
     if (target / "bc_info.json").is_file() and not force:
         return target
-    demo_dir = build_demo_dataset(task, cache_dir, **demo_recipe)
+    if not isinstance(demos, DatasetDemos):
+        source = build_demo_dataset(task, cache_dir, **demo_recipe)
 
     def write(tmp: Path) -> None:
         t0 = time.perf_counter()
-        episodes = load_demos(demo_dir)
+        episodes = demos.load() if isinstance(demos, DatasetDemos) else load_demos(source)
         with torch.random.fork_rng():
             torch.manual_seed(recipe["seed"])
             samples, losses = fit(episodes, TASKS[task], tmp / "policy")
@@ -113,7 +163,7 @@ def _build_policy(
             "task": task,
             "kind": kind,
             **recipe,
-            "demos": str(demo_dir),
+            "demos": str(source),
             "samples": samples,
             "final_loss": float(sum(losses[-50:]) / len(losses[-50:])),
             "seconds": round(time.perf_counter() - t0, 2),
@@ -133,7 +183,7 @@ def build_bc_policy(
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
     progress: bool = True,
-    demos: dict[str, Any] | None = None,
+    demos: dict[str, Any] | DatasetDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone a flow policy on ``task``'s demonstration set; returns its folder
@@ -186,7 +236,7 @@ def build_act_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
-    demos: dict[str, Any] | None = None,
+    demos: dict[str, Any] | DatasetDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone lerobot's ACT (lerobot extra) on ``task``'s demonstration set;
@@ -230,7 +280,7 @@ def build_gaussian_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
-    demos: dict[str, Any] | None = None,
+    demos: dict[str, Any] | DatasetDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone the mean of a Gaussian chunk policy (for CRAFT) on ``task``'s

@@ -43,7 +43,8 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
     from rlpost.robot.algos import ALGORITHMS
     from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
-    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, load_demos
+    from rlpost.robot.features import FeatureMap
+    from rlpost.robot.pretrain import POLICY_KINDS
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -51,8 +52,8 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     ckpt = resume_checkpoint(out) if resume else None
     saved = checkpoint_state(ckpt) if ckpt is not None else None
     t0 = time.perf_counter()
-    policy = load_bc_policy(build_policy_for(cfg))
-    demos = load_demos(build_demo_dataset(cfg.task, **_demo_kw(cfg)))
+    policy = initial_policy(cfg)
+    demos = demo_episodes(cfg)
     t_build = time.perf_counter() - t0
     # integration steps matter only for kinds that integrate (a flow); ACT decodes in one pass
     steps = tuple(cfg.run.eval_steps) if POLICY_KINDS[cfg.policy.kind].multi_step else (1,)
@@ -98,11 +99,16 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     policy.eval()
     after = evaluate()
     policy.save(out / "policy")
+    # the data set's names: the policy deploys on the robot that recorded the data
+    back = {task_name: name for name, task_name in cfg.data.rename.items()}
+    FeatureMap.for_task(cfg.task).renamed(back).save(out / "policy")
     result = {
         "task": cfg.task,
         "algo": cfg.algo.name,
         "algo_title": algo.title,
         "policy": cfg.policy.kind,
+        "start": "pretrained" if cfg.policy.pretrained else "BC",
+        "demos": "data" if cfg.data.given else "scripted",
         "episodes": getattr(cfg.algorithm_config(), algo.episodes_field),
         "eval_episodes": cfg.run.eval_episodes,
         "steps": list(steps),
@@ -129,8 +135,14 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     return result
 
 
-def _demo_kw(cfg: Any) -> dict[str, int]:
-    return {"n_good": cfg.demos.n_good, "n_poor": cfg.demos.n_poor}
+def demo_episodes(cfg: Any) -> list[Any]:
+    """The run's demonstrations: the scripted set (built once, cached) or ``data``'s."""
+    from rlpost.robot.pretrain import DatasetDemos, build_demo_dataset, load_demos
+
+    source = cfg.demo_source()
+    if isinstance(source, DatasetDemos):
+        return source.load()
+    return load_demos(build_demo_dataset(cfg.task, **source))
 
 
 def build_policy_for(cfg: Any) -> Path:
@@ -139,7 +151,45 @@ def build_policy_for(cfg: Any) -> Path:
     from rlpost.robot.pretrain import POLICY_KINDS
 
     kind = POLICY_KINDS[cfg.policy.kind]
-    return kind.build(cfg.task, _demo_kw(cfg), cfg.policy, cfg.run.progress)
+    return kind.build(cfg.task, cfg.demo_source(), cfg.policy, cfg.run.progress)
+
+
+def initial_policy(cfg: Any) -> Any:
+    """The policy fine-tuning starts from: ``policy.pretrained``'s lerobot ACT checkpoint,
+    its inputs placed by the names of ``data``'s features (the task's own split without
+    a data set), or else the cached BC policy of :func:`build_policy_for`."""
+    from rlpost.robot.pretrain import load_bc_policy
+
+    if cfg.policy.pretrained is None:
+        return load_bc_policy(build_policy_for(cfg))
+    from rlpost.robot.demos import _obs_split, dataset_names
+    from rlpost.robot.envs import TASKS
+    from rlpost.robot.policies.act import ActChunkPolicy
+
+    spec = TASKS[cfg.task]
+    if cfg.data.given:
+        names = dataset_names(cfg.demo_source().open(), cfg.data.rename)
+        idx = []
+        for key in ("observation.state", "observation.environment_state"):
+            entries = names.get(key, [])
+            unknown = [n for n in entries if n not in spec.obs_names]
+            if unknown:
+                raise ValueError(
+                    f"policy.pretrained: {key} of data has {unknown}, not features of task "
+                    f"{cfg.task} (map them with data.rename)"
+                )
+            idx.append(tuple(spec.obs_names.index(n) for n in entries))
+        state_idx, env_idx = idx
+        if names.get("action") != list(spec.act_names):
+            raise ValueError(
+                f"policy.pretrained: the data's actions are {names.get('action')}; the "
+                f"checkpoint must write the task's {list(spec.act_names)} in that order"
+            )
+    else:
+        state_idx, env_idx = (tuple(int(i) for i in a) for a in _obs_split(cfg.task))
+    return ActChunkPolicy.from_lerobot(
+        cfg.policy.pretrained, spec.obs_dim, spec.act_dim, state_idx, env_idx
+    )
 
 
 # ------------------------------------------------------------------------ report
@@ -148,7 +198,8 @@ def build_policy_for(cfg: Any) -> Path:
 def format_table(result: dict[str, Any]) -> str:
     name = result["algo_title"]
     lines = [
-        f"task {result['task']}: demonstrations succeed {result['demo_success']:.0%}; "
+        f"task {result['task']}: {result.get('demos', 'scripted')} demonstrations succeed "
+        f"{result['demo_success']:.0%}; "
         f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
     ]
     if len(result["steps"]) > 1:  # a kind that integrates: by steps
@@ -158,7 +209,7 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{n:<20}{b:>8.2f}{a:>12.2f}")
     else:
         b, a = (result[k][str(result["steps"][0])] for k in ("before_metrics", "after_metrics"))
-        bc = f"BC ({result.get('policy', 'flow')})"
+        bc = f"{result.get('start', 'BC')} ({result.get('policy', 'flow')})"
         lines.append(f"{'':<26}{bc:>10}{'after ' + name:>16}")
         rows = [("success", "success", "{:.2f}"), ("return", "return", "{:.2f}")]
         if "peak_force" in b:

@@ -10,6 +10,9 @@ rlpost-robot train --config craft_multimodal_reach # CRAFT closed-loop policy gr
 rlpost-robot residual --config decoding         # offline residual RL corrector (004-03)
 rlpost-robot deploy --config contour            # a policy drives a lerobot Robot (simulated)
 rlpost-robot deploy --config contour policy.run=runs/pac_act_contour
+rlpost-robot eval runs/x --episodes 100          # a train run's policy on its task
+rlpost-robot record --config contour_gantry run.dir=my_data   # demos as a LeRobotDataset
+rlpost-robot train --config pac_act_contour data.path=my_data/dataset "data.rename={...}"
 rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
@@ -56,10 +59,28 @@ def _job(args: argparse.Namespace) -> int:
     from rlpost.robot.config import load_job, recipe_path
 
     job = load_job(args.command, recipe_path(args.config, args.command), args.overrides)
-    run = {"residual": jobs.run_residual, "deploy": jobs.run_deploy}[args.command]
-    fmt = {"residual": jobs.format_residual, "deploy": jobs.format_deploy}[args.command]
-    print(fmt(run(job, overwrite=args.overwrite)))
+    run = {"residual": jobs.run_residual, "deploy": jobs.run_deploy, "record": jobs.run_record}
+    fmt = {
+        "residual": jobs.format_residual,
+        "deploy": jobs.format_deploy,
+        "record": jobs.format_record,
+    }
+    print(fmt[args.command](run[args.command](job, overwrite=args.overwrite)))
     print(f"run: {job.run.dir}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rlpost.robot import jobs
+
+    result = jobs.evaluate_run(args.run, args.episodes, args.seed, args.steps)
+    print(jobs.format_eval(result))
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -74,6 +95,9 @@ def _recipes(_: argparse.Namespace) -> int:
     for path in sorted(recipes_dir("deploy").glob("*.yaml")):
         job = load_job("deploy", path)
         print(f"deploy    {path.stem:<24} {job.robot.type:<13} {job.policy.kind:<9} {job.task}")
+    for path in sorted(recipes_dir("record").glob("*.yaml")):
+        job = load_job("record", path)
+        print(f"record    {path.stem:<24} {job.robot_type:<13} {'':<9} {job.task}")
     return 0
 
 
@@ -100,11 +124,17 @@ def _build_base(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tasks(_: argparse.Namespace) -> int:
+def _tasks(args: argparse.Namespace) -> int:
     from rlpost.robot.envs import TASKS
+    from rlpost.robot.features import FeatureMap
 
     for name, spec in TASKS.items():
-        print(f"{name:<18} obs {spec.obs_dim:>2}  act {spec.act_dim}  steps {spec.max_steps:>3}")
+        print(f"{name:<24} obs {spec.obs_dim:>4}  act {spec.act_dim}  steps {spec.max_steps:>3}")
+        if args.names:
+            f = FeatureMap.for_task(name)
+            cam = f"  camera {f.image[0]} {f.image[1]}" if f.image else ""
+            print(f"  observation: {', '.join(f.observation)}{cam}")
+            print(f"  action:      {', '.join(f.action)}")
     return 0
 
 
@@ -137,18 +167,26 @@ def build_app() -> App:
             "decoding",
         ),
         ("deploy", "run a policy on a robot through lerobot's Robot interface", "contour"),
+        ("record", "record scripted demonstrations as a LeRobotDataset", "contour_gantry"),
     ):
         j = app.command(name, _job, help_, config=example, config_required=True)
         j.add_argument(
             "--overwrite", action="store_true", help="replace the run in run.dir (its metrics)"
         )
+    e = app.command("eval", _eval, "evaluate a train run's policy on its simulated task")
+    e.add_argument("run", help="a rlpost-robot train run directory")
+    e.add_argument("--episodes", type=int, default=100)
+    e.add_argument("--seed", type=int, default=10_000, help="first episode seed")
+    e.add_argument("--steps", type=int, default=None, help="integration steps (flow policies)")
+    e.add_argument("--out", default=None, help="also write the result as JSON here")
     app.command("recipes", _recipes, "list the shipped recipes")
     app.command("algorithms", _algorithms, "list the registered algorithms")
     b = app.command("build-base", _build_base, "build (or find) the demo set and BC policy")
     b.add_argument("--task", default="multimodal_reach")
     b.add_argument("--kind", choices=_policy_kinds(), default="flow")
     b.add_argument("--force", action="store_true")
-    app.command("tasks", _tasks, "list the tasks")
+    t = app.command("tasks", _tasks, "list the tasks")
+    t.add_argument("--names", action="store_true", help="their feature names (data.rename)")
     return app
 
 

@@ -6,10 +6,13 @@
 any lerobot-supported arm: replace ``MujocoRobot`` by ``make_robot_from_config(...)`` of
 a real robot whose observation / action features have the same names.
 
-Features are flat, as lerobot's are: ``state.<i>`` floats for the observation vector,
-``action.<j>`` floats for the normalised action (in [-1, 1]). The task's per-step
-``success`` and ``contact_force`` are exposed as observation features too, so a force-safety
-monitor can read them like a real robot's force sensor.
+Features are flat and named, as a lerobot arm's are (``TaskSpec.obs_names`` /
+``act_names``: ``x.pos``, ``x.vel``, ``b.x``, ... for ``contour``), with actions normalised to
+[-1, 1]; the deploy loop maps them to the policy's vectors by name
+(:class:`rlpost.robot.features.FeatureMap`), so an arm whose features carry the policy's
+names (or names mapped with ``data.rename`` at training) is driven the same way. The
+task's per-step ``success`` and ``contact_force`` are observation features too, so a
+force-safety monitor reads them like a real robot's force sensor.
 
 The package follows lerobot's plugin layout (``config_mujoco_robot.py`` beside the robot,
 which this package exports), so lerobot's own ``make_robot_from_config`` builds
@@ -26,6 +29,6 @@ except ImportError as exc:  # pragma: no cover - the default dev environment has
     ) from exc
 
 from rlpost.robot.lerobot_robot.config_mujoco_robot import MujocoRobotConfig
-from rlpost.robot.lerobot_robot.mujoco_robot import MujocoRobot, deploy, observation_vector
+from rlpost.robot.lerobot_robot.mujoco_robot import MujocoRobot, deploy
 
-__all__ = ["MujocoRobot", "MujocoRobotConfig", "deploy", "observation_vector"]
+__all__ = ["MujocoRobot", "MujocoRobotConfig", "deploy"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lerobot.robots import RobotConfig
 
@@ -12,7 +12,10 @@ from lerobot.robots import RobotConfig
 class MujocoRobotConfig(RobotConfig):
     """``task``: a key of :data:`rlpost.robot.envs.TASKS`. lerobot's base config adds
     ``id`` and ``calibration_dir`` (the base class creates that folder even though a
-    simulated robot has nothing to calibrate; pass a ``Path`` in tests)."""
+    simulated robot has nothing to calibrate; pass a ``Path`` in tests). ``rename``: the
+    robot's own names for the task's features (``{"x.pos": "shoulder_pan.pos", ...}``),
+    to stand in for an arm whose features are named otherwise."""
 
     task: str = "reacher"
     seed: int = 0
+    rename: dict[str, str] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from lerobot.robots import Robot
 from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
 from rlpost.robot.envs import TASKS, make_env
+from rlpost.robot.features import FeatureMap
 from rlpost.robot.lerobot_robot.config_mujoco_robot import MujocoRobotConfig
 
 
@@ -25,24 +26,35 @@ class MujocoRobot(Robot):
         super().__init__(config)
         self.config = config
         self.spec = TASKS[config.task]
+        self.features = FeatureMap.for_task(config.task).renamed(config.rename)
         self.env = None
         self._obs: np.ndarray | None = None
         self._info: dict[str, Any] = {}
+        self.last_reward = 0.0
         self.episode_done = False
 
     # ---------------------------------------------------------------- features
 
     @property
-    def observation_features(self) -> dict[str, type]:
-        feats: dict[str, type] = {f"state.{i}": float for i in range(self.spec.obs_dim)}
+    def observation_features(self) -> dict[str, Any]:
+        """The task's observation names (``x.pos``, ``x.vel``, ``b.x``, ...) as floats, its
+        camera (``front``: ``(H, W, C)``) on an image task, ``success`` and, on a contact
+        task, ``contact_force``: the layout of a lerobot arm's features."""
+        feats: dict[str, Any] = dict.fromkeys(self.features.observation, float)
+        if self.features.image is not None:
+            feats[self.features.image[0]] = self.features.image[1]
         feats["success"] = float
-        if self.spec.has_force:
+        if self.spec.has_force and "contact_force" not in feats:
             feats["contact_force"] = float
         return feats
 
     @property
     def action_features(self) -> dict[str, type]:
-        return {f"action.{j}": float for j in range(self.spec.act_dim)}
+        """The task's action names (``x.pos`` for the position servos of ``contour``,
+        ``x.vel`` for the velocity servos of ``multimodal_reach``, ``{joint}.effort`` for
+        torque-driven arms); values are normalised to [-1, 1] as lerobot's are to
+        [-100, 100]."""
+        return dict.fromkeys(self.features.action, float)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -71,6 +83,7 @@ class MujocoRobot(Robot):
         """Start a new episode (a real arm would move to its home pose here)."""
         self._require()
         self._obs, self._info = self.env.reset(seed=seed)
+        self.last_reward = 0.0
         self.episode_done = False
 
     def disconnect(self) -> None:
@@ -87,9 +100,13 @@ class MujocoRobot(Robot):
 
     def get_observation(self) -> dict[str, Any]:
         self._require()
-        obs = {f"state.{i}": float(v) for i, v in enumerate(self._obs)}
+        names = self.features.observation
+        obs: dict[str, Any] = {n: float(v) for n, v in zip(names, self._obs, strict=False)}
+        if self.features.image is not None:
+            name, shape = self.features.image
+            obs[name] = np.asarray(self._obs[len(names) :], np.float32).reshape(shape)
         obs["success"] = float(bool(self._info.get("success", False)))
-        if self.spec.has_force:
+        if self.spec.has_force and "contact_force" not in obs:
             obs["contact_force"] = float(self._info.get("contact_force", 0.0))
         return obs
 
@@ -102,7 +119,7 @@ class MujocoRobot(Robot):
         a = np.clip(
             np.array([float(action[k]) for k in self.action_features], dtype=np.float32), -1, 1
         )
-        self._obs, _, terminated, truncated, self._info = self.env.step(a)
+        self._obs, self.last_reward, terminated, truncated, self._info = self.env.step(a)
         self.episode_done = bool(terminated or truncated)
         return {k: float(v) for k, v in zip(self.action_features, a, strict=True)}
 
@@ -111,26 +128,29 @@ class MujocoRobot(Robot):
         return self._info
 
 
-def observation_vector(obs: dict[str, Any], robot: Robot) -> np.ndarray:
-    """The ``state.<i>`` entries of a lerobot observation dict as a float32 vector."""
-    keys = [k for k in robot.observation_features if k.startswith("state.")]
-    return np.array([obs[k] for k in keys], dtype=np.float32)
-
-
 def deploy(
     policy: Callable[[np.ndarray], np.ndarray],
     robot: Robot,
     episodes: int = 1,
     max_steps: int | None = None,
     seed: int = 0,
+    features: FeatureMap | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``policy`` on ``robot`` through lerobot's interface for ``episodes`` episodes.
 
-    Each step: ``get_observation`` -> state vector -> ``policy`` -> ``send_action``. Returns
+    Each step: ``get_observation`` -> the policy's vector, assembled by name through
+    ``features`` (default: the robot's own task names) -> ``policy`` -> ``send_action``
+    with the robot's action names. The names are checked against the robot's features
+    before the first step (``ValueError`` naming what is missing). Returns
     per-episode metrics (steps, success at the end, peak and mean contact force when the
     robot reports one). On a real arm, ``episode_done`` comes from the operator or a
     success detector; here from the simulated task.
     """
+    if features is None:
+        features = getattr(robot, "features", None)
+        if features is None:
+            raise ValueError("deploy needs features= (a FeatureMap) for a robot not of ours")
+    features.check(robot.observation_features, robot.action_features, f"robot {robot}")
     results = []
     horizon = max_steps or getattr(getattr(robot, "spec", None), "max_steps", 1000)
     for ep in range(episodes):
@@ -140,10 +160,7 @@ def deploy(
             policy.reset()
         forces, steps, obs = [], 0, robot.get_observation()
         for steps in range(1, horizon + 1):  # noqa: B007 - steps is reported
-            action = policy(observation_vector(obs, robot))
-            robot.send_action(
-                {k: float(v) for k, v in zip(robot.action_features, action, strict=True)}
-            )
+            robot.send_action(features.action_dict(policy(features.observation_vector(obs))))
             obs = robot.get_observation()
             if "contact_force" in obs:
                 forces.append(obs["contact_force"])

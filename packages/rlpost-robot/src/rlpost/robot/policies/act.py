@@ -9,6 +9,12 @@ needs the environment state: lerobot rejects a config without images or it).
 Normalisation runs through lerobot's own pre / post processor pipelines
 (``make_pre_post_processors``) with mean / std statistics of the demonstrations, the
 environment state included.
+
+A lerobot ACT checkpoint (the ``pretrained_model/`` folder ``lerobot-train`` writes:
+``config.json``, ``model.safetensors`` and the ``policy_preprocessor`` /
+``policy_postprocessor`` pipelines with their statistics) is fine-tuned through
+:meth:`ActChunkPolicy.from_lerobot`, and every saved policy carries such a folder,
+``lerobot/``, so a fine-tuned ACT loads back with ``ACTPolicy.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class ActChunkPolicy(nn.Module):
         dim_model: int = 64,
         n_layers: int = 1,
         use_vae: bool = True,
+        state_idx: tuple[int, ...] | None = None,
     ):
         super().__init__()
         self.init_kwargs = {
@@ -78,18 +85,17 @@ class ActChunkPolicy(nn.Module):
             "n_layers": n_layers,
             "use_vae": use_vae,
         }
+        if state_idx is not None:
+            self.init_kwargs["state_idx"] = list(state_idx)
         FeatureType, NormalizationMode, PolicyFeature, ACTConfig, ACTPolicy, make_pp = _lerobot()
         if not env_idx:
             raise ValueError("a state-only ACT needs at least one environment-state entry")
-        self.env_idx = tuple(env_idx)
-        self.state_idx = tuple(i for i in range(obs_dim) if i not in set(env_idx))
-        self.cfg = _Cfg(obs_dim, act_dim, horizon)
+        if state_idx is None:
+            state_idx = tuple(i for i in range(obs_dim) if i not in set(env_idx))
         config = ACTConfig(
             input_features={
-                "observation.state": PolicyFeature(FeatureType.STATE, (len(self.state_idx),)),
-                "observation.environment_state": PolicyFeature(
-                    FeatureType.ENV, (len(self.env_idx),)
-                ),
+                "observation.state": PolicyFeature(FeatureType.STATE, (len(state_idx),)),
+                "observation.environment_state": PolicyFeature(FeatureType.ENV, (len(env_idx),)),
             },
             output_features={"action": PolicyFeature(FeatureType.ACTION, (act_dim,))},
             chunk_size=horizon,
@@ -112,12 +118,82 @@ class ActChunkPolicy(nn.Module):
                 "VISUAL": NormalizationMode.MEAN_STD,
             },
         )
-        self.act = ACTPolicy(config)
-        self.stats = stats
-        self.pre, self.post = make_pp(config, dataset_stats=stats)
+        self._setup(ACTPolicy(config), *make_pp(config, dataset_stats=stats), stats,
+                    tuple(state_idx), tuple(env_idx), obs_dim, act_dim, horizon)  # fmt: skip
+
+    def _setup(self, act, pre, post, stats, state_idx, env_idx, obs_dim, act_dim, horizon):
+        self.act, self.pre, self.post, self.stats = act, pre, post, stats
+        self.state_idx, self.env_idx = tuple(state_idx), tuple(env_idx)
+        self.cfg = _Cfg(obs_dim, act_dim, horizon)
         a = (stats or {}).get("action", {})
         self.register_buffer("act_mean", torch.as_tensor(a.get("mean", np.zeros(act_dim))).float())
         self.register_buffer("act_std", torch.as_tensor(a.get("std", np.ones(act_dim))).float())
+
+    @classmethod
+    def from_lerobot(
+        cls,
+        path: str | Path,
+        obs_dim: int,
+        act_dim: int,
+        state_idx: tuple[int, ...],
+        env_idx: tuple[int, ...],
+    ) -> ActChunkPolicy:
+        """A lerobot ACT checkpoint folder as a chunk policy over our observation vector.
+
+        ``state_idx`` / ``env_idx``: which entries of the vector, in order, are the
+        checkpoint's ``observation.state`` / ``observation.environment_state`` (found by
+        name from the data set it was trained on). Its weights, architecture and
+        normalisation statistics are the checkpoint's (safetensors + JSON; no pickle); a
+        checkpoint with camera inputs or shapes other than these is refused.
+        """
+        FeatureType, _, _, _, ACTPolicy, make_pp = _lerobot()
+        path = Path(path)
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"{path}: not a lerobot policy checkpoint (config.json + model.safetensors, "
+                "the pretrained_model/ folder lerobot-train writes)"
+            )
+        act = ACTPolicy.from_pretrained(str(path))
+        config = act.config
+        if config.type != "act":
+            raise ValueError(f"{path}: a {config.type!r} policy, not an ACT one")
+        inputs = config.input_features
+        cams = [k for k, f in inputs.items() if f.type == FeatureType.VISUAL]
+        if cams:
+            raise ValueError(f"{path}: camera inputs {cams} are not supported yet (state only)")
+        want = {"observation.state": len(state_idx), "observation.environment_state": len(env_idx)}
+        got = {k: tuple(f.shape) for k, f in inputs.items()}
+        out = tuple(config.output_features["action"].shape)
+        if got != {k: (n,) for k, n in want.items()} or out != (act_dim,):
+            raise ValueError(
+                f"{path}: the checkpoint reads {got} and writes action {out}; the task's data "
+                f"maps to {want} and action ({act_dim},)"
+            )
+        pre, post = make_pp(config, pretrained_path=str(path))
+        flat = next(st.state_dict() for st in pre.steps if hasattr(st, "stats"))
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        for k, v in flat.items():
+            key, stat = k.rsplit(".", 1)
+            stats.setdefault(key, {})[stat] = v.numpy()
+        for key in ("action", *want):
+            if key not in stats:
+                raise ValueError(f"{path}: its preprocessor has no statistics for {key}")
+        pi = cls.__new__(cls)
+        nn.Module.__init__(pi)
+        pi.init_kwargs = {"obs_dim": obs_dim, "act_dim": act_dim, "env_idx": list(env_idx),
+                          "state_idx": list(state_idx), "horizon": config.chunk_size,
+                          "lerobot": True}  # fmt: skip
+        pi._setup(act, pre, post, stats, state_idx, env_idx, obs_dim, act_dim, config.chunk_size)
+        return pi.eval()
+
+    def save_lerobot(self, path_dir: str | Path) -> Path:
+        """lerobot's checkpoint layout of this ACT (``ACTPolicy.from_pretrained`` loads it;
+        the processors with ``make_pre_post_processors(config, pretrained_path=...)``)."""
+        path = Path(path_dir)
+        self.act.save_pretrained(path)
+        self.pre.save_pretrained(path)
+        self.post.save_pretrained(path)
+        return path
 
     @property
     def device(self) -> torch.device:
@@ -174,23 +250,31 @@ class ActChunkPolicy(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path_dir: str | Path) -> Path:
-        """``model.safetensors`` (ACT weights) + ``config.json`` (shape and demo statistics)."""
+        """``model.safetensors`` (ACT weights) + ``config.json`` (shape and demo statistics),
+        and ``lerobot/``: the same ACT in lerobot's checkpoint layout."""
         stats = {
             key: {k: np.asarray(v).tolist() for k, v in d.items()}
             for key, d in (self.stats or {}).items()
         }
-        return save_policy(self, path_dir, {"kind": "act", **self.init_kwargs, "stats": stats})
+        out = save_policy(self, path_dir, {"kind": "act", **self.init_kwargs, "stats": stats})
+        self.save_lerobot(out / "lerobot")
+        return out
 
     @classmethod
     def load(cls, path_dir: str | Path) -> ActChunkPolicy:
-        """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle)."""
+        """Rebuild from :meth:`save`'s folder (safetensors + JSON only, no pickle); one
+        fine-tuned from a lerobot checkpoint takes its architecture from ``lerobot/``."""
         meta, state = read_policy(path_dir, "act")
         stats = {
             key: {k: np.asarray(v, dtype=np.float32) for k, v in d.items()}
             for key, d in meta.pop("stats").items()
         }
-        meta["env_idx"] = tuple(meta["env_idx"])
-        pi = cls(**meta, stats=stats or None)
+        idx = {k: tuple(meta[k]) for k in ("state_idx", "env_idx") if k in meta}
+        if meta.pop("lerobot", False):
+            pi = cls.from_lerobot(Path(path_dir) / "lerobot", meta["obs_dim"], meta["act_dim"],
+                                  idx["state_idx"], idx["env_idx"])  # fmt: skip
+        else:
+            pi = cls(**{**meta, **idx}, stats=stats or None)
         pi.load_state_dict(state, strict=True)
         return pi.eval()
 
@@ -200,11 +284,15 @@ class _Cfg:
         self.obs_dim, self.act_dim, self.horizon = obs_dim, act_dim, horizon
 
 
-def act_stats(episodes: Any, env_idx: tuple[int, ...]) -> dict[str, dict[str, np.ndarray]]:
+def act_stats(
+    episodes: Any, env_idx: tuple[int, ...], state_idx: tuple[int, ...] | None = None
+) -> dict[str, dict[str, np.ndarray]]:
     """lerobot-format mean / std / min / max statistics of demonstration episodes."""
     obs = np.concatenate([np.asarray(e.obs[:-1]) for e in episodes])
     act = np.concatenate([np.asarray(e.actions) for e in episodes])
-    state_idx = [i for i in range(obs.shape[1]) if i not in set(env_idx)]
+    if state_idx is None:
+        state_idx = tuple(i for i in range(obs.shape[1]) if i not in set(env_idx))
+    state_idx = list(state_idx)
     return {
         "observation.state": _stats(obs[:, state_idx]),
         "observation.environment_state": _stats(obs[:, list(env_idx)]),
