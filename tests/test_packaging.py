@@ -1,12 +1,15 @@
-"""Packaging: every member builds a wheel, the ``rlpost`` namespace stays PEP 420, and
-rlpost-core installs and passes its tests alone, without the domain engines."""
+"""Packaging: every member builds a wheel, the ``rlpost`` namespace stays PEP 420,
+rlpost-core installs and passes its tests alone, without the domain engines, and each
+domain's app installs alone (as README.md says) and trains one step with its command."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
@@ -84,45 +87,69 @@ def test_core_wheel_requires_only_torch_numpy_safetensors(wheels):
     assert extras == {"pydantic", "omegaconf", "pyyaml", "matplotlib", "wandb"}
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without the development venv (so uv and the commands
+    see only the fresh one), plus ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+    }
+    return {**env, **extra}
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+def fresh_venv(path: Path, wheels: dict[str, Path], *requirements: str) -> Path:
+    """A new virtual environment at ``path`` with ``requirements`` installed the way a user
+    would (``pip install rlpost-app-llm``), resolved against constraints that pin every
+    third-party package to the development environment's version (nothing new is
+    downloaded) and every ``rlpost-*`` distribution to its built wheel (never an index).
+    Offline from uv's cache when it holds every pinned package's index page, else the
+    registry is asked for those pages (same versions). Returns the venv's ``bin/``."""
+    env = _env()
+    _run([UV, "venv", "-q", "--python", sys.executable, str(path)], env=env)
+    pins = _run([UV, "pip", "freeze", "--python", sys.executable]).stdout
+    constraints = path.parent / f"{path.name}-constraints.txt"
+    constraints.write_text(
+        "\n".join(
+            [line for line in pins.splitlines() if "==" in line and "rlpost" not in line]
+            + [f"{dist} @ {whl.resolve().as_uri()}" for dist, whl in sorted(wheels.items())]
+        )
+    )
+    bin_dir = path / "bin"
+    cmd = [UV, "pip", "install", "-q", "--python", str(bin_dir / "python")]
+    cmd += ["-c", str(constraints), *requirements]
+    if subprocess.run([*cmd, "--offline"], capture_output=True, env=env).returncode != 0:
+        _run(cmd, env=env)
+    installed = installed_dists(bin_dir)
+    for dist, where in installed.items():
+        if dist.startswith("rlpost-"):
+            assert where == wheels[dist].resolve().as_uri(), f"{dist} came from {where}"
+    return bin_dir
+
+
+def installed_dists(bin_dir: Path) -> dict[str, str]:
+    """``{distribution name: version or URL}`` of a venv, from ``uv pip freeze``."""
+    out = _run([UV, "pip", "freeze", "--python", str(bin_dir / "python")], env=_env()).stdout
+    dists = {}
+    for line in out.splitlines():
+        name, _, where = line.partition(" @ ") if " @ " in line else line.partition("==")
+        dists[name.strip().lower()] = where.strip()
+    return dists
+
+
 def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
     """Install the rlpost-core wheel (+ pytest) into a new venv, pinned to the versions of
     the development environment so nothing new is downloaded; no domain engine arrives and
     the core test-suite passes against the installed wheel."""
     venv = tmp_path / "venv"
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
-    }
-    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
-    pins = subprocess.run(
-        [UV, "pip", "freeze", "--python", sys.executable],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    constraints = tmp_path / "constraints.txt"
-    constraints.write_text(
-        "\n".join(line for line in pins.splitlines() if "==" in line and "rlpost" not in line)
-    )
-    py = str(venv / "bin" / "python")
-    subprocess.run(
-        [
-            UV,
-            "pip",
-            "install",
-            "-q",
-            "--python",
-            py,
-            "-c",
-            str(constraints),
-            f"rlpost-core[config,plots] @ {wheels['rlpost-core'].resolve().as_uri()}",
-            "pytest",
-        ],
-        check=True,
-        env=env,
-    )
-    installed = subprocess.run(
-        [UV, "pip", "freeze", "--python", py], capture_output=True, text=True, check=True
-    ).stdout.lower()
+    py = str(fresh_venv(venv, wheels, "rlpost-core[config,plots]", "pytest") / "python")
+    installed = installed_dists(venv / "bin")
     for engine in (
         "transformers",
         "diffusers",
@@ -133,7 +160,7 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
         "datasets",
         "lerobot",
     ):
-        assert f"\n{engine}==" not in "\n" + installed, f"rlpost-core pulled {engine}"
+        assert engine not in installed, f"rlpost-core pulled {engine}"
     # triton may arrive only as a dependency of PyPI's Linux torch wheel, never through
     # rlpost-core; importing rlpost.core must not load it.
     code = (
@@ -159,7 +186,111 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=env,
+        env=_env(),
     )
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout
+
+
+@dataclass(frozen=True)
+class DomainApp:
+    requirement: str
+    """What README.md's "Install one domain" sentence says to pip install."""
+    command: str
+    args: tuple[str, ...]
+    """One step / round of a shipped recipe at toy size (``run.dir`` is added)."""
+    absent: tuple[str, ...]
+    """Engines of the other domains that must not arrive with it."""
+
+
+# The shipped recipes on their embedded defaults, into a fresh RLPOST_CACHE. The two
+# defaults that are pre-trained on first use for minutes (the LLM "tiny", ~4 min on 2 cores,
+# and the "digits" generator, ~1 min) are swapped for their untrained twins of the same
+# architecture ("tiny-random", "digits-random"); the digits reward classifier and the
+# robot's demonstration set (a LeRobotDataset) and BC policy are built in the fresh cache.
+COMMON = ("run.progress=false", "run.threads=1")
+DOMAIN_APPS = {
+    "llm": DomainApp(
+        "rlpost-app-llm",
+        "rlpost-llm",
+        (
+            "train",
+            "--config",
+            "grpo_arithmetic",
+            "train.steps=1",
+            "model.path=tiny-random",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=4",
+            "data.eval_size=8",
+            "reward.workers=0",
+            "run.tensorboard=false",
+        ),
+        ("diffusers", "scikit-learn", "mujoco", "gymnasium", "lerobot", "vllm"),
+    ),
+    "diffusion": DomainApp(
+        "rlpost-app-diffusion",
+        "rlpost-diffusion",
+        (
+            "train",
+            "--config",
+            "ram_digits",
+            "train.steps=1",
+            "model.name=digits-random",
+            "prompts.per_step=2",
+            "prompts.group_size=2",
+            "sampler.steps=2",
+            "sampler.eval_steps=2",
+            "algo.renoise_k=1",
+            "run.eval_per_prompt=1",
+            "run.tensorboard=false",
+        ),
+        ("mujoco", "gymnasium", "lerobot", "datasets", "math-verify", "vllm"),
+    ),
+    # every robot recipe stores its demonstrations as a LeRobotDataset: the lerobot extra
+    "robot": DomainApp(
+        "rlpost-app-robot[lerobot]",
+        "rlpost-robot",
+        (
+            "train",
+            "--config",
+            "otql_reacher",
+            "algo.params.episodes=2",
+            "algo.params.envs=2",
+            "algo.params.updates_per_round=2",
+            "algo.params.critic_pretrain_steps=5",
+            "policy.bc_steps=20",
+            "policy.hidden=32",
+            "demos.n_good=2",
+            "demos.n_poor=2",
+            "run.eval_episodes=2",
+            "run.eval_steps=[1]",
+        ),
+        ("transformers", "diffusers", "peft", "scikit-learn", "math-verify", "vllm"),
+    ),
+}
+
+
+def test_readme_install_sentence_names_each_domain_app():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for app in DOMAIN_APPS.values():
+        req = app.requirement
+        assert f"`pip install {req}`" in text or f"`pip install '{req}'`" in text, req
+
+
+@pytest.mark.parametrize("domain", sorted(DOMAIN_APPS))
+def test_domain_app_alone_in_fresh_env_trains_one_step(wheels, tmp_path, domain):
+    """``pip install rlpost-app-<domain>`` alone into a new venv gives the ``rlpost-<domain>``
+    command, which trains one step of a shipped recipe from scratch (a fresh cache) and
+    writes the run's summary.json; the other domains' engines do not arrive."""
+    app = DOMAIN_APPS[domain]
+    bin_dir = fresh_venv(tmp_path / "venv", wheels, app.requirement)
+    installed = installed_dists(bin_dir)
+    pulled = sorted(set(app.absent) & set(installed))
+    assert not pulled, f"{app.requirement} pulled {pulled}"
+    run_dir = tmp_path / "run"
+    env = _env(RLPOST_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    cmd = [str(bin_dir / app.command), *app.args, *COMMON, f"run.dir={run_dir}"]
+    _run(cmd, cwd=tmp_path, env=env, timeout=600)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["domain"] == domain and summary["steps"] >= 1, summary
