@@ -169,6 +169,21 @@ def test_config_errors_name_the_field():
         load_config(None, ["algo.clip=0.2"])
 
 
+def test_prompt_files_replace_the_prompt_list(tmp_path):
+    (tmp_path / "p.txt").write_text("# my digits\n3\n\n7\n")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a red cube"}\n{"prompt": "a cat"}\n')
+    (tmp_path / "p.json").write_text('["one", "two"]')
+    assert load_config(None, [f"prompts.path={tmp_path / 'p.txt'}"]).prompts.prompts == ["3", "7"]
+    sd3 = ["model.name=sd3", "model.path=x"]
+    for name, want in (("p.jsonl", ["a red cube", "a cat"]), ("p.json", ["one", "two"])):
+        cfg = load_config(None, [*sd3, f"prompts.path={tmp_path / name}"])
+        assert cfg.prompts.prompts == want
+    with pytest.raises(ConfigError, match=r"prompts: path: no prompt file"):
+        load_config(None, [f"prompts.path={tmp_path / 'nope.txt'}"])
+    with pytest.raises(ConfigError, match=r"prompts\.prompts: the digits model takes classes"):
+        load_config(None, [f"prompts.path={tmp_path / 'p.json'}"])
+
+
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_shipped_recipe_validates(name):
     if "sd3" in name:  # its reward is a placeholder for the user's own: refused as it is

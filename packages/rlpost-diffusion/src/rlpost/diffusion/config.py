@@ -88,8 +88,44 @@ class RewardConfig(_Strict):
 class PromptConfig(_Strict):
     prompts: list[int | str] = list(range(10))
     """Class ids for the digits model, text prompts for SD3."""
+    path: str | None = None
+    """A prompt file replacing ``prompts``: ``.txt`` (one prompt per line; blank lines and
+    ``#`` comments skipped), ``.jsonl`` (a ``prompt`` field per row) or ``.json`` (a list)."""
     per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=2)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("path") is not None:
+            data = {**data, "prompts": read_prompt_file(data["path"])}
+        return data
+
+
+def read_prompt_file(path: str | Path) -> list[str]:
+    """The prompts of a ``.txt``, ``.jsonl`` or ``.json`` file (see ``prompts.path``)."""
+    import json
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"path: no prompt file {p}")
+    text = p.read_text(encoding="utf-8")
+    try:
+        if p.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            prompts = [r["prompt"] if isinstance(r, dict) else r for r in rows]
+        elif p.suffix == ".json":
+            prompts = json.loads(text)
+        else:
+            prompts = [ln.strip() for ln in text.splitlines()]
+            prompts = [ln for ln in prompts if ln and not ln.startswith("#")]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"path: {p} is not a prompt file of its kind ({exc})") from None
+    if not isinstance(prompts, list) or not all(isinstance(x, str | int) for x in prompts):
+        raise ValueError(f"path: {p} must hold a list of prompts (strings)")
+    if not prompts:
+        raise ValueError(f"path: {p} holds no prompt")
+    return [str(x) for x in prompts]
 
 
 class SamplerConfig(_Strict):
