@@ -42,6 +42,11 @@ def test_a_lora_checkpoint_is_a_peft_adapter_and_exports_merged(fast_cfg, tmp_pa
     t.train()
     ckpt = Path(cfg.run.dir) / "checkpoints" / "step-000002"
     assert (ckpt / "adapter_config.json").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:  # the adapters, not the base
+        keys = list(f.keys())
+    assert keys and all("lora_" in k for k in keys)
     base, tok = load_policy(fast_cfg(*overrides[1:]), progress=False)  # same seed: same base
     peft = PeftModel.from_pretrained(base, ckpt).eval()
     t.model.eval()

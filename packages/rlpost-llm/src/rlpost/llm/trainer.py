@@ -73,6 +73,7 @@ from rlpost.llm.optim import build_optimizer, lr_schedule
 from rlpost.llm.policy import (
     Reference,
     completion_logprobs,
+    is_peft,
     load_policy,
     make_seq_batch,
     save_pretrained_files,
@@ -971,6 +972,9 @@ class Trainer:
             self.scheduler,
             state,
             keep=self.cfg.run.keep_checkpoints,
+            # LoRA: the adapters only (the frozen base comes from model.path on resume),
+            # not a full copy of the base per checkpoint
+            trainable_only=is_peft(self.model),
             extras=self._extras(),
             tensors=tensors,
             write_extra=lambda folder: save_pretrained_files(self.model, self.tok, folder),
