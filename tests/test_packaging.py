@@ -181,6 +181,11 @@ def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
             "--rootdir",
             str(tmp_path),
             "--import-mode=importlib",
+            # the workspace's addopts (-n 2: pytest-xdist) are not the fresh venv's
+            "-o",
+            "addopts=",
+            "-m",
+            "not slow",
             str(ROOT / "packages/rlpost-core/tests"),
         ],
         capture_output=True,

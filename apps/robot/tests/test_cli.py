@@ -111,8 +111,9 @@ def test_train_pac_act_and_craft_recipes(tmp_path, monkeypatch, capsys):
     assert (run / "deploy.png").is_file()
     wrong = ["deploy", "--config", "multimodal_reach", f"policy.run={tmp_path / 'pac_act'}"]
     assert main([*wrong, f"run.dir={tmp_path / 'wrong'}"]) == 2
-    err = capsys.readouterr().err  # matched by name: the point-mass robot has no x.pos
-    assert "lacks the policy's observation features ['x.pos'" in err and "goal0.x" in err
+    err = capsys.readouterr().err  # matched by name: the point-mass robot has no z axis
+    assert "lacks the policy's observation features ['z.pos', 'z.vel'" in err
+    assert "goal0.x" in err
     assert main([*deploy, "robot.type=no_such_arm", f"run.dir={run}", "--overwrite"]) == 2
     assert "so101_follower" in capsys.readouterr().err  # lerobot's arms are listed
 
