@@ -66,7 +66,12 @@ def test_robot_wheel_ships_its_scenes(wheels):
     names = set(zipfile.ZipFile(wheels["rlpost-robot"]).namelist())
     for scene in ("multimodal_reach.xml", "contour.xml"):
         assert f"rlpost/robot/robots/{scene}" in names, scene
-    for recipe in ("otql_multimodal_reach", "residual/decoding", "deploy/contour"):
+    for recipe in (
+        "otql_multimodal_reach",
+        "residual/decoding",
+        "deploy/contour",
+        "record/contour_gantry",
+    ):
         assert f"rlpost/robot/recipes/{recipe}.yaml" in names, recipe
 
 
