@@ -221,19 +221,13 @@ def make_prompts(n: int, seed: int) -> list[dict[str, str]]:
 # ------------------------------------------------------------------- rlpost child
 
 
-def rlpost_child(spec: dict) -> dict:
-    import torch
-
-    torch.set_num_threads(spec["threads"])
+def rlpost_config(spec: dict, run_dir: Path):
+    """The rlpost run config of the benchmark's workload (also tools/profile_llm_grpo.py's)."""
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
-    from rlpost.llm.tasks import make_task
-    from rlpost.llm.trainer import Trainer
 
     P, G = spec["prompts"], spec["group_size"]
     total = spec["warmup"] + spec["steps"]
-    run_dir = Path(spec["work"]) / "rlpost-run"
-    cfg = load_config(
+    return load_config(
         None,
         [
             f"model.path={spec['model']}",
@@ -268,6 +262,19 @@ def rlpost_child(spec: dict) -> dict:
             "reward.workers=0",
         ],
     )
+
+
+def rlpost_child(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tasks import make_task
+    from rlpost.llm.trainer import Trainer
+
+    total = spec["warmup"] + spec["steps"]
+    run_dir = Path(spec["work"]) / "rlpost-run"
+    cfg = rlpost_config(spec, run_dir)
     task = make_task("arithmetic")
     trainer = Trainer(cfg, reward_fn=task.score)
 
