@@ -515,7 +515,9 @@ def _lerobot_dataset_cls() -> Any:
     return LeRobotDataset
 
 
-def _obs_split(task: str) -> tuple[np.ndarray, np.ndarray]:
+def obs_split(task: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(robot state indices, environment-state indices)`` of ``task``'s observation
+    (``observation.state`` / ``observation.environment_state`` of its data sets)."""
     spec = TASKS[task]
     env_idx = np.asarray(spec.env_obs, dtype=np.int64)
     state_idx = np.setdiff1d(np.arange(spec.obs_dim), env_idx)
@@ -547,7 +549,7 @@ def write_lerobot_dataset(
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
     lerobot_dataset = _lerobot_dataset_cls()
     spec, root = TASKS[task], Path(root)
-    state_idx, env_idx = _obs_split(task)
+    state_idx, env_idx = obs_split(task)
     rename = rename or {}
     obs_names = [rename.get(n, n) for n in spec.obs_names]  # an image task's: front.<i>
     vec = {"dtype": "float32", "names": None}

@@ -10,8 +10,9 @@
   robot's features (a stand-in for ``lerobot-record`` on an arm);
 * :func:`evaluate_run`: a trained run's policy evaluated on its simulated task.
 
-Both write into ``run.dir`` (``config.yaml``, a JSON summary, ``metrics.jsonl``, a plot);
-a ``run.dir`` that already holds a run is refused unless ``overwrite`` (``--overwrite``)
+``residual`` and ``deploy`` write into ``run.dir`` (``config.yaml``, a JSON summary,
+``metrics.jsonl``, a plot), ``record`` its data set there; ``eval`` writes nothing. A
+``run.dir`` that already holds a run is refused unless ``overwrite`` (``--overwrite``)
 replaces it (see :func:`rlpost.core.io.rundir.open_run_dir`). They are short: no
 checkpoints, no resume.
 """
@@ -307,18 +308,18 @@ def evaluate_run(
     ``run.eval_steps``). Reads the run, writes nothing."""
     from rlpost.robot.algos.common import evaluate_policy
     from rlpost.robot.config import load_config
-    from rlpost.robot.pretrain import POLICY_KINDS, load_bc_policy, policy_kind
+    from rlpost.robot.pretrain import load_bc_policy
+    from rlpost.robot.train import evaluation_steps
 
     run = Path(run_dir)
     if not (run / "policy" / "config.json").is_file() or not (run / "config.yaml").is_file():
         raise FileNotFoundError(f"{run}: not a finished rlpost-robot train run (no policy/)")
     cfg = load_config(run / "config.yaml")
-    kind = policy_kind(run)
+    kind = cfg.policy.kind
     policy = load_bc_policy(run).eval()
-    if POLICY_KINDS[kind].multi_step:
-        all_steps = [steps] if steps is not None else list(cfg.run.eval_steps)
-    else:
-        all_steps = [1]
+    all_steps = evaluation_steps(cfg)
+    if steps is not None and len(all_steps) > 1:  # a kind that integrates
+        all_steps = (steps,)
     t0 = time.perf_counter()
     rows = {str(n): evaluate_policy(policy, cfg.task, episodes, n, seed=seed) for n in all_steps}
     return {

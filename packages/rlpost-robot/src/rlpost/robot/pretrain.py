@@ -81,6 +81,25 @@ def load_demos(path: str | os.PathLike) -> list[Any]:
 
 
 @dataclass(frozen=True)
+class ScriptedDemos:
+    """The scripted good + poor demonstration set of ``task`` (built once, cached); what
+    ``demos=`` parameters (``n_good``, ``n_poor``, ``seed``) name."""
+
+    task: str
+    params: tuple[tuple[str, Any], ...] = ()
+    cache_dir: str | os.PathLike | None = None
+
+    def recipe(self) -> dict[str, Any]:
+        return merge_params(DEMO_DEFAULTS, dict(self.params))
+
+    def where(self) -> str:
+        return str(build_demo_dataset(self.task, self.cache_dir, **self.recipe()))
+
+    def load(self) -> list[Any]:
+        return load_demos(self.where())
+
+
+@dataclass(frozen=True)
 class DatasetDemos:
     """Demonstrations from a user's LeRobotDataset (a run config's ``data`` section),
     mapped onto ``task`` by name (:func:`rlpost.robot.demos.load_lerobot_dataset`).
@@ -107,11 +126,17 @@ class DatasetDemos:
             self.path, self.task, self.repo_id, dict(self.rename), self.episodes
         )
 
+    def where(self) -> str:
+        return str(self.path or self.repo_id)
+
     def fingerprint(self) -> str:
-        """A hash of the data set's files (names, sizes and ``meta/info.json``)."""
+        """A hash of the data set's files (names, sizes and ``meta/info.json``); a local
+        folder is read as it is, a Hub data set opened (downloaded) first."""
         import hashlib
 
-        root = Path(self.open().root)
+        root = Path(self.path) if self.path is not None else Path(self.open().root)
+        if not (root / "meta" / "info.json").is_file():
+            raise FileNotFoundError(f"{root}: not a LeRobotDataset (no meta/info.json)")
         h = hashlib.sha256((root / "meta" / "info.json").read_bytes())
         for f in sorted(p for p in root.rglob("*") if p.is_file()):
             h.update(f"{f.relative_to(root)}:{f.stat().st_size};".encode())
@@ -126,11 +151,23 @@ class DatasetDemos:
         }
 
 
+def demo_source(
+    task: str,
+    demos: dict[str, Any] | DatasetDemos | ScriptedDemos | None,
+    cache_dir: str | os.PathLike | None = None,
+) -> DatasetDemos | ScriptedDemos:
+    """``demos`` as a source with ``recipe()`` (the cache key), ``where()`` and ``load()``:
+    a user's data set as it is, scripted-set parameters (a dict) as :class:`ScriptedDemos`."""
+    if isinstance(demos, DatasetDemos | ScriptedDemos):
+        return demos
+    return ScriptedDemos(task, tuple(sorted((demos or {}).items())), cache_dir)
+
+
 def _build_policy(
     kind: str,
     task: str,
     recipe: dict[str, Any],
-    demos: dict[str, Any] | DatasetDemos | None,
+    demos: dict[str, Any] | DatasetDemos | ScriptedDemos | None,
     cache_dir: str | os.PathLike | None,
     force: bool,
     fit: Any,
@@ -141,21 +178,16 @@ def _build_policy(
 
     from rlpost.robot.envs import TASKS
 
-    if isinstance(demos, DatasetDemos):  # a user's data set
-        demo_recipe, source = demos.recipe(), demos.path or demos.repo_id
-    else:  # the scripted demonstration set (built once, cached)
-        demo_recipe = merge_params(DEMO_DEFAULTS, demos or {})
+    source = demo_source(task, demos, cache_dir)
     target = _folder(
-        "bc" if kind == "flow" else kind, task, {**recipe, "demos": demo_recipe}, cache_dir
+        "bc" if kind == "flow" else kind, task, {**recipe, "demos": source.recipe()}, cache_dir
     )
     if (target / "bc_info.json").is_file() and not force:
         return target
-    if not isinstance(demos, DatasetDemos):
-        source = build_demo_dataset(task, cache_dir, **demo_recipe)
 
     def write(tmp: Path) -> None:
         t0 = time.perf_counter()
-        episodes = demos.load() if isinstance(demos, DatasetDemos) else load_demos(source)
+        episodes = source.load()
         with torch.random.fork_rng():
             torch.manual_seed(recipe["seed"])
             samples, losses = fit(episodes, TASKS[task], tmp / "policy")
@@ -163,7 +195,7 @@ def _build_policy(
             "task": task,
             "kind": kind,
             **recipe,
-            "demos": str(source),
+            "demos": source.where(),
             "samples": samples,
             "final_loss": float(sum(losses[-50:]) / len(losses[-50:])),
             "seconds": round(time.perf_counter() - t0, 2),
@@ -183,7 +215,7 @@ def build_bc_policy(
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
     progress: bool = True,
-    demos: dict[str, Any] | DatasetDemos | None = None,
+    demos: dict[str, Any] | DatasetDemos | ScriptedDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone a flow policy on ``task``'s demonstration set; returns its folder
@@ -236,7 +268,7 @@ def build_act_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
-    demos: dict[str, Any] | DatasetDemos | None = None,
+    demos: dict[str, Any] | DatasetDemos | ScriptedDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone lerobot's ACT (lerobot extra) on ``task``'s demonstration set;
@@ -280,7 +312,7 @@ def build_gaussian_policy(
     task: str,
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
-    demos: dict[str, Any] | DatasetDemos | None = None,
+    demos: dict[str, Any] | DatasetDemos | ScriptedDemos | None = None,
     **params: Any,
 ) -> Path:
     """Behaviour-clone the mean of a Gaussian chunk policy (for CRAFT) on ``task``'s

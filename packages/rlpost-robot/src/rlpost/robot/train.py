@@ -44,7 +44,6 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     from rlpost.robot.algos import ALGORITHMS
     from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
     from rlpost.robot.features import FeatureMap
-    from rlpost.robot.pretrain import POLICY_KINDS
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -55,8 +54,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     policy = initial_policy(cfg)
     demos = demo_episodes(cfg)
     t_build = time.perf_counter() - t0
-    # integration steps matter only for kinds that integrate (a flow); ACT decodes in one pass
-    steps = tuple(cfg.run.eval_steps) if POLICY_KINDS[cfg.policy.kind].multi_step else (1,)
+    steps = evaluation_steps(cfg)
 
     def evaluate() -> dict[str, dict[str, float]]:
         return {
@@ -135,14 +133,19 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     return result
 
 
+def evaluation_steps(cfg: Any) -> tuple[int, ...]:
+    """The integration steps a run is evaluated with: ``run.eval_steps`` for kinds that
+    integrate (a flow), one pass otherwise (ACT decodes a chunk at once)."""
+    from rlpost.robot.pretrain import POLICY_KINDS
+
+    return tuple(cfg.run.eval_steps) if POLICY_KINDS[cfg.policy.kind].multi_step else (1,)
+
+
 def demo_episodes(cfg: Any) -> list[Any]:
     """The run's demonstrations: the scripted set (built once, cached) or ``data``'s."""
-    from rlpost.robot.pretrain import DatasetDemos, build_demo_dataset, load_demos
+    from rlpost.robot.pretrain import demo_source
 
-    source = cfg.demo_source()
-    if isinstance(source, DatasetDemos):
-        return source.load()
-    return load_demos(build_demo_dataset(cfg.task, **source))
+    return demo_source(cfg.task, cfg.demo_source()).load()
 
 
 def build_policy_for(cfg: Any) -> Path:
@@ -162,7 +165,7 @@ def initial_policy(cfg: Any) -> Any:
 
     if cfg.policy.pretrained is None:
         return load_bc_policy(build_policy_for(cfg))
-    from rlpost.robot.demos import _obs_split, dataset_names
+    from rlpost.robot.demos import dataset_names, obs_split
     from rlpost.robot.envs import TASKS
     from rlpost.robot.policies.act import ActChunkPolicy
 
@@ -186,7 +189,7 @@ def initial_policy(cfg: Any) -> Any:
                 f"checkpoint must write the task's {list(spec.act_names)} in that order"
             )
     else:
-        state_idx, env_idx = (tuple(int(i) for i in a) for a in _obs_split(cfg.task))
+        state_idx, env_idx = (tuple(int(i) for i in a) for a in obs_split(cfg.task))
     return ActChunkPolicy.from_lerobot(
         cfg.policy.pretrained, spec.obs_dim, spec.act_dim, state_idx, env_idx
     )
