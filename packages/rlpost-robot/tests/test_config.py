@@ -79,5 +79,7 @@ def test_data_and_pretrained_fields():
         load_config(None, ["policy.pretrained=ckpt"])
     with pytest.raises(ConfigError, match=r"data\.rename"):
         load_config(None, ["data.rename=[1]"])
+    with pytest.raises(ConfigError, match=r"policy\.pretrained: deploy runs a train run's"):
+        load_job("deploy", recipe_path("contour", "deploy"), ["policy.pretrained=ckpt"])
     with pytest.raises(ConfigError, match=r"data\.nope"):
         load_config(None, ["data.nope=1"])

@@ -223,6 +223,16 @@ class DeployPolicy(PolicyConfig):
     sample_steps: int = Field(10, ge=1)
     """Integration steps (flow policies; ACT decodes a chunk in one pass)."""
 
+    @field_validator("pretrained")
+    @classmethod
+    def _no_pretrained(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError(
+                "deploy runs a train run's policy (policy.run); fine-tune a checkpoint with "
+                "rlpost-robot train policy.pretrained=... first"
+            )
+        return v
+
 
 class RobotSection(_Strict):
     type: str = "rlpost_mujoco"
