@@ -77,6 +77,7 @@ class UpdateGuard:
         self.total = 0
         self.rollbacks = 0
         self._snapshot: tuple[list[Tensor], list[dict]] | None = None
+        self._buffers: tuple[list[Tensor], list[dict]] | None = None  # reused by snapshots
 
     @classmethod
     def configured(
@@ -99,12 +100,22 @@ class UpdateGuard:
         return all_finite(p.detach() for p in self.params)
 
     def _take_snapshot(self) -> None:
-        import copy
-
+        """Copy the parameters and the optimisers' state into buffers kept from the last
+        snapshot (in place, no allocation) when the state has the same structure, else
+        fresh copies: a deep copy of the state dict per step cost more than the step."""
         with torch.no_grad():
-            params = [p.detach().clone() for p in self.params]
-        states = [copy.deepcopy(o.state_dict()) for o in self.optimizers]
-        self._snapshot = (params, states)
+            states = [_state_snapshot(o) for o in self.optimizers]
+            old = self._buffers
+            if old is not None and _same_structure(old[1], states):
+                params, bufs = old
+                torch._foreach_copy_(params, [p.detach() for p in self.params])
+                for dst, src in zip(bufs, states, strict=True):
+                    _copy_state_(dst, src)
+            else:
+                params = [p.detach().clone() for p in self.params]
+                bufs = [_clone_state(st) for st in states]
+        self._buffers = (params, bufs)
+        self._snapshot = self._buffers
 
     def step(self, step_fn) -> bool:
         """Run ``step_fn()`` (the optimisers' steps); False when it left a parameter
@@ -130,7 +141,7 @@ class UpdateGuard:
             for p, saved in zip(self.params, params, strict=True):
                 p.copy_(saved)
         for o, st in zip(self.optimizers, states, strict=True):
-            o.load_state_dict(st)
+            o.load_state_dict(_clone_state(st))  # the buffers stay the guard's
         self._snapshot = None
         self.rollbacks += 1
         return True
@@ -148,6 +159,59 @@ class UpdateGuard:
                 "the run cannot make progress: check the rewards and lower optim.lr, then "
                 "--resume"
             )
+
+
+def _state_snapshot(opt: torch.optim.Optimizer) -> dict:
+    """``opt.state_dict()`` (its tensors are the live ones: copy before keeping)."""
+    return opt.state_dict()
+
+
+def _clone_state(st: dict) -> dict:
+    """A copy of an optimiser state dict: tensors cloned, containers rebuilt."""
+    if isinstance(st, Tensor):
+        return st.detach().clone()
+    if isinstance(st, dict):
+        return {k: _clone_state(v) for k, v in st.items()}
+    if isinstance(st, list):
+        return [_clone_state(v) for v in st]
+    if isinstance(st, tuple):
+        return tuple(_clone_state(v) for v in st)
+    return st
+
+
+def _same_structure(bufs: list, states: list) -> bool:
+    """Same keys, tensor shapes and dtypes throughout (the buffers can take a copy)."""
+
+    def same(a, b) -> bool:
+        if isinstance(a, Tensor) or isinstance(b, Tensor):
+            return (
+                isinstance(a, Tensor)
+                and isinstance(b, Tensor)
+                and a.shape == b.shape
+                and a.dtype == b.dtype
+                and a.device == b.device
+            )
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return True  # plain values are copied by reference below
+
+    return len(bufs) == len(states) and all(same(a, b) for a, b in zip(bufs, states, strict=True))
+
+
+def _copy_state_(dst: dict, src: dict) -> None:
+    """Copy ``src``'s tensors into ``dst``'s (same structure) and its plain values over."""
+    for k, v in src.items():
+        if isinstance(v, Tensor):
+            dst[k].copy_(v)
+        elif isinstance(v, dict):
+            _copy_state_(dst[k], v)
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for d, x in zip(dst[k], v, strict=True):
+                _copy_state_(d, x)
+        else:
+            dst[k] = _clone_state(v)
 
 
 def finite_or_nan(values: Tensor) -> tuple[Tensor, int]:

@@ -22,14 +22,24 @@ class AdamWParams:
 
 @OPTIMIZERS.register("adamw", AdamWParams)
 def adamw(inp: OptimizerInput, p: AdamWParams) -> torch.optim.Optimizer:
-    """``torch.optim.AdamW`` over every parameter (the default)."""
+    """``torch.optim.AdamW`` over every parameter (the default), with torch's fused kernel
+    where it exists for the parameters (CPU and CUDA floats): torch's own default on CPU
+    is the per-tensor loop, several times slower for a model of many small tensors."""
+    params = [*inp.matrix, *inp.other]
+    fused = bool(params) and all(
+        q.device.type in ("cpu", "cuda") and q.dtype in _FUSED_DTYPES for q in params
+    )
     return torch.optim.AdamW(
-        [*inp.matrix, *inp.other],
+        params,
         lr=inp.lr,
         betas=tuple(p.betas),
         eps=p.eps,
         weight_decay=inp.weight_decay,
+        fused=fused or None,
     )
+
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass(frozen=True)
