@@ -64,6 +64,27 @@ def test_pack_groups_gathers_the_predicting_positions():
     assert pk.input_ids[0].tolist() == [5, 6, 1, 2, 3, 7, 8, 9]
 
 
+def test_ragged_pack_keeps_real_tokens_and_separates_groups():
+    """Ragged layout: responses at their own lengths, two short groups in one row, no
+    attention across groups or between responses, a group longer than a row split with its
+    prompt repeated."""
+    comp = torch.tensor([[1, 2, 3], [4, 0, 0], [7, 8, 0], [10, 11, 0]])
+    lengths = torch.tensor([3, 1, 2, 2])
+    pk = pack_groups([[5, 6], [5, 6], [9], [12]], comp, 0, lengths)
+    assert pk.layout is None and pk.input_ids.shape == (2, 6)  # 2+3+1, then 1+2 and 1+2
+    assert pk.input_ids.tolist() == [[5, 6, 1, 2, 3, 4], [9, 7, 8, 12, 10, 11]]
+    assert pk.position_ids.tolist() == [[0, 1, 2, 3, 4, 2], [0, 1, 2, 0, 1, 2]]
+    assert pk.gather[0].tolist() == [1, 2, 3]
+    assert pk.gather[1].tolist() == [1, 5, 5]  # past the length: the row's last position
+    assert pk.gather[2].tolist() == [6, 7, 8] and pk.gather[3].tolist() == [9, 10, 11]
+    assert pk.allow[0, 5].tolist() == [True, True, False, False, False, True]
+    assert pk.allow[1, 4].tolist() == [False, False, False, True, True, False]  # own group
+    split = pack_groups([[5, 6]] * 3, torch.ones(3, 4, dtype=torch.long), 0,
+                        torch.tensor([4, 4, 4]), row_tokens=10)  # fmt: skip
+    assert split.input_ids.shape[1] == 10 and split.input_ids.shape[0] == 2
+    assert sorted(split.tokens) == [6, 10]  # [p; r; r] and [p; r]
+
+
 def test_packing_ratio():
     assert packing_ratio(1, 256, 64) == 1.0
     assert abs(packing_ratio(8, 256, 64) - 8 * 320 / (256 + 512)) < 1e-12

@@ -50,6 +50,6 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides):
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = load_file(single / "checkpoints/step-000002/model.safetensors")
     b = load_file(ddp / "checkpoints/step-000002/model.safetensors")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+    for k in a:  # (packed rows sum in another order per rank; Adam magnifies near-eps grads)
+        torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5)
     assert any(not torch.allclose(a[k], initial[k]) for k in a), "training must move the weights"

@@ -162,10 +162,12 @@ def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
         completion_logprobs(Capped(), sb, impl="fused")
 
 
+@pytest.mark.parametrize("layout", ["ragged", "uniform"])
 @pytest.mark.parametrize("impl", ["fused", "logits"])
-def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl):
-    """Groups packed as [prompt; r_1; ...; r_N] with a 4D mask give the same log-probs,
-    entropies and parameter gradients as one padded sequence per response."""
+def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl, layout):
+    """Groups packed as [prompt; r_1; ...; r_N] (ragged: each response at its own length,
+    several groups per row; uniform: one group per row) give the same log-probs, entropies
+    and parameter gradients as one padded sequence per response."""
     m, tok = model_tok
     torch.manual_seed(3)
     b = HFEngine(m, tok).generate(
@@ -176,7 +178,9 @@ def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl
     res = {}
     for pack in (False, True):
         m.zero_grad(set_to_none=True)
-        sb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, pack=pack)
+        sb = make_seq_batch(
+            sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, pack=pack, layout=layout
+        )
         lp, ent = completion_logprobs(m, sb, 1.0, impl=impl)
         ((lp * sub.mask).sum() + 0.1 * (ent * sub.mask).sum()).backward()
         grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -203,14 +207,17 @@ def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, mon
     )
     before = m.config._attn_implementation
     comp = torch.tensor([[5, 6, 7], [8, 9, 10]])
-    sb = make_seq_batch([ids(tok, "1+2=")] * 2, comp, torch.ones(2, 3), 0, pack=True)
+    sb = make_seq_batch(
+        [ids(tok, "1+2=")] * 2, comp, torch.ones(2, 3), 0, pack=True, layout="uniform"
+    )
     with torch.no_grad():
         completion_logprobs(m, sb, 1.0)
     assert len(calls) == m.config.num_hidden_layers  # one packed row, every layer
     assert m.config._attn_implementation == before
 
 
-def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok):
+@pytest.mark.parametrize("layout", ["ragged", "uniform"])
+def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok, layout):
     """PEFT-wrapped policies (and their adapter-free reference) pack the same way."""
     import copy
 
@@ -224,7 +231,9 @@ def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok):
     prompts = [ids(tok, "12+3=")] * 3
     out = {}
     for pack in (False, True):
-        sb = make_seq_batch(prompts, comp, torch.ones(3, 4), tok.pad_token_id, pack=pack)
+        sb = make_seq_batch(
+            prompts, comp, torch.ones(3, 4), tok.pad_token_id, pack=pack, layout=layout
+        )
         with torch.no_grad():
             on = completion_logprobs(pm, sb, 1.0)[0]
             with pm.disable_adapter():

@@ -115,8 +115,11 @@ def test_microbatching_equals_the_full_batch(tmp_path):
     (g1, p1, m1), (g8, p8, m8) = out[1], out[8]
     for k in g1:
         torch.testing.assert_close(g1[k], g8[k], atol=1e-6, rtol=1e-4)
-    for k in p1:  # Adam moves each weight by about lr = 1e-4: 1e-6 is 1 % of a step
-        torch.testing.assert_close(p1[k], p8[k], atol=1e-6, rtol=1e-5)
+    # Adam moves each weight by about lr = 1e-4; a weight whose gradient is near Adam's eps
+    # moves by a rounding-sensitive fraction of that (the packed rows of 1 and of 8 pairs sum
+    # in another order): 3e-6 is 3 % of a step
+    for k in p1:
+        torch.testing.assert_close(p1[k], p8[k], atol=3e-6, rtol=1e-5)
     for key in ("loss", "margin", "reward_acc", "explore", "logp/chosen", "grad_norm"):
         assert m1[key] == pytest.approx(m8[key], rel=1e-5, abs=1e-6)
 

@@ -16,6 +16,9 @@ from torch import Tensor
 from rlpost.core.logprobs import logprobs_and_entropy
 from rlpost.llm.config import Config
 
+ROW_TOKENS = 128
+"""Ragged packing: rows hold at least this many tokens (or the longest sequence); a group
+longer than a row is split, its prompt repeated (per-row attention stays small)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -127,26 +130,31 @@ def make_seq_batch(
     mask: Tensor,
     pad_id: int,
     pack: bool = False,
+    layout: str = "ragged",
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
     :func:`rlpost.kernels.ops.shared_prompt.pack_groups`), which
-    :func:`completion_logprobs` then uses instead."""
+    :func:`completion_logprobs` then uses instead: ``layout="ragged"`` keeps only each
+    response's real tokens (``mask``) and attends through the model's own attention with a
+    4D mask; ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op
+    (Triton on CUDA)."""
+    if layout not in ("ragged", "uniform"):
+        raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
     P = max(len(p) for p in prompt_ids)
-    ids = torch.full((B, P + L), pad_id, dtype=torch.long)
+    left = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompt_ids], dtype=torch.long)
+    ids = torch.cat([left.view(B, P), completion_ids.long()], 1)
     attn = torch.zeros(B, P + L, dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p) : P] = 1
-    ids[:, P:] = completion_ids
+    attn[:, :P] = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids]).view(B, P)
     attn[:, P:] = mask.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
     packed = None
     if pack:
         from rlpost.kernels.ops.shared_prompt import pack_groups
 
-        packed = pack_groups(prompt_ids, completion_ids, pad_id)
+        lengths = mask.sum(1).long() if layout == "ragged" else None
+        packed = pack_groups(prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS)
     return SeqBatch(ids, attn, pos, completion_ids, P, packed)
 
 
@@ -311,11 +319,14 @@ def _packed_logprobs(
         "position_ids": pk.position_ids.to(dev),
         "use_cache": False,
     }
-    # transformers models: the shared-prompt attention function (no masked blocks are
-    # computed); others: the dense 4D mask
+    # uniform layout in a transformers model: the shared-prompt attention function (no
+    # masked blocks are computed); otherwise the dense 4D mask through the model's own
+    # attention (boolean for SDPA, additive for eager implementations)
     mode = None
-    if supports_shared_attention(model):
+    if pk.layout is not None and supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
+    elif getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+        inputs["attention_mask"] = pk.allow[:, None].to(dev)
     else:
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)

@@ -61,14 +61,15 @@ class PackedGroups:
     ``allow [G, T, T]`` (bool: query row may attend to key column), ``gather [B, L]``
     (flat index into ``G * T`` of the position whose output predicts each completion
     token), ``tokens`` (real tokens per packed sequence), ``layout`` (``(P, N, L)`` of each
-    packed sequence: prompt length, responses, response length)."""
+    packed sequence: prompt length, responses, response length; ``None`` for the ragged
+    layout, which only ``allow`` describes)."""
 
     input_ids: Tensor
     position_ids: Tensor
     allow: Tensor
     gather: Tensor
     tokens: list[int]
-    layout: list[tuple[int, int, int]]
+    layout: list[tuple[int, int, int]] | None
 
     def additive_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[G, 1, T, T]``: 0 where allowed, the dtype's minimum elsewhere (HF 4D mask)."""
@@ -94,32 +95,95 @@ def pack_group(prompt: list[int], responses: Tensor) -> tuple[Tensor, Tensor, Te
     return ids, pos, allow
 
 
-def pack_groups(prompt_ids: list[list[int]], completion_ids: Tensor, pad_id: int) -> PackedGroups:
+def pack_groups(
+    prompt_ids: list[list[int]],
+    completion_ids: Tensor,
+    pad_id: int,
+    lengths: Tensor | None = None,
+    row_tokens: int | None = None,
+) -> PackedGroups:
     """Pack rows that share a prompt (equal ``prompt_ids``) into one sequence each, in
-    order of first appearance; padding rows attend only to themselves."""
+    order of first appearance; padding rows attend only to themselves.
+
+    ``lengths`` (``[B]`` real tokens per completion): the *ragged* layout. Each response
+    takes only its own tokens (no right padding inside a group), several groups may share
+    a packed row (first-fit decreasing into rows as long as the longest group, so that
+    rows need little padding), and ``layout`` is ``None``: ``allow`` is the mask (a token
+    attends within its own group only). Without ``lengths`` every response is padded to
+    ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
+    shared-prompt attention op. A completion position past a ragged row's length gathers
+    the row's last position (finite; the caller masks it out)."""
     B, L = completion_ids.shape
     order: dict[tuple[int, ...], list[int]] = {}
     for b, p in enumerate(prompt_ids):
         order.setdefault(tuple(p), []).append(b)
     packs = [(list(p), rows) for p, rows in order.items()]
-    T = max(len(p) + len(rows) * L for p, rows in packs)
-    G = len(packs)
-    ids = torch.full((G, T), pad_id, dtype=torch.long)
-    pos = torch.zeros(G, T, dtype=torch.long)
-    allow = torch.eye(T, dtype=torch.bool).repeat(G, 1, 1)
-    gather = torch.zeros(B, L, dtype=torch.long)
-    tokens, layout = [], []
-    for g, (prompt, rows) in enumerate(packs):
-        i, p, a = pack_group(prompt, completion_ids[rows])
-        n = len(i)
-        ids[g, :n], pos[g, :n], allow[g, :n, :n] = i, p, a
-        P = len(prompt)
-        for j, b in enumerate(rows):
-            s = P + j * L  # response j's first token; it is predicted by position P - 1
-            gather[b] = g * T + torch.cat([torch.tensor([P - 1]), torch.arange(s, s + L - 1)])
-        tokens.append(n)
-        layout.append((P, len(rows), L))
-    return PackedGroups(ids, pos, allow, gather, tokens, layout)
+    lens_all = [L] * B if lengths is None else [max(1, n) for n in lengths.tolist()]
+    if lengths is not None and row_tokens:  # split groups longer than a row
+        cap = max(row_tokens, max(len(p) + lens_all[b] for p, rows in packs for b in rows))
+        split = []
+        for p, rows in packs:
+            cur, size = [], len(p)
+            for b in rows:
+                if cur and size + lens_all[b] > cap:
+                    split.append((p, cur))
+                    cur, size = [], len(p)
+                cur.append(b)
+                size += lens_all[b]
+            split.append((p, cur))
+        packs = split
+    sizes = [len(p) + sum(lens_all[b] for b in rows) for p, rows in packs]
+    T = max(sizes)
+    if lengths is None:  # one group per row
+        bins = [[g] for g in range(len(packs))]
+    else:  # first-fit decreasing
+        bins, free = [], []
+        for g in sorted(range(len(packs)), key=lambda g: -sizes[g]):
+            for r, room in enumerate(free):
+                if sizes[g] <= room:
+                    bins[r].append(g)
+                    free[r] -= sizes[g]
+                    break
+            else:
+                bins.append([g])
+                free.append(T - sizes[g])
+    comp = completion_ids.tolist()
+    ids, pos, grp, seg = [], [], [], []  # per packed row; grp / seg -1 on padding
+    gather = [[0] * L for _ in range(B)]
+    tokens = []
+    for r, members in enumerate(bins):
+        i_r, p_r, g_r, s_r = [], [], [], []
+        for g in members:
+            prompt, rows = packs[g]
+            P = len(prompt)
+            i_r += prompt
+            p_r += range(P)
+            g_r += [g] * P
+            s_r += [0] * P
+            prev = r * T + len(i_r) - 1  # token 0 is predicted by the prompt's last
+            for j, b in enumerate(rows):
+                n = lens_all[b]
+                start = r * T + len(i_r)
+                i_r += comp[b][:n]
+                p_r += range(P, P + n)
+                g_r += [g] * n
+                s_r += [j + 1] * n
+                gather[b] = [prev, *range(start, start + n - 1)] + [start + n - 1] * (L - n)
+        tokens.append(len(i_r))
+        pad = T - len(i_r)
+        ids.append(i_r + [pad_id] * pad)
+        pos.append(p_r + [0] * pad)
+        grp.append(g_r + [-1] * pad)
+        seg.append(s_r + [-1] * pad)
+    grp_t, seg_t = torch.tensor(grp), torch.tensor(seg)
+    idx = torch.arange(T)
+    gq, gk, sq, sk = grp_t[:, :, None], grp_t[:, None, :], seg_t[:, :, None], seg_t[:, None, :]
+    allow = (gq == gk) & (gq >= 0) & ((sk == 0) | (sk == sq)) & (idx[None, :] <= idx[:, None])
+    allow |= torch.eye(T, dtype=torch.bool)
+    layout = None if lengths is not None else [(len(p), len(r), L) for p, r in packs]
+    return PackedGroups(
+        torch.tensor(ids), torch.tensor(pos), allow, torch.tensor(gather), tokens, layout
+    )
 
 
 def packing_ratio(n: int, prompt_len: int, response_len: int) -> float:
