@@ -11,7 +11,7 @@ Two runs of the same seeded trainer (the benchmark's config, ``rlpost_config``):
 whose per-step wall time and the trainer's own ``time/rollout`` / ``time/update`` are the
 reference, and one under ``cProfile``, whose cumulative times split the step into
 
-* generation: the rollout engine's ``generate`` (Hugging Face ``generate`` here), per
+* generation: the rollout engine's ``generate`` (the lean engine by default, or HF), per
   generated token;
 * reward: scoring the completions;
 * no-grad forwards: the old / reference log-probabilities recomputed before the update;
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm_grpo import rlpost_config, save_model
 
 PARTS = {
-    "generation": [("engines/hf.py", "generate")],
+    "generation": [("engines/hf.py", "generate"), ("engines/lean.py", "generate")],
     "reward": [("rlpost/llm/trainer.py", "_score")],
     "no-grad forwards": [("rlpost/llm/trainer.py", "_forward_nograd")],
     "update (all)": [("rlpost/llm/trainer.py", "update")],

@@ -16,7 +16,7 @@ def test_defaults_recipe_and_overrides_merge_in_order(tmp_path):
     ("override", "message"),
     [
         ("optim.lrr=1", r"optim\.lrr: unknown field"),
-        ("rollout.engine=tpu", r"rollout\.engine: must be one of 'hf' or 'vllm'"),
+        ("rollout.engine=tpu", r"rollout\.engine: must be one of 'auto', 'lean', 'hf' or 'vllm'"),
         ("optim.lr=-1", r"optim\.lr: Input should be greater than 0"),
         ("algo.preset=grpoo", r"unknown preset 'grpoo'; valid names: .*\bdapo\b"),
         ("train.steps=many", r"train\.steps: Input should be a valid integer"),

@@ -40,10 +40,15 @@ class ModelConfig(_Strict):
     """How log-probs / entropy are computed from the model: ``fused`` (decoder hidden states
     + LM-head weight through rlpost.kernels, no [B, L, V] logits), ``logits`` (the model's
     logits, chunked), ``auto`` (fused when the head is a plain linear layer)."""
-    pack_prompts: bool = False
+    pack_prompts: bool = True
     """Pack the responses of a micro-batch that share a prompt into one sequence per prompt
     (``[prompt; r_1; ...; r_N]`` with a 4D attention mask, rlpost.kernels shared_prompt):
     the prompt is processed once instead of N times. Needs a model that accepts 4D masks."""
+    pack_layout: Literal["ragged", "uniform"] = "ragged"
+    """``ragged``: each response keeps only its own tokens and several groups share a packed
+    row (no padding computed), attention through the model's own implementation with the
+    4D mask; ``uniform``: every response padded to the longest, one group per row, attention
+    through the shared-prompt op (Triton on CUDA)."""
 
 
 TaskName = Literal["arithmetic", "countdown"]
@@ -91,7 +96,10 @@ class AuxDataConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
+    """``lean``: rlpost's decode loop (one prefill per prompt, static KV cache,
+    rlpost.llm.engines.lean); ``hf``: transformers ``generate``; ``vllm``: vLLM (GPU);
+    ``auto``: lean when the model's architecture is one it runs, else hf."""
     group_size: int | None = Field(None, ge=1)  # None: the preset's
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(8, ge=1)

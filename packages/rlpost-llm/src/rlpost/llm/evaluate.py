@@ -8,8 +8,8 @@ import torch
 
 from rlpost.llm.config import Config
 from rlpost.llm.data import encode_prompt, make_prompt_source
+from rlpost.llm.engines import make_local_engine
 from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.hf import HFEngine
 from rlpost.llm.policy import load_policy
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 
@@ -28,7 +28,9 @@ def evaluate_config(
         cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
     )
     fn = source.task.score if cfg.data.path is None else math_verify_reward
-    engine = HFEngine(model, tok)
+    engine = make_local_engine(
+        cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
+    )
     exs = source.eval_examples
     prompts = [encode_prompt(tok, e.prompt) for e in exs]
     r = cfg.rollout

@@ -318,9 +318,11 @@ class Trainer:
             )
             eng.update_weights(merged_state_dict(self.model), 0)
             return eng
-        from rlpost.llm.engines.hf import HFEngine
+        from rlpost.llm.engines import make_local_engine
 
-        return HFEngine(self.model, self.tok, own_copy=cfg.train.async_rollouts)
+        return make_local_engine(
+            cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.async_rollouts
+        )
 
     def _extras(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
         return {"critic": (self.critic.module, self.critic.optimizer)} if self.critic else {}
@@ -461,7 +463,7 @@ class Trainer:
             sl = slice(s, s + mbs)
             yield sl, make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
-                pack=pack,
+                pack=pack, layout=self.cfg.model.pack_layout,
             )  # fmt: skip
 
     @torch.no_grad()
@@ -652,6 +654,7 @@ class Trainer:
                     sub.mask,
                     batch.pad_id,
                     pack=cfg.model.pack_prompts,
+                    layout=cfg.model.pack_layout,
                 )
                 res = completion_logprobs(
                     model,

@@ -186,9 +186,9 @@ class PreferenceTrainer:
         self.task = self.data.source.task if self.data.source is not None else None
         self.engine = engine
         if self.engine is None and self.task is not None:
-            from rlpost.llm.engines.hf import HFEngine
+            from rlpost.llm.engines import make_local_engine
 
-            self.engine = HFEngine(model, tokenizer)
+            self.engine = make_local_engine("auto", model, tokenizer)
         self.pool = None
         if self.task is not None:
             self.pool = RewardPool(
@@ -279,7 +279,14 @@ class PreferenceTrainer:
         sums over completion tokens of :func:`completion_logprobs` at temperature 1, one
         forward over the ``2b`` chosen and rejected rows."""
         prompts, comp, mask = pairs.rows(idx)
-        sb = make_seq_batch(prompts, comp, mask, pairs.pad_id, pack=self.cfg.model.pack_prompts)
+        sb = make_seq_batch(
+            prompts,
+            comp,
+            mask,
+            pairs.pad_id,
+            pack=self.cfg.model.pack_prompts,
+            layout=self.cfg.model.pack_layout,
+        )
         logp, _ = completion_logprobs(model, sb, 1.0, impl=self.cfg.model.logprob_impl)
         m = mask.to(logp.device)
         seq = (logp * m).sum(1)  # [2b]
