@@ -17,8 +17,9 @@ from rlpost.core.logprobs import logprobs_and_entropy
 from rlpost.llm.config import Config
 
 ROW_TOKENS = 128
-"""Ragged packing: rows hold at least this many tokens (or the longest sequence); a group
-longer than a row is split, its prompt repeated (per-row attention stays small)."""
+"""Ragged packing: a group longer than ``max(ROW_TOKENS, 2 x its longest sequence)`` is
+split into several packed sequences, its prompt repeated in each (the dense per-row mask
+and attention stay small)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

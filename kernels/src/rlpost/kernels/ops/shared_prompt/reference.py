@@ -109,7 +109,9 @@ def pack_groups(
     takes only its own tokens (no right padding inside a group), several groups may share
     a packed row (first-fit decreasing into rows as long as the longest group, so that
     rows need little padding), and ``layout`` is ``None``: ``allow`` is the mask (a token
-    attends within its own group only). Without ``lengths`` every response is padded to
+    attends within its own group only); with ``row_tokens``, a group longer than
+    ``max(row_tokens, 2 x its longest [prompt; response])`` is split, its prompt repeated
+    (smaller rows, smaller dense masks). Without ``lengths`` every response is padded to
     ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
     shared-prompt attention op. A completion position past a ragged row's length gathers
     the row's last position (finite; the caller masks it out)."""
@@ -120,7 +122,8 @@ def pack_groups(
     packs = [(list(p), rows) for p, rows in order.items()]
     lens_all = [L] * B if lengths is None else [max(1, n) for n in lengths.tolist()]
     if lengths is not None and row_tokens:  # split groups longer than a row
-        cap = max(row_tokens, max(len(p) + lens_all[b] for p, rows in packs for b in rows))
+        longest = max(len(p) + lens_all[b] for p, rows in packs for b in rows)
+        cap = max(row_tokens, 2 * longest)
         split = []
         for p, rows in packs:
             cur, size = [], len(p)

@@ -66,12 +66,10 @@ class RolloutBatch:
         ``n`` per prompt in prompt order, into a batch (every engine returns through here)."""
         L = max(1, max((len(r[1]) for r in rows), default=1))
         N = len(rows)
-        ids = torch.full((N, L), pad_id, dtype=torch.long)
-        logprobs, mask = torch.zeros(N, L), torch.zeros(N, L)
-        for i, (_, toks, lps, _) in enumerate(rows):
-            ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            logprobs[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
-            mask[i, : len(toks)] = 1.0
+        ids = torch.tensor([[*r[1]] + [pad_id] * (L - len(r[1])) for r in rows], dtype=torch.long)
+        logprobs = torch.tensor([[*r[2]] + [0.0] * (L - len(r[2])) for r in rows])
+        mask = torch.tensor([[1.0] * len(r[1]) + [0.0] * (L - len(r[1])) for r in rows])
+        ids, logprobs, mask = ids.view(N, L), logprobs.view(N, L), mask.view(N, L)
         return RolloutBatch(
             [r[0] for r in rows],
             ids,
