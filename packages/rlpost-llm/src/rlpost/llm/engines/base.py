@@ -8,6 +8,8 @@ training-inference mismatch (catalog 000-23 / 004-02) that TIS / MIS corrections
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -155,3 +157,51 @@ class RolloutEngine(Protocol):
 
     def wake(self) -> None:
         """Undo :meth:`sleep`."""
+
+
+class LocalEngine:
+    """What the in-process engines (HF ``generate``, the lean loop) share: the model used
+    as is (``own_copy=False``: the colocated case, where the trainer's module *is* the
+    engine's and weight sync is free) or deep-copied (``own_copy=True``: asynchronous
+    rollouts from a frozen snapshot, updated by :meth:`update_weights`); prompts decoded
+    at most ``batch_size`` completions at a time by the subclass's ``_generate_chunk``,
+    inside its ``_context()``."""
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, own_copy: bool = False, batch_size: int = 256
+    ):
+        self.model = copy.deepcopy(model) if own_copy else model
+        self.own_copy = own_copy
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.policy_version = 0
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs a pad token for batched generation")
+        self.pad_id = int(tokenizer.pad_token_id)
+        eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        if self.own_copy:
+            self.model.load_state_dict(state_dict, strict=True)
+        self.policy_version = version
+
+    def sleep(self) -> None:  # nothing to release on CPU / for a shared module
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def _context(self) -> contextlib.AbstractContextManager:
+        return torch.no_grad()
+
+    def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: SamplingParams):
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
+        rows: list[tuple[list[int], list[int], list[float], FinishReason]] = []
+        per_call = max(1, self.batch_size // n)
+        with self._context():
+            for s in range(0, len(prompts), per_call):
+                rows.extend(self._generate_chunk(prompts[s : s + per_call], n, sampling))
+        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)

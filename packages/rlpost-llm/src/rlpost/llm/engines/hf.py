@@ -7,13 +7,11 @@ top-p), so the trainer can measure its mismatch against them.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from rlpost.llm.engines.base import FinishReason, RolloutBatch, SamplingParams
+from rlpost.llm.engines.base import FinishReason, LocalEngine, SamplingParams
 
 
 class _FiniteLogits(LogitsProcessor):
@@ -48,46 +46,9 @@ class _StopStrings:
         )
 
 
-class HFEngine:
-    """``generate`` on a transformers causal LM.
-
-    ``model`` is used as is (``own_copy=False``: the colocated case, where the trainer's
-    module *is* the engine's and weight sync is free) or deep-copied (``own_copy=True``:
-    asynchronous rollouts from a frozen snapshot, updated by :meth:`update_weights`).
-    """
-
-    def __init__(
-        self, model: torch.nn.Module, tokenizer, own_copy: bool = False, batch_size: int = 256
-    ):
-        self.model = copy.deepcopy(model) if own_copy else model
-        self.own_copy = own_copy
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.policy_version = 0
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer needs a pad token for batched generation")
-        self.pad_id = int(tokenizer.pad_token_id)
-        eos = tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-
-    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        if self.own_copy:
-            self.model.load_state_dict(state_dict, strict=True)
-        self.policy_version = version
-
-    def sleep(self) -> None:  # nothing to release on CPU / for a shared module
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
-        rows: list[tuple[list[int], list[int], list[float], FinishReason]] = []
-        per_call = max(1, self.batch_size // n)
-        for s in range(0, len(prompts), per_call):
-            rows.extend(self._generate_chunk(prompts[s : s + per_call], n, sampling))
-        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
+class HFEngine(LocalEngine):
+    """``generate`` on a transformers causal LM (``own_copy`` / ``batch_size``: see
+    :class:`~rlpost.llm.engines.base.LocalEngine`)."""
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sp: SamplingParams):
         model = self.model

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -42,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlpost.llm.engines.base import FinishReason, RolloutBatch, SamplingParams
+from rlpost.llm.engines.base import FinishReason, LocalEngine, SamplingParams
 
 NAME = "rlpost_lean_decode"
 # model types whose decoder forward is exactly embed -> rotary -> layers -> norm
@@ -263,7 +262,7 @@ class _FusedDecode:
         return h
 
 
-class LeanEngine:
+class LeanEngine(LocalEngine):
     """The lean decode loop (module docstring) behind the :class:`RolloutEngine` protocol.
 
     ``own_copy`` / ``batch_size`` as for :class:`~rlpost.llm.engines.hf.HFEngine`: the
@@ -280,40 +279,17 @@ class LeanEngine:
         batch_size: int = 256,
         fuse: bool = True,
     ):
-        self.fuse = fuse
         why = lean_unsupported(model)
         if why is not None:
             raise ValueError(f"LeanEngine: {why}; use the hf engine")
-        self.model = copy.deepcopy(model) if own_copy else model
-        self.own_copy = own_copy
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.policy_version = 0
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer needs a pad token for batched generation")
-        self.pad_id = int(tokenizer.pad_token_id)
-        eos = tokenizer.eos_token_id
-        self.eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]) - {None})
+        super().__init__(model, tokenizer, own_copy, batch_size)
+        self.fuse = fuse
         _register()
 
-    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        if self.own_copy:
-            self.model.load_state_dict(state_dict, strict=True)
-        self.policy_version = version
-
-    def sleep(self) -> None:  # nothing to release on CPU / for a shared module
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
-        rows: list[tuple[list[int], list[int], list[float], FinishReason]] = []
-        per_call = max(1, self.batch_size // n)
+    @contextlib.contextmanager
+    def _context(self) -> Iterator[None]:
         with self._mode(), torch.inference_mode():  # the results leave as Python lists
-            for s in range(0, len(prompts), per_call):
-                rows.extend(self._generate_chunk(prompts[s : s + per_call], n, sampling))
-        return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
+            yield
 
     @contextlib.contextmanager
     def _mode(self) -> Iterator[None]:
@@ -376,7 +352,7 @@ class LeanEngine:
             lengths = torch.full((N,), L, dtype=torch.long)
             finite = torch.ones((), dtype=torch.bool, device=dev)
             done = torch.zeros(N, dtype=torch.bool)  # of the active rows
-            eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev)
+            eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
             greedy = sp.temperature == 0
             for t in range(L):
                 finite &= torch.isfinite(logits).all()
