@@ -249,3 +249,25 @@ def test_unsupported_architectures_fall_back_to_generate(tok):
         layer_types=["sliding_attention", "sliding_attention"],
     )
     assert "sliding" in (lean_unsupported(sliding) or "")
+
+
+def test_trainer_picks_the_engine_and_says_when_it_falls_back(tok, fast_cfg, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlpost.llm.trainer import Trainer
+
+    def score(completion, example):
+        return 0.0
+
+    tr = Trainer(fast_cfg(), reward_fn=score)
+    assert isinstance(tr.engine, LeanEngine)  # the tiny Qwen2 default
+    tr.close()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    )
+    cfg = fast_cfg("run.dir=" + str(tr.run_dir) + "-gpt2")
+    tr = Trainer(cfg, model=gpt2, tokenizer=tok, reward_fn=score)
+    assert isinstance(tr.engine, HFEngine)
+    assert "lean engine does not run this model" in capsys.readouterr().err
+    tr.train()  # and it trains through generate
+    tr.close()

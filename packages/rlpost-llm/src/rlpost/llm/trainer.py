@@ -318,8 +318,14 @@ class Trainer:
             )
             eng.update_weights(merged_state_dict(self.model), 0)
             return eng
-        from rlpost.llm.engines import make_local_engine
+        from rlpost.llm.engines import lean_unsupported, make_local_engine
 
+        why = lean_unsupported(self.model) if cfg.rollout.engine == "auto" else None
+        if why is not None and self.main:
+            notice(
+                f"rollout.engine auto: the lean engine does not run this model ({why}); "
+                "rollouts use transformers generate"
+            )
         return make_local_engine(
             cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.async_rollouts
         )
