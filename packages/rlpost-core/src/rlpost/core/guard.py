@@ -106,7 +106,7 @@ class UpdateGuard:
         snapshot (in place, no allocation) when the state has the same structure, else
         fresh copies: a deep copy of the state dict per step cost more than the step."""
         with torch.no_grad():
-            states = [_state_snapshot(o) for o in self.optimizers]
+            states = [o.state_dict() for o in self.optimizers]  # live tensors: copied below
             old = self._buffers
             if old is not None and _same_structure(old[1], states):
                 params, bufs = old
@@ -161,11 +161,6 @@ class UpdateGuard:
                 "the run cannot make progress: check the rewards and lower optim.lr, then "
                 "--resume"
             )
-
-
-def _state_snapshot(opt: torch.optim.Optimizer) -> dict:
-    """``opt.state_dict()`` (its tensors are the live ones: copy before keeping)."""
-    return opt.state_dict()
 
 
 def _clone_state(st: dict) -> dict:

@@ -8,6 +8,7 @@ training-inference mismatch (catalog 000-23 / 004-02) that TIS / MIS corrections
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ class RolloutEngine(Protocol):
         """Undo :meth:`sleep`."""
 
 
-class LocalEngine:
+class LocalEngine(abc.ABC):
     """What the in-process engines (HF ``generate``, the lean loop) share: the model used
     as is (``own_copy=False``: the colocated case, where the trainer's module *is* the
     engine's and weight sync is free) or deep-copied (``own_copy=True``: asynchronous
@@ -186,17 +187,20 @@ class LocalEngine:
             self.model.load_state_dict(state_dict, strict=True)
         self.policy_version = version
 
-    def sleep(self) -> None:  # nothing to release on CPU / for a shared module
-        pass
+    def sleep(self) -> None:  # noqa: B027 (a no-op on purpose, not abstract)
+        """Nothing to release: CPU memory, or a module shared with the trainer."""
 
-    def wake(self) -> None:
-        pass
+    def wake(self) -> None:  # noqa: B027
+        """Undo :meth:`sleep` (nothing to undo)."""
 
     def _context(self) -> contextlib.AbstractContextManager:
         return torch.no_grad()
 
-    def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: SamplingParams):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _generate_chunk(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[tuple[list[int], list[int], list[float], FinishReason]]:
+        """``n`` completions of each prompt as ``from_rows`` rows, grouped by prompt."""
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
         rows: list[tuple[list[int], list[int], list[float], FinishReason]] = []

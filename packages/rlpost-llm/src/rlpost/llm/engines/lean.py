@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -137,23 +138,26 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
 
 
 def process_logits(logits: Tensor, sp: SamplingParams) -> Tensor:
-    """Float32 logits after ``generate``'s warpers, in its order: temperature, top-k, top-p
-    (masked entries at ``-inf``); greedy (temperature 0) leaves them raw."""
+    """Float32 logits after ``generate``'s own warpers, in its order: temperature, top-k,
+    top-p (masked entries at ``-inf``); greedy (temperature 0) leaves them raw."""
     x = logits.float()
     if sp.temperature == 0:
         return x
-    if sp.temperature != 1.0:
-        x = x / sp.temperature
-    if sp.top_k and sp.top_k < x.shape[-1]:
-        kth = x.topk(sp.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, -torch.inf)
-    if sp.top_p < 1.0:  # drop the lowest tokens whose total mass is <= 1 - top_p
-        srt, idx = x.sort(dim=-1)
-        cum = srt.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - sp.top_p
-        drop[..., -1] = False  # keep at least the most likely token
-        x = x.masked_fill(drop.scatter(-1, idx, drop), -torch.inf)
+    for warp in _warpers(sp):
+        x = warp(None, x)
     return x
+
+
+@functools.lru_cache(maxsize=32)
+def _warpers(sp: SamplingParams) -> tuple:
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    out = [TemperatureLogitsWarper(sp.temperature)] if sp.temperature != 1.0 else []
+    if sp.top_k:
+        out.append(TopKLogitsWarper(sp.top_k))
+    if sp.top_p < 1.0:
+        out.append(TopPLogitsWarper(sp.top_p))
+    return tuple(out)
 
 
 def sample(scores: Tensor, greedy: bool) -> tuple[Tensor, Tensor]:
@@ -169,14 +173,6 @@ def sample(scores: Tensor, greedy: bool) -> tuple[Tensor, Tensor]:
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _rms(norm: torch.nn.Module, x: Tensor) -> Tensor:
-    """transformers' RMSNorm of the llama family, op for op (so results match bitwise)."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
-
-
 def _cat_linear(mods: list[torch.nn.Module]) -> tuple[Tensor, Tensor | None]:
     """One weight (and bias) for several linear layers applied to the same input."""
     w = torch.cat([m.weight for m in mods])
@@ -190,8 +186,8 @@ def _cat_linear(mods: list[torch.nn.Module]) -> tuple[Tensor, Tensor | None]:
 class _FusedDecode:
     """The decode step of plain llama-family layers with fewer, larger ops: q/k/v and
     gate/up as one matrix product each (weights concatenated once per ``generate`` call),
-    the rotary embedding of queries and keys in one pass, attention over the static cache.
-    The same arithmetic as the modules', op for op. :meth:`build` returns ``None`` when a
+    the rotary embedding of queries and keys in one pass, attention over the static cache;
+    the norms and the down projection are the layer's own modules. :meth:`build` returns ``None`` when a
     layer is not plain (e.g. LoRA-wrapped projections): the module path then runs."""
 
     def __init__(self, layers: list[dict]):
@@ -238,11 +234,11 @@ class _FusedDecode:
         w, S = st.write, st.mask.shape[-1]
         for i, ly in enumerate(self.layers):
             hd = ly["hd"]
-            qkv = F.linear(_rms(ly["ln1"], h), ly["wqkv"], ly["bqkv"])
+            qkv = F.linear(ly["ln1"](h), ly["wqkv"], ly["bqkv"])
             q, k, v = qkv.split(ly["split"], -1)
             q, k, v = q.view(B, 1, -1, hd), k.view(B, 1, -1, hd), v.view(B, 1, -1, hd)
             if ly["q_norm"] is not None:
-                q, k = _rms(ly["q_norm"], q), _rms(ly["k_norm"], k)
+                q, k = ly["q_norm"](q), ly["k_norm"](k)
             H, Hkv = q.shape[2], k.shape[2]
             qk = torch.cat([q, k], 2).transpose(1, 2)  # [B, H + Hkv, 1, d]
             half = hd // 2
@@ -256,7 +252,7 @@ class _FusedDecode:
             att = sc.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(qh.dtype)
             o = torch.matmul(att, vc[:, :, :S]).reshape(B, 1, H * hd)
             h = h + ly["o"](o)
-            gu = F.linear(_rms(ly["ln2"], h), ly["wgu"], ly["bgu"])
+            gu = F.linear(ly["ln2"](h), ly["wgu"], ly["bgu"])
             g, u = gu.split(ly["inter"], -1)
             h = h + ly["down"](ly["act"](g) * u)
         return h
