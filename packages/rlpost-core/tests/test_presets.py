@@ -11,6 +11,7 @@ from rlpost.core import (
     PolicyBatch,
     Preset,
     RegistryError,
+    TeacherDistributions,
     TrainingDynamics,
     get_preset,
     kl_reward_penalty,
@@ -88,6 +89,14 @@ def test_preset_microbatching_equals_full_batch(name):
     kw = {"rollout_logp": rollout, "ref_logp": ref, "entropy": ent, "dynamics": DYN}
     kw["generation_budget"] = float(T)  # Dr. GRPO's constant
     kw["group_ids"] = groups  # entries that do not declare them never see them
+    g = torch.Generator().manual_seed(3)  # a teacher's top-2 (distillation presets)
+    topk = TeacherDistributions(
+        -torch.rand(B, T, 2, generator=g) * 3,
+        -torch.rand(B, T, 2, generator=g) * 3,
+        torch.randint(-1, 2, (B, T), generator=g),
+    )
+    teacher = {"teacher_logp": ref, "teacher_topk": topk}
+    kw.update(teacher)
     full = recipe.policy_loss(PolicyBatch(logp, old, adv, mask, **kw)).loss
     (g_full,) = torch.autograd.grad(full, logp)
     g_acc, tot = torch.zeros_like(logp), 0.0
@@ -98,6 +107,10 @@ def test_preset_microbatching_equals_full_batch(name):
     for idx in splits:
         x = logp.detach()[idx].clone().requires_grad_(True)
         gkw = {"group_ids": groups[idx], "dynamics": DYN, "generation_budget": float(T)}
+        gkw["teacher_logp"] = ref[idx]
+        gkw["teacher_topk"] = TeacherDistributions(
+            topk.student[idx], topk.teacher[idx], topk.sampled_index[idx]
+        )
         li = recipe.policy_loss(
             PolicyBatch(
                 x,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlpost.apps.llm.cli import main as cli
-from rlpost.core import PRESETS
+from rlpost.core import PRESETS, Input
 from rlpost.llm.config import ConfigError
 from rlpost.llm.trainer import Trainer
 
@@ -49,6 +49,9 @@ def test_every_preset_trains_two_steps_from_the_cli(name, fast_overrides, tmp_pa
         f"algo.preset={name}",
         f"run.dir={tmp_path}",
     ]
+    teacher = {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
+    if teacher & set(PRESETS[name].build().needs()):  # a distillation preset: its teacher
+        overrides.append("distill.teachers=[{path: tiny-random}]")
     assert cli(["train", "--config", "grpo_arithmetic", *overrides]) == 0
     rows = _rows(tmp_path)
     trained = [r for r in rows if r["step"] > 0]

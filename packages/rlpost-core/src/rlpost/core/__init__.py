@@ -13,6 +13,7 @@ registry                  input -> output                        subpackage
 ``OBJECTIVES``            ObjectiveInput -> ObjectiveOutput      :mod:`rlpost.core.objectives`
 ``AGGREGATIONS``          AggregationInput -> AggregationOutput  :mod:`rlpost.core.aggregation`
 ``KL_ESTIMATORS``         KLInput -> KLOutput                    :mod:`rlpost.core.kl`
+``DISTILL_ESTIMATORS``    DistillInput -> DistillOutput          :mod:`rlpost.core.distill`
 ``PREFERENCE_LOSSES``     PreferenceInput -> PreferenceOutput    :mod:`rlpost.core.preference`
 ``OPTIMIZERS``            OptimizerInput -> torch Optimizer      :mod:`rlpost.core.optim`
 ``REGULARIZERS``          GradientInput -> GradientOutput        :mod:`rlpost.core.regularizers`
@@ -32,6 +33,13 @@ from rlpost.core.advantages import (
 from rlpost.core.advantages.turns import A2TGPOParams
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput, AggregationOutput
 from rlpost.core.contract import ContractError, Coupling, Input
+from rlpost.core.distill import (
+    DISTILL_ESTIMATORS,
+    DistillInput,
+    DistillOutput,
+    DistillSchedule,
+    TeacherDistributions,
+)
 from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, kl_reward_penalty
 from rlpost.core.logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
 from rlpost.core.masked import (
@@ -84,6 +92,7 @@ REGISTRIES = {
     "objective": OBJECTIVES,
     "aggregation": AGGREGATIONS,
     "kl": KL_ESTIMATORS,
+    "distill": DISTILL_ESTIMATORS,
     "preference": PREFERENCE_LOSSES,
     "optimizer": OPTIMIZERS,
     "regularizer": REGULARIZERS,
@@ -94,6 +103,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "CORRECTIONS",
+    "DISTILL_ESTIMATORS",
     "KL_ESTIMATORS",
     "OBJECTIVES",
     "OPTIMIZERS",
@@ -114,6 +124,9 @@ __all__ = [
     "ContractError",
     "CorrectionOutput",
     "Coupling",
+    "DistillInput",
+    "DistillOutput",
+    "DistillSchedule",
     "GradientInput",
     "GradientOutput",
     "Input",
@@ -133,6 +146,7 @@ __all__ = [
     "Recipe",
     "Registry",
     "RegistryError",
+    "TeacherDistributions",
     "TokenDistributions",
     "TokenSubset",
     "TrainingDynamics",

@@ -57,6 +57,9 @@ class Input(StrEnum):
     GRAD_SAMPLES = "grad_samples"  # [K, D] per-micro-batch samples of the step gradient
     PARAMETERS = "parameters"  # [D] the current parameters, flat
     TASK_BOUNDARY = "task_boundary"  # a task of a continual sequence starts / ends
+    TEACHER_LOGPROBS = "teacher_logprobs"  # [B, T] a teacher's log-probs of the sampled tokens
+    TEACHER_TOPK = "teacher_topk"  # [B, T, K] student and teacher over the teacher's top-K ids
+    TEACHER_FULL = "teacher_full"  # [B, T, V] student and teacher over the whole vocabulary
 
 
 class Coupling(IntEnum):

@@ -18,6 +18,8 @@ The checks per registry (shapes ``B = 6`` rows in two groups of 3, ``T = 5`` tok
   off-policy (per token, or summed over the batch for group-coupled entries);
 * aggregations: finite scalar, zero gradient on masked tokens;
 * KL estimators: finite ``[B, T]``, zero gradient where masked, KL(pi || pi) = 0;
+* distillation estimators: finite ``[B, T]`` loss, 0 and zero gradient where masked; a
+  student equal to its teacher has loss and gradient exactly 0;
 * preference losses: ``[B]`` losses and detached rewards; at a tie (equal chosen and
   rejected statistics) the gradient raises the chosen and lowers the rejected response;
 * optimisers: a step on a small model moves its parameters, all finite;
@@ -44,6 +46,7 @@ from torch import Tensor
 from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput, TrainingDynamics
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
 from rlpost.core.contract import ContractError, Coupling, Input
+from rlpost.core.distill import DISTILL_ESTIMATORS, DistillInput, TeacherDistributions
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
 from rlpost.core.optim import OPTIMIZERS, OptimizerInput
@@ -329,6 +332,54 @@ def _check_kl(bound: Bound) -> None:
     _require(bool((same == 0).all()), who, "KL of a policy with itself must be 0")
 
 
+def _check_distill(bound: Bound) -> None:
+    who = str(bound)
+    g = torch.Generator().manual_seed(7)
+    m = _mask()
+    s_logits = torch.randn(B, T, V, generator=g)
+    t_logits = s_logits + torch.randn(B, T, V, generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    full = {Input.TEACHER_FULL} <= bound.reads
+
+    def make(student_logits: Tensor, teacher_logits: Tensor) -> tuple[DistillInput, Tensor]:
+        s_all = student_logits.log_softmax(-1).detach().requires_grad_(True)
+        t_all = teacher_logits.log_softmax(-1)
+        ids = torch.arange(V).expand(B, T, V) if full else t_all.topk(K, -1).indices
+        hit = ids == tokens[..., None]
+        col = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(tokens, -1))
+        dists = TeacherDistributions(s_all.gather(-1, ids), t_all.gather(-1, ids), col.long())
+        logp = s_all.gather(-1, tokens[..., None])[..., 0]
+        samples = {
+            "teacher_logp": t_all.gather(-1, tokens[..., None])[..., 0],
+            "topk": dists,
+            "full": dists,
+        }
+        kw = {f: samples[f] for i in bound.reads for f in DISTILL_ESTIMATORS.inputs[i]}
+        inp = poison_undeclared(DISTILL_ESTIMATORS, bound, DistillInput(logp, m, **kw), samples)
+        return inp, s_all
+
+    inp, s_all = make(s_logits, t_logits)
+    out = _call(DISTILL_ESTIMATORS, bound, inp)
+    _require(tuple(out.loss.shape) == (B, T), who, "loss must be [B, T]")
+    _require(
+        bool(torch.isfinite(out.loss).all() and (out.loss[m == 0] == 0).all()),
+        who,
+        "loss not finite or nonzero where masked",
+    )
+    _require(not out.kl.requires_grad, who, "kl must be detached")
+    (gs,) = torch.autograd.grad(out.loss.sum(), s_all)
+    _require(bool(torch.isfinite(gs).all()), who, "gradient is not finite")
+    _require(bool((gs[m == 0] == 0).all()), who, "masked tokens got a nonzero gradient")
+    same, s_same = make(s_logits, s_logits)
+    out = _call(DISTILL_ESTIMATORS, bound, same)
+    (g0,) = torch.autograd.grad(out.loss.sum(), s_same)
+    _require(
+        bool((out.loss == 0).all() and (g0 == 0).all()),
+        who,
+        "a student equal to its teacher must have zero loss and zero gradient",
+    )
+
+
 def _check_preference(bound: Bound) -> None:
     who = str(bound)
     g = torch.Generator().manual_seed(4)
@@ -418,6 +469,7 @@ CHECKS: dict[int, Callable[[Bound], None]] = {
     id(OBJECTIVES): _check_objective,
     id(AGGREGATIONS): _check_aggregation,
     id(KL_ESTIMATORS): _check_kl,
+    id(DISTILL_ESTIMATORS): _check_distill,
     id(PREFERENCE_LOSSES): _check_preference,
     id(OPTIMIZERS): _check_optimizer,
     id(REGULARIZERS): _check_regularizer,

@@ -8,12 +8,14 @@ dotted field name and, for choices, the allowed values.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rlpost.core.contract import Coupling, Input
+from rlpost.core.distill import DistillSchedule
 from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, import_object, load_validated
 from rlpost.core.io.schema import Strict as _Strict
@@ -62,6 +64,14 @@ class TaskStage(_Strict):
     steps: int = Field(ge=1)
 
 
+class MixtureDomain(_Strict):
+    """One domain of a multi-domain prompt mixture (``data.mixture``)."""
+
+    task: TaskName
+    task_params: dict[str, Any] = {}
+    weight: float = Field(1.0, gt=0)
+
+
 class DataConfig(_Strict):
     task: TaskName = "arithmetic"
     task_params: dict[str, Any] = {}
@@ -77,11 +87,21 @@ class DataConfig(_Strict):
     """A sequence of tasks trained one after the other (continual post-training, e.g. with
     the ``cpo`` regulariser): stage ``i`` runs ``steps`` steps on its task; held-out
     accuracy is logged for every task of the sequence (``eval/<i>-<task>/accuracy``)."""
+    mixture: list[MixtureDomain] = []
+    """Several task domains at once (multi-domain RL, MOPD): each prompt is drawn from a
+    domain with probability proportional to its weight and carries the domain's name in
+    ``example.meta["domain"]`` (what ``distill.teachers[].domains`` route by); each is
+    scored by its own verifier and held out separately (``eval/<task>/accuracy``)."""
 
     @model_validator(mode="after")
     def _check_curriculum(self) -> DataConfig:
         if self.curriculum and self.path is not None:
             raise ValueError("data.curriculum and data.path are exclusive")
+        if self.mixture and (self.curriculum or self.path is not None):
+            raise ValueError("data.mixture excludes data.curriculum and data.path")
+        names = [d.task for d in self.mixture]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.mixture: duplicate domains {names}")
         return self
 
 
@@ -175,6 +195,9 @@ HINTS = {
     "correct}, {name: format}]'",
     Input.AUX_GRADIENTS: "set regularizer.data (the auxiliary data set)",
     Input.TASK_BOUNDARY: "set data.curriculum (a sequence of tasks)",
+    Input.TEACHER_LOGPROBS: "set distill.teachers, e.g. distill.teachers='[{path: tiny}]'",
+    Input.TEACHER_TOPK: "set distill.teachers, e.g. distill.teachers='[{path: tiny}]'",
+    Input.TEACHER_FULL: "set distill.teachers, e.g. distill.teachers='[{path: tiny}]'",
 }
 
 
@@ -189,6 +212,8 @@ def provided_inputs(cfg: Config) -> frozenset[Input]:
         extra.add(Input.AUX_GRADIENTS)
     if cfg.data.curriculum:
         extra.add(Input.TASK_BOUNDARY)
+    if cfg.distill.teachers:  # log-probs of the sampled tokens, top-K, the vocabulary
+        extra |= {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
     return PROVIDES | extra
 
 
@@ -214,6 +239,15 @@ class AlgoConfig(_Strict):
     topk: int = Field(16, ge=1)
     """K of the per-token top-K distributions for entries that read them
     (``predictive_divergence_mask``)."""
+    distill: ChoiceConfig | None = None
+    """The distillation estimator (``rlpost.core.distill.DISTILL_ESTIMATORS``: full, topk,
+    sampled; None: the preset's)."""
+    distill_rows: Literal["all", "correct", "incorrect"] | None = None
+    """Which responses are distilled (OPSD's filters; None: the preset's)."""
+    distill_schedule: dict[str, Any] | None = None
+    """The weights of the distillation and RL terms over training
+    (``rlpost.core.distill.DistillSchedule`` fields, e.g. ``{kind: anneal, horizon: 0.5}``;
+    None: the preset's)."""
 
     def build_preset(self, group_size: int | None = None) -> Preset:
         p = get_preset(self.preset)
@@ -222,7 +256,13 @@ class AlgoConfig(_Strict):
             c = getattr(self, key)
             if c is not None:
                 changes[key] = Choice(c.name, dict(c.params))
-        for key in ("kl_coef", "entropy_coef", "dynamic_sampling", "stages", "validation_reset"):
+        if self.distill is not None:
+            changes["distill"] = Choice(self.distill.name, dict(self.distill.params))
+        if self.distill_schedule is not None:
+            base = dataclasses.asdict(p.distill_schedule)
+            changes["distill_schedule"] = DistillSchedule(**{**base, **self.distill_schedule})
+        keys = ("kl_coef", "entropy_coef", "dynamic_sampling", "stages", "validation_reset")
+        for key in (*keys, "distill_rows"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
         if group_size is not None:
@@ -334,6 +374,35 @@ class RewardConfig(_Strict):
         return {f.name: f.weight for f in self.funcs}
 
 
+class TeacherConfig(_Strict):
+    """One teacher of on-policy distillation (``distill.teachers``)."""
+
+    path: str
+    """"self": the policy itself (self-distillation; give it a privileged ``template``);
+    "tiny" / "tiny-random" as ``model.path`` (the tiny base of the teacher's first domain);
+    else a local folder (an rlpost run directory stands for its newest checkpoint) or a hub
+    id of a causal LM with the student's tokenizer."""
+    domains: list[str] = []
+    """The ``example.meta["domain"]`` values this teacher scores (``data.mixture`` task
+    names); empty: every prompt. A prompt goes to the first teacher that takes it; one no
+    teacher takes is not distilled."""
+    template: str | None = None
+    """The teacher's prompt: a format string over ``{prompt}``, ``{answer}`` and the
+    example's meta fields (OPSD's privileged context, e.g. ``"{answer}>{prompt}"``); for
+    chat prompts it rewrites the last user message. None: the student's prompt."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
+
+
+class DistillConfig(_Strict):
+    """The teachers of on-policy distillation presets (opd, opd_rl, mopd, atod, opsd,
+    sdpo): their log-probs on the student's own rollouts are the inputs the preset's
+    distillation estimator declares."""
+
+    teachers: list[TeacherConfig] = []
+    topk: int = Field(16, ge=1)
+    """K of the teacher's top-K ids (the ``topk`` estimator)."""
+
+
 class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/llm"
 
@@ -348,6 +417,7 @@ class Config(_Strict):
     reward: RewardConfig = RewardConfig()
     critic: CriticConfig = CriticConfig()
     regularizer: RegularizerConfig | None = None
+    distill: DistillConfig = DistillConfig()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -418,6 +488,20 @@ class Config(_Strict):
             raise ValueError("algo.stages > 1 (Mu-GRPO) and train.async_rollouts are exclusive")
         if preset.validation_reset and not self.run.eval_every:
             raise ValueError("validation_reset (REVA-PO's VAPR) needs run.eval_every > 0")
+        if self.distill.teachers and preset.distill is None:
+            raise ValueError(
+                f"distill.teachers is set but preset {preset.name!r} has no distillation "
+                "estimator: use a distillation preset (opd, opd_rl, mopd, atod, opsd, sdpo) "
+                "or set algo.distill"
+            )
+        domains = {d.task for d in self.data.mixture}
+        for i, t in enumerate(self.distill.teachers):
+            unknown = sorted(set(t.domains) - domains) if domains else sorted(t.domains)
+            if unknown:
+                raise ValueError(
+                    f"distill.teachers[{i}].domains: {unknown} not among the data domains "
+                    f"({', '.join(sorted(domains)) or 'none: set data.mixture'})"
+                )
 
     def train_steps(self) -> int:
         """Total steps: the curriculum's when one is set, else ``train.steps``."""

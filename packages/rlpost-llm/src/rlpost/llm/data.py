@@ -5,7 +5,9 @@
 * file-backed: a local JSONL / parquet (or a ``datasets.Dataset`` from Python) with a
   "prompt" column and, for the ``correct`` reward, an "answer" column; the last
   ``eval_size`` rows are held out (fewer when the data set is small), the rest are
-  visited in a fresh seeded permutation each epoch.
+  visited in a fresh seeded permutation each epoch;
+* a mixture of task domains (:class:`MixtureSource`, ``data.mixture``), each prompt
+  tagged with its domain and scored by the domain's verifier (:class:`DomainScore`).
 
 A prompt is plain text or, as in TRL's conversational data sets, a list of messages
 (``{"role": ..., "content": ...}``); :func:`encode_prompt` renders messages with the
@@ -15,6 +17,7 @@ tokenizer's chat template and the generation prompt, and encodes text as it is.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from rlpost.llm.tasks import Example, Task, make_task
@@ -172,3 +175,57 @@ def make_prompt_source(
 def _train_eval(rows: list[Example], eval_size: int, where: str, seed: int) -> tuple:
     train, held_out = split_eval(rows, eval_size, where)
     return train, None, held_out, seed
+
+
+@dataclass(frozen=True)
+class DomainScore:
+    """The verifier of a mixture: each example scored by its domain's task (picklable)."""
+
+    tasks: dict[str, Task]
+
+    def __call__(self, completion: str, example: Example) -> float:
+        return self.tasks[example.meta["domain"]].score(completion, example)
+
+
+class MixtureSource:
+    """Prompts from several task domains (``data.mixture``): each prompt's domain is drawn
+    with probability proportional to its weight from one seeded stream, then the prompt
+    from that domain's own stream; ``meta["domain"]`` names it. Held-out examples are
+    kept per domain (``eval_sets``) and together (``eval_examples``)."""
+
+    def __init__(self, domains: list[Any], eval_size: int, seed: int):
+        self.names = [d.task for d in domains]
+        self.weights = [float(d.weight) for d in domains]
+        self.tasks = {d.task: make_task(d.task, **d.task_params) for d in domains}
+        self.sources: dict[str, PromptSource] = {}
+        self.eval_sets: dict[str, list[Example]] = {}
+        for i, name in enumerate(self.names):
+            held = [
+                _domain(e, name)
+                for e in self.tasks[name].sample(eval_size, random.Random(10_000 + seed + i))
+            ]
+            self.sources[name] = PromptSource(None, self.tasks[name], held, seed + 7919 * i)
+            self.eval_sets[name] = held
+        self.eval_examples = [e for name in self.names for e in self.eval_sets[name]]
+        self.task = None
+        self.rng = random.Random(seed * 31 + 17)
+
+    def next_batch(self, n: int) -> list[Example]:
+        picks = self.rng.choices(self.names, weights=self.weights, k=n)
+        return [_domain(self.sources[name].next_batch(1)[0], name) for name in picks]
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self.rng.getstate()
+        return {
+            "rng": [st[0], list(st[1]), st[2]],
+            "sources": {k: s.state_dict() for k, s in self.sources.items()},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.rng.setstate((sd["rng"][0], tuple(sd["rng"][1]), sd["rng"][2]))
+        for k, s in self.sources.items():
+            s.load_state_dict(sd["sources"][k])
+
+
+def _domain(e: Example, name: str) -> Example:
+    return Example(e.prompt, e.answer, {**e.meta, "domain": name})

@@ -185,9 +185,15 @@ def completion_logprobs(
     chunk_size: int = 1024,
     impl: str = "auto",
     dists: int | Tensor | None = None,
+    student_ids: Tensor | None = None,
 ) -> tuple[Tensor, ...]:
     """log pi(y_t | x, y_<t) and the entropy of pi(. | x, y_<t) for every completion
     position, ``[B, L]`` float32, at the sampling temperature.
+
+    ``student_ids`` ``[B, L, K]``: also return, last and *differentiable*, the log-probs of
+    those ids (a teacher's top-K, or the vocabulary, for on-policy distillation), computed
+    in row chunks under activation checkpointing (only the ``[B, L, K]`` result is kept);
+    the result is then ``(logp, entropy, dists or None, student log-probs)``.
 
     ``dists``: also return ``(ids, logp)`` ``[B, L, K]`` (detached) of a per-token
     distribution: with an int ``K`` the policy's top-K ids and their log-probs, with a
@@ -210,7 +216,9 @@ def completion_logprobs(
         raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
     targets = sb.targets.to(dev)
     if sb.packed is not None:
-        return _packed_logprobs(model, sb, head, targets, temperature, chunk_size, dists)
+        return _packed_logprobs(
+            model, sb, head, targets, temperature, chunk_size, dists, student_ids
+        )
     inputs = {
         "input_ids": sb.input_ids.to(dev),
         "attention_mask": sb.attention_mask.to(dev),
@@ -234,6 +242,7 @@ def completion_logprobs(
         chunk_size,
         {"logits_to_keep": L + 1},
         dists=dists,
+        student_ids=student_ids,
     )
 
 
@@ -248,6 +257,7 @@ def _head_logprobs(
     logits_kwargs: dict | None = None,
     mode=None,
     dists: int | Tensor | None = None,
+    student_ids: Tensor | None = None,
 ) -> tuple[Tensor, ...]:
     """One forward (inside ``mode``, a context manager), then log-probs / entropies
     ``[B, L]`` of ``targets``: through the fused kernel op from the decoder's hidden states
@@ -267,20 +277,49 @@ def _head_logprobs(
         flat = selects[0](hidden).reshape(B * L, -1)
         logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
         out = (logp.view(B, L), ent.view(B, L))
-        if dists is None:
-            return out
 
         def chunk_logits(s: slice) -> Tensor:
             return flat[s].detach() @ weight.detach().T
 
-        return (*out, _dist_logprobs(chunk_logits, B, L, dists, temperature, chunk))
+        extra = (
+            _dist_logprobs(chunk_logits, B, L, dists, temperature, chunk)
+            if dists is not None
+            else None
+        )
+        if student_ids is None:
+            return out if extra is None else (*out, extra)
+        grad_lp = _ids_logprobs(lambda x: x @ weight.T, flat, student_ids, temperature, chunk)
+        return (*out, extra, grad_lp)
     sel = selects[1](logits)
     res = logprobs_and_entropy(sel, targets, chunk_size=chunk, temperature=temperature)
-    if dists is None:
-        return res.logp, res.entropy
-    flat_logits = sel.detach().reshape(B * L, -1)
-    extra = _dist_logprobs(lambda s: flat_logits[s], B, L, dists, temperature, chunk)
-    return res.logp, res.entropy, extra
+    extra = None
+    if dists is not None:
+        flat_logits = sel.detach().reshape(B * L, -1)
+        extra = _dist_logprobs(lambda s: flat_logits[s], B, L, dists, temperature, chunk)
+    if student_ids is None:
+        return (res.logp, res.entropy) if extra is None else (res.logp, res.entropy, extra)
+    flat = sel.reshape(B * L, -1)
+    grad_lp = _ids_logprobs(lambda x: x, flat, student_ids, temperature, chunk)
+    return res.logp, res.entropy, extra, grad_lp
+
+
+def _ids_logprobs(to_logits, flat: Tensor, ids: Tensor, temperature: float, chunk: int) -> Tensor:
+    """Differentiable ``log_softmax(to_logits(flat) / temperature)`` at ``ids``
+    ``[B, L, K]``, in row chunks under activation checkpointing: the ``[chunk, V]``
+    log-softmax is recomputed in the backward instead of kept."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, L, K = ids.shape
+    flat_ids = ids.reshape(B * L, K).to(flat.device)
+
+    def piece(x: Tensor, i: Tensor) -> Tensor:
+        return (to_logits(x).float() / temperature).log_softmax(-1).gather(-1, i)
+
+    parts = [
+        checkpoint(piece, flat[s : s + chunk], flat_ids[s : s + chunk], use_reentrant=False)
+        for s in range(0, B * L, chunk)
+    ]
+    return torch.cat(parts).view(B, L, K)
 
 
 def _dist_logprobs(
@@ -307,7 +346,14 @@ def _dist_logprobs(
 
 
 def _packed_logprobs(
-    model, sb: SeqBatch, head, targets: Tensor, temperature: float, chunk: int, dists=None
+    model,
+    sb: SeqBatch,
+    head,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    dists=None,
+    student_ids=None,
 ):
     """Shared-prompt packed forward: one sequence per prompt, the shared-prompt attention
     function (or a dense 4D mask for non-transformers models), gathered outputs."""
@@ -337,5 +383,14 @@ def _packed_logprobs(
         return x.reshape(-1, x.shape[-1])[idx]
 
     return _head_logprobs(
-        model, inputs, head, (select, select), targets, temperature, chunk, mode=mode, dists=dists
+        model,
+        inputs,
+        head,
+        (select, select),
+        targets,
+        temperature,
+        chunk,
+        mode=mode,
+        dists=dists,
+        student_ids=student_ids,
     )

@@ -24,7 +24,16 @@ PANELS: list[Panel] = [
 ]
 LABELS = {"reward/mean": "train", "accuracy": "train", "eval/accuracy": "held-out (greedy)"}
 VALUE_PANEL: Panel = ("critic: value loss", ("value/loss",))
-SUMMARY_KEYS = ["reward/mean", "accuracy", "entropy", "response_length", "kl", "clip_frac"]
+DISTILL_PANEL: Panel = ("reverse KL to the teacher (nats/token)", ("distill/kl",))
+SUMMARY_KEYS = [
+    "reward/mean",
+    "accuracy",
+    "entropy",
+    "response_length",
+    "kl",
+    "distill/kl",
+    "clip_frac",
+]
 
 
 def plot_curves(
@@ -34,11 +43,20 @@ def plot_curves(
     labels: dict[str, str] | None = None,
 ) -> Path:
     """``curves.png``: one panel per ``(title, keys)`` of ``panels`` (default: reward,
-    train / held-out accuracy, entropy, length, and the critic's value loss when the run
-    has one); see :func:`rlpost.core.io.curves.plot_curves`."""
+    train / held-out accuracy, entropy, length, and when the run has them the critic's
+    value loss, the reverse KL to a teacher and each task's held-out accuracy); see
+    :func:`rlpost.core.io.curves.plot_curves`."""
     if panels is None:
-        has_value = any("value/loss" in r for r in read_metrics(run_dir))
-        panels = PANELS + ([VALUE_PANEL] if has_value else [])
+        rows = read_metrics(run_dir)
+        keys = {k for r in rows for k in r}
+        per_task = sorted(
+            k
+            for k in keys
+            if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2
+        )
+        panels = PANELS + [p for p in (VALUE_PANEL, DISTILL_PANEL) if p[1][0] in keys]
+        if per_task:
+            panels.append(("held-out accuracy per task", tuple(per_task)))
     return curves.plot_curves(run_dir, panels, LABELS if labels is None else labels, title)
 
 

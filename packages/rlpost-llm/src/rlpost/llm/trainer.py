@@ -67,7 +67,8 @@ from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
 from rlpost.llm.aux_data import AuxData, aux_gradients
 from rlpost.llm.config import Config
 from rlpost.llm.critic import ValueModel, explained_variance
-from rlpost.llm.data import encode_prompt, make_prompt_source
+from rlpost.llm.data import DomainScore, MixtureSource, encode_prompt, make_prompt_source
+from rlpost.llm.distill import Teachers, TeacherScores, student_distributions
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.optim import build_optimizer, lr_schedule
 from rlpost.llm.policy import (
@@ -206,21 +207,31 @@ class Trainer:
             if cfg.data.curriculum
             else None
         )
-        self.source = self.curriculum or make_prompt_source(
-            cfg.data.task,
-            dict(cfg.data.task_params),
-            cfg.data.path,
-            cfg.data.eval_size,
-            cfg.data.seed,
-            need_answer=reward_fn is None
-            and reward_funcs is None
-            and "correct" in [f.name for f in cfg.reward.funcs],
-            dataset=train_dataset,
+        self.mixture = (
+            MixtureSource(list(cfg.data.mixture), cfg.data.eval_size, cfg.data.seed)
+            if cfg.data.mixture
+            else None
+        )
+        self.source = (
+            self.curriculum
+            or self.mixture
+            or make_prompt_source(
+                cfg.data.task,
+                dict(cfg.data.task_params),
+                cfg.data.path,
+                cfg.data.eval_size,
+                cfg.data.seed,
+                need_answer=reward_fn is None
+                and reward_funcs is None
+                and "correct" in [f.name for f in cfg.reward.funcs],
+                dataset=train_dataset,
+            )
         )
         self.total_steps = cfg.train_steps()
         self.kl_in_loss = self.recipe.kl_in_loss
         self.kl_in_reward = self.recipe.kl_in_reward
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
+        self.teachers = Teachers.from_config(cfg, tokenizer) if cfg.distill.teachers else None
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
@@ -292,6 +303,8 @@ class Trainer:
                 return override
             if self.curriculum is not None:
                 return StagedScore(self.curriculum.tasks)
+            if self.mixture is not None:
+                return DomainScore(self.mixture.tasks)
             task = getattr(self.source, "task", None)  # a task's own verifier, else math-verify
             return task.score if task is not None else math_verify_reward
         if name == "format":
@@ -563,6 +576,43 @@ class Trainer:
         set_flat_grad_(params, out.grad)
         return out.metrics
 
+    def _teacher_scores(
+        self, col: Collected, mask: Tensor
+    ) -> tuple[TeacherScores | None, Tensor | None]:
+        """The teachers' scores of the batch and where they apply ``[N, L]`` (routed rows
+        that pass the preset's row filter), or ``(None, None)`` without teachers."""
+        if self.teachers is None:
+            return None, None
+        cfg = self.cfg
+        teach = self.teachers.score(
+            col.batch,
+            col.examples,
+            self.model,
+            temperature=self.sampling.temperature,
+            topk=cfg.distill.topk if Input.TEACHER_TOPK in self.reads else None,
+            full=Input.TEACHER_FULL in self.reads,
+            micro_batch=cfg.optim.micro_batch_size,
+            pack=cfg.model.pack_prompts,
+            layout=cfg.model.pack_layout,
+            impl=cfg.model.logprob_impl,
+        )
+        rows = teach.rows * self.recipe.distill_row_mask(col.accuracy)
+        return teach, rows[:, None] * torch.ones_like(mask)
+
+    def _student_ids(self, teach: TeacherScores, idx: Tensor, sub: RolloutBatch) -> Tensor | None:
+        """The ids the student's training forward scores differentiably: the vocabulary for
+        the full estimator, the teacher's top-K for ``topk``, none for ``sampled``."""
+        if teach.full is not None:
+            v = teach.full.shape[-1]
+            head = self.model.get_output_embeddings().weight.shape[0]
+            if head != v:
+                raise ValueError(
+                    f"the full-vocabulary estimator: the student has {head} vocabulary rows, "
+                    f"the teacher {v}"
+                )
+            return torch.arange(v).expand(*sub.completion_ids.shape, v)
+        return teach.topk[0][idx] if teach.topk is not None else None
+
     def update(self, col: Collected) -> dict[str, float]:
         cfg, p, batch = self.cfg, self.preset, col.batch
         model = self.model
@@ -610,6 +660,7 @@ class Trainer:
             att = attention_token_entropy(model, batch, cfg.optim.micro_batch_size)
             tw = self.token_weighting(TokenWeightInput(att, mask, dynamics))
             token_weights, tw_metrics = tw.weights, tw.metrics
+        teach, teacher_mask = self._teacher_scores(col, mask)
         returns = adv_out.returns if self.critic is not None else None
         if self.critic is not None and returns is None:
             raise ValueError(f"{self.recipe.advantage} returns no value targets for the critic")
@@ -662,14 +713,21 @@ class Trainer:
                     pack=cfg.model.pack_prompts,
                     layout=cfg.model.pack_layout,
                 )
+                student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
                 res = completion_logprobs(
                     model,
                     sb,
                     self.sampling.temperature,
                     impl=cfg.model.logprob_impl,
                     dists=old.dists[0][idx] if want_dists else None,
+                    student_ids=student_ids,
                 )
                 logp, ent = res[0], res[1]
+                t_topk = t_full = None
+                if teach is not None and student_ids is not None:
+                    t = teach.full[idx] if teach.full is not None else teach.topk[1][idx]
+                    d = student_distributions(res[-1], t, student_ids, sub.completion_ids)
+                    t_topk, t_full = (None, d) if teach.full is not None else (d, None)
                 m = mask[idx]
                 old_mb = old_logp[idx] if old_logp is not None else logp.detach()
                 dists = None
@@ -698,6 +756,10 @@ class Trainer:
                         global_tokens=global_tokens,
                         global_sequences=global_seqs,
                         generation_budget=float(cfg.rollout.max_new_tokens),
+                        teacher_logp=teach.logp[idx] if teach is not None else None,
+                        teacher_topk=t_topk,
+                        teacher_full=t_full,
+                        teacher_mask=sl(teacher_mask),
                     )
                 )
                 if not torch.isfinite(out.loss):
@@ -809,10 +871,18 @@ class Trainer:
         return self._eval_accuracy(examples or self.source.eval_examples)
 
     def _eval_metrics(self) -> dict[str, float]:
-        """``eval/accuracy`` (the current task), every curriculum task's, and VAPR."""
+        """``eval/accuracy`` (the current task), every curriculum task's, each mixture
+        domain's, and VAPR."""
         if self.curriculum is not None:
             self.curriculum.set_step(min(self.step, self.total_steps - 1))
-        out = {"eval/accuracy": self.evaluate()}
+        if self.mixture is not None:  # each domain's held-out set; the overall is their mean
+            out = {
+                f"eval/{name}/accuracy": self._eval_accuracy(held)
+                for name, held in self.mixture.eval_sets.items()
+            }
+            out["eval/accuracy"] = sum(out.values()) / len(out)
+        else:
+            out = {"eval/accuracy": self.evaluate()}
         if self.curriculum is not None:
             for name, src in zip(self.curriculum.names(), self.curriculum.sources, strict=True):
                 out[f"eval/{name}/accuracy"] = self._eval_accuracy(src.eval_examples)
@@ -879,7 +949,13 @@ class Trainer:
         if self.main and cfg.run.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total, initial=self.step, desc="grpo", unit="step", dynamic_ncols=True)
+            bar = tqdm(
+                total=total,
+                initial=self.step,
+                desc=self.preset.name,
+                unit="step",
+                dynamic_ncols=True,
+            )
         t_start = time.perf_counter()
         if self.main and self.step == 0 and cfg.run.eval_every:
             self.logger.log(0, self._eval_metrics())

@@ -10,6 +10,7 @@ module             presets
 ``objectives``     hard_pair_grpo, implicit_pessimism, ess_adaptive, up, up_gspo,
                    ripo, sao, mu_grpo, conspo, lpo
 ``regularized``    reva_po
+``distill``        opd, opd_rl, mopd, atod, opsd, sdpo
 =================  ===========================================================
 
 The classes (:class:`Preset`, :class:`Recipe`, :class:`PolicyBatch`) live in :mod:`.base`;
@@ -18,6 +19,7 @@ importing this package registers every preset (each family module registers its 
 
 from rlpost.core.presets import (  # noqa: F401  (each module registers its presets)
     advantages,
+    distill,
     objectives,
     ratios,
     regularized,

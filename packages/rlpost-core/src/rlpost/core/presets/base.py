@@ -12,7 +12,12 @@ makes per micro-batch, with one :class:`PolicyBatch` of tensors by role:
     l_tok      = OBJECTIVES[objective](logp, old_logp, A, mask', log_ratio, w)
                + kl_coef * KL[kl](logp, ref_logp)        (when the KL is in the loss)
                - entropy_coef * H                          (entropy bonus)
+               + w_d(t) * DISTILL_ESTIMATORS[distill](logp, teacher)   (on-policy distillation)
     loss       = AGGREGATIONS[aggregation](l_tok, mask', global counts)
+
+With a distillation estimator the objective's term is weighted by ``w_rl(t)`` and the
+reverse KL to the teacher by ``w_d(t)``: the preset's :class:`DistillSchedule` (constant,
+or ATOD's anneal from OPD to RL over training progress ``t``). Pure OPD has ``w_rl = 0``.
 
 The recipe is also the trainer's side of the contract (:mod:`rlpost.core.contract`):
 :meth:`Recipe.needs` lists each input the chosen entries need and who needs it,
@@ -27,11 +32,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from rlpost.core.advantages import ADVANTAGES, AdvantageInput, AdvantageOutput, TrainingDynamics
 from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
 from rlpost.core.contract import ContractError, Coupling, Input
+from rlpost.core.distill import (
+    DISTILL_ESTIMATORS,
+    DistillInput,
+    DistillSchedule,
+    TeacherDistributions,
+    distill_rows,
+)
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
@@ -76,7 +89,12 @@ class PolicyBatch:
     * ``dynamics``: :class:`TrainingDynamics` (progress; curriculum-scheduled objectives);
     * ``global_tokens`` / ``global_sequences``: valid tokens / responses of the *whole*
       step's batch, so that summed micro-batch gradients equal the full-batch gradient;
-    * ``generation_budget``: the maximum new tokens per response (Dr. GRPO's constant).
+    * ``generation_budget``: the maximum new tokens per response (Dr. GRPO's constant);
+    * ``teacher_logp`` ``[B, T]``: a teacher's log-probs of the sampled tokens;
+      ``teacher_topk`` / ``teacher_full``: the student (differentiable) and the teacher
+      over the teacher's top-K ids / the vocabulary (on-policy distillation);
+      ``teacher_mask`` ``[B, T]``: where the teacher's signal applies (routing, row
+      filters; default everywhere the mask is).
     """
 
     logp: Tensor
@@ -96,6 +114,10 @@ class PolicyBatch:
     global_tokens: float | None = None
     global_sequences: float | None = None
     generation_budget: float | None = None
+    teacher_logp: Tensor | None = None
+    teacher_topk: TeacherDistributions | None = None
+    teacher_full: TeacherDistributions | None = None
+    teacher_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         tw = self.token_weights
@@ -118,6 +140,9 @@ BATCH_FIELDS: dict[Input, str] = {
     Input.TOKEN_DISTS: "token_dists",
     Input.DYNAMICS: "dynamics",
     Input.GENERATION_BUDGET: "generation_budget",
+    Input.TEACHER_LOGPROBS: "teacher_logp",
+    Input.TEACHER_TOPK: "teacher_topk",
+    Input.TEACHER_FULL: "teacher_full",
 }
 # produced inside the recipe itself: the advantages it passes to ratio / KL entries
 _INTERNAL = frozenset({Input.ADVANTAGES})
@@ -134,6 +159,7 @@ class Recipe:
     objective: Bound
     aggregation: Bound
     kl: Bound | None
+    distill: Bound | None = None
 
     # ------------------------------------------------------------------ the contract
     @property
@@ -149,7 +175,8 @@ class Recipe:
     def loss_entries(self) -> tuple[Bound, ...]:
         """The entries :meth:`policy_loss` calls (per micro-batch)."""
         kl = (self.kl,) if self.kl_in_loss and self.kl is not None else ()
-        return (self.ratio, self.correction, self.objective, *kl, self.aggregation)
+        distill = (self.distill,) if self.distill is not None else ()
+        return (self.ratio, self.correction, self.objective, *kl, *distill, self.aggregation)
 
     def entries(self) -> tuple[Bound, ...]:
         return (self.advantage, *self.loss_entries())
@@ -164,7 +191,24 @@ class Recipe:
             out.setdefault(Input.REF_LOGPROBS, []).append(f"the KL term ({self.kl})")
         if self.preset.entropy_coef != 0:
             out.setdefault(Input.ENTROPY, []).append(f"preset {self.preset.name!r}'s entropy bonus")
+        if self.distill is not None and self.preset.distill_schedule.needs_progress:
+            out.setdefault(Input.DYNAMICS, []).append(
+                f"preset {self.preset.name!r}'s distillation schedule"
+            )
         return out
+
+    def distill_weights(self, dynamics: TrainingDynamics | None) -> tuple[float, float]:
+        """``(w_distill, w_rl)`` now: the schedule's at the training progress (no
+        distillation: ``(0, 1)``)."""
+        if self.distill is None:
+            return 0.0, 1.0
+        progress = dynamics.progress if dynamics is not None else None
+        return self.preset.distill_schedule.weights(progress)
+
+    def distill_row_mask(self, correct: Tensor) -> Tensor:
+        """``[B]``: the responses the teacher's signal applies to, by the preset's row
+        filter (OPSD's ``correct`` / ``incorrect``) and each one's verifier outcome."""
+        return distill_rows(correct, self.preset.distill_rows)
 
     def needs(self) -> dict[Input, list[str]]:
         """Each input the recipe cannot run without, and the entries that need it."""
@@ -244,9 +288,20 @@ class Recipe:
                 dynamics=b.dynamics,
             )
         )
-        tok = obj.loss
-        metrics = {**ratio.metrics, **corr.metrics, **obj.metrics}
         m = corr.mask
+        w_d, w_rl = self.distill_weights(b.dynamics)
+        tok = obj.loss if w_rl == 1.0 else w_rl * obj.loss
+        metrics = {**ratio.metrics, **corr.metrics, **obj.metrics}
+        if self.distill is not None:
+            dm = m if b.teacher_mask is None else m * b.teacher_mask
+            dout = self.distill(
+                DistillInput(b.logp, dm, b.teacher_logp, b.teacher_topk, b.teacher_full)
+            )
+            tok = tok + w_d * dout.loss
+            metrics["distill/kl"] = masked_mean(dout.kl, dm).item() if dm.any() else 0.0
+            metrics["distill/tokens"] = float(dm.sum())
+            metrics["distill/weight"] = w_d
+            metrics["distill/rl_weight"] = w_rl
         if self.kl_in_loss and self.kl is not None:
             kin = KLInput(b.logp, b.ref_logp, m, advantages=b.advantages, ref_entropy=b.ref_entropy)
             kl = self.kl(kin).kl
@@ -292,6 +347,11 @@ class Preset:
     on them in turn (1: ordinary on-policy steps). ``validation_reset``: REVA-PO's VAPR
     (004-09): at every evaluation the policy and the reference are reset to the best
     validation checkpoint so far when the current one is worse.
+
+    ``distill``: a ``DISTILL_ESTIMATORS`` entry (reverse KL to a teacher on the student's
+    own rollouts; the teacher is the trainer's), weighted against the objective by
+    ``distill_schedule``; ``distill_rows``: the responses distilled (all, correct,
+    incorrect: OPSD's filters, 001-16).
     """
 
     name: str
@@ -310,6 +370,9 @@ class Preset:
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill
     stages: int = 1
     validation_reset: bool = False
+    distill: Choice | None = None
+    distill_schedule: DistillSchedule = field(default_factory=DistillSchedule)
+    distill_rows: str = "all"
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -321,6 +384,7 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: group_size must be >= 1")
         if self.stages < 1:
             raise ValueError(f"preset {self.name!r}: stages must be >= 1")
+        distill_rows(torch.zeros(1, dtype=torch.bool), self.distill_rows)  # validates
 
     def replace(self, **changes: Any) -> Preset:
         return dataclasses.replace(self, **changes)
@@ -337,6 +401,7 @@ class Preset:
             bind(OBJECTIVES, self.objective),
             bind(AGGREGATIONS, self.aggregation),
             bind(KL_ESTIMATORS, self.kl) if self.kl is not None else None,
+            bind(DISTILL_ESTIMATORS, self.distill) if self.distill is not None else None,
         )
 
 

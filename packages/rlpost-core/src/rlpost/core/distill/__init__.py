@@ -1,0 +1,35 @@
+"""On-policy distillation (the ``DISTILL_ESTIMATORS`` registry) and its schedules.
+
+=================  ===========================================================
+module             contents
+=================  ===========================================================
+``base``           DistillInput / DistillOutput, TeacherDistributions, the surrogate
+``estimators``     full, topk, sampled (reverse KL to a teacher, per token)
+``schedule``       DistillSchedule: constant, anneal (ATOD's OPD -> RL schedule)
+``rows``           which responses are distilled (OPSD's correct / incorrect filters)
+=================  ===========================================================
+"""
+
+from rlpost.core.distill import estimators  # noqa: F401  (registration)
+from rlpost.core.distill.base import (
+    DISTILL_ESTIMATORS,
+    DistillInput,
+    DistillOutput,
+    TeacherDistributions,
+)
+from rlpost.core.distill.estimators import DistillParams, FullParams, exact_expectation
+from rlpost.core.distill.rows import ROW_FILTERS, distill_rows
+from rlpost.core.distill.schedule import DistillSchedule
+
+__all__ = [
+    "DISTILL_ESTIMATORS",
+    "ROW_FILTERS",
+    "DistillInput",
+    "DistillOutput",
+    "DistillParams",
+    "DistillSchedule",
+    "FullParams",
+    "TeacherDistributions",
+    "distill_rows",
+    "exact_expectation",
+]

@@ -1,0 +1,79 @@
+"""The three reverse-KL estimators of on-policy distillation (see :mod:`.base`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlpost.core.contract import Input
+from rlpost.core.distill.base import (
+    DISTILL_ESTIMATORS,
+    DistillInput,
+    DistillOutput,
+    exact_term,
+    finish,
+    sampled_term,
+)
+
+
+@dataclass(frozen=True)
+class DistillParams:
+    clamp: float | None = None
+    """Bound on |log pi_s - log pi_t| per id (numerical safety against a teacher that
+    gives a sampled token almost no mass); None: off."""
+
+
+@dataclass(frozen=True)
+class FullParams(DistillParams):
+    mass_tol: float = 1e-3
+    """The student's log-probs must cover the vocabulary: their mass may differ from 1 by
+    at most this (a top-K passed to ``full`` would silently drop the tail)."""
+
+
+@DISTILL_ESTIMATORS.register("full", FullParams, needs={Input.TEACHER_FULL})
+def full(inp: DistillInput, p: FullParams) -> DistillOutput:
+    """Exact reverse KL over the whole vocabulary: ``sum_v pi_s(v) (log pi_s(v) - log
+    pi_t(v))`` and its exact gradient (``[B, T, V]`` distributions of both)."""
+    assert inp.full is not None
+    mass = inp.full.student.detach().exp().sum(-1)
+    m = inp.mask > 0
+    if m.any() and float((mass[m] - 1).abs().max()) > p.mass_tol:
+        raise ValueError(
+            "distillation estimator 'full': the student's distributions do not cover the "
+            f"vocabulary (mass {float(mass[m].min()):.4f}..{float(mass[m].max()):.4f}); "
+            "use 'topk' for a top-K id set"
+        )
+    return finish(exact_term(inp, inp.full, p.clamp), inp.mask)
+
+
+@DISTILL_ESTIMATORS.register(
+    "topk", DistillParams, needs={Input.TEACHER_TOPK, Input.TEACHER_LOGPROBS}
+)
+def topk(inp: DistillInput, p: DistillParams) -> DistillOutput:
+    """Exact on a top-K id set (the teacher's), the tail estimated by the sampled token
+    when it lies outside the K ids: unbiased value and gradient for any K."""
+    assert inp.topk is not None
+    outside = (inp.topk.sampled_index < 0).to(inp.logp.dtype)
+    loss = exact_term(inp, inp.topk, p.clamp) + sampled_term(inp, p.clamp, outside)
+    return finish(loss, inp.mask)
+
+
+@DISTILL_ESTIMATORS.register("sampled", DistillParams, needs={Input.TEACHER_LOGPROBS})
+def sampled(inp: DistillInput, p: DistillParams) -> DistillOutput:
+    """The sampled token alone: value ``log pi_s(y) - log pi_t(y)``, gradient that times
+    ``grad log pi_s(y)`` (unbiased for the reverse KL and its gradient under y ~ pi_s)."""
+    return finish(sampled_term(inp, p.clamp), inp.mask)
+
+
+def exact_expectation(fn, logits_s: torch.Tensor, make_input) -> torch.Tensor:
+    """``E_{y ~ pi_s}[fn(make_input(y))]`` computed exactly by enumerating every token
+    ``y`` of a ``[B, T, V]`` student (for tests of unbiasedness): ``make_input(y)`` gives
+    the estimator's input when every position sampled ``y`` (``[B, T]`` filled)."""
+    probs = logits_s.detach().softmax(-1)
+    total = None
+    for v in range(logits_s.shape[-1]):
+        out = fn(make_input(v)) * probs[..., v]
+        total = out if total is None else total + out
+    assert total is not None
+    return total

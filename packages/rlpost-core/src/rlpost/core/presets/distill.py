@@ -1,0 +1,104 @@
+"""On-policy distillation: OPD alone, OPD with the verifier's reward, MOPD, ATOD, OPSD and
+SDPO. The losses differ only in the weights of the two terms; who the teacher is (a
+frozen model, one per domain, the policy itself with a privileged context) is the
+trainer's configuration (``rlpost-llm``'s ``distill`` section)."""
+
+from rlpost.core.distill import DistillSchedule
+from rlpost.core.presets.base import Choice, Preset, register_preset
+
+_PG = {
+    "advantage": Choice("grpo", {"scale_by_std": True}),
+    "objective": Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+    "aggregation": Choice("token_mean"),
+}
+_PURE = DistillSchedule(distill_start=1.0, rl_start=0.0)  # the reward trains nothing
+
+register_preset(
+    Preset(
+        name="opd",
+        paper="Agarwal et al. 2024, On-Policy Distillation of Language Models (GKD), "
+        "arXiv:2306.13649; Lu et al. 2025, On-Policy Distillation, Thinking Machines",
+        catalog_id="base",
+        distill=Choice("topk"),
+        distill_schedule=_PURE,
+        group_size=4,
+        notes="pure OPD: per-token reverse KL to the teacher on the student's samples, the "
+        "teacher's top-K exact and the tail by the sampled token; the verifier only logs",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="opd_rl",
+        paper="OPD (Agarwal et al. 2024, arXiv:2306.13649) plus the verifier reward through "
+        "GRPO (Shao et al. 2024, arXiv:2402.03300)",
+        catalog_id="base",
+        distill=Choice("topk"),
+        distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
+        group_size=8,
+        notes="GRPO's clipped objective on the verifier reward plus the reverse KL to the "
+        "teacher, both at weight 1",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="mopd",
+        paper="Multi-teacher On-Policy Distillation (MOPD), catalog 004-25; the routed "
+        "reverse-KL objective of Mach-Mind-4-Flash, catalog 004-11",
+        catalog_id="004-25",
+        distill=Choice("topk"),
+        distill_schedule=_PURE,
+        group_size=4,
+        notes="each prompt's rollouts are scored by its domain's teacher (distill.teachers "
+        "with domains) under the reverse KL; rows of a domain without a teacher are not "
+        "distilled",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="atod",
+        paper="ATOD: Annealed Turn-aware On-policy Distillation, catalog 004-27",
+        catalog_id="004-27",
+        distill=Choice("topk"),
+        distill_schedule=DistillSchedule.atod(),
+        group_size=8,
+        notes="the distillation weight anneals 1 -> 0 and the RL weight 0 -> 1 on a cosine "
+        "over training (our reading: the abstract fixes the direction, not the curve)",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="opsd",
+        paper="On-Policy Self-Distillation on thinking-enabled reasoning, catalog 001-16",
+        catalog_id="001-16",
+        distill=Choice("topk"),
+        distill_schedule=_PURE,
+        group_size=8,
+        notes="the teacher is the policy itself given a privileged context (the reference "
+        "answer); algo.distill_rows=correct|incorrect distils only the correct / incorrect "
+        "rollouts (compression vs correction)",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="sdpo",
+        paper="Self-Distillation Policy Optimization as the baseline of continual "
+        "post-training, catalog 004-20",
+        catalog_id="004-20",
+        distill=Choice("topk"),
+        distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
+        group_size=8,
+        notes="the verifier's reward with GRPO plus dense self-distillation from the policy "
+        "conditioned on feedback (distill.context=feedback)",
+        **_PG,
+    )
+)

@@ -1,0 +1,275 @@
+"""Teachers of on-policy distillation: who scores the student's own rollouts.
+
+A :class:`Teacher` is a causal LM with the student's tokenizer: a frozen model loaded
+beside the policy (OPD, one per domain for MOPD) or the policy itself (``path: self``,
+self-distillation) given a privileged context through its prompt ``template`` (OPSD's
+reference answer). :class:`Teachers` routes each row to the first teacher whose
+``domains`` take its example's ``meta["domain"]`` (MOPD's routed reverse KL) and returns,
+for the rows it routed, what the preset's distillation estimator declared:
+
+* the teacher's log-probs of the sampled tokens (``Input.TEACHER_LOGPROBS``);
+* its top-K ids and their log-probs (``Input.TEACHER_TOPK``), whose ids the student's
+  training forward then scores differentiably;
+* its log-probs over the whole vocabulary (``Input.TEACHER_FULL``).
+
+Every teacher forward runs without gradients, at the sampling temperature (so a student
+equal to its teacher has zero loss), in micro-batches of the trainer's size.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlpost.core.distill import TeacherDistributions
+from rlpost.llm.config import Config, TeacherConfig
+from rlpost.llm.data import encode_prompt, is_conversational
+from rlpost.llm.engines.base import RolloutBatch
+from rlpost.llm.policy import DTYPES, completion_logprobs, make_seq_batch
+from rlpost.llm.tasks import Example
+
+
+@dataclass
+class TeacherScores:
+    """The teachers' side of a rollout batch (``[N, L]`` unless noted, 0 off the rows).
+
+    ``rows`` ``[N]``: 1 where a teacher scored the row; ``logp``: log-probs of the sampled
+    tokens; ``topk``: ``(ids, logp)`` ``[N, L, K]``; ``full``: ``[N, L, V]``; ``which``
+    ``[N]``: the teacher's index (-1: none)."""
+
+    rows: Tensor
+    logp: Tensor
+    which: Tensor
+    topk: tuple[Tensor, Tensor] | None = None
+    full: Tensor | None = None
+
+
+def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
+    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent)."""
+    hit = ids == tokens[..., None]
+    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1))
+
+
+def student_distributions(
+    student: Tensor, teacher: Tensor, ids: Tensor, tokens: Tensor
+) -> TeacherDistributions:
+    """Both policies over the same ids, the student's differentiable."""
+    return TeacherDistributions(student, teacher.to(student.device), sampled_index(ids, tokens))
+
+
+def teacher_prompt(template: str | None, example: Example) -> Any:
+    """The teacher's prompt for ``example``: ``template`` over ``{prompt}``, ``{answer}`` and
+    the meta fields (for chat prompts, applied to the last user message), or the prompt."""
+    if template is None:
+        return example.prompt
+
+    def fill(text: str) -> str:
+        fields = {**{k: v for k, v in example.meta.items()}, "prompt": text}
+        fields["answer"] = example.answer
+        try:
+            return template.format(**fields)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"distill.teachers[].template {template!r}: {exc!r} (fields: "
+                f"{', '.join(sorted(fields))})"
+            ) from None
+
+    if not is_conversational(example.prompt):
+        return fill(str(example.prompt))
+    msgs = copy.deepcopy(list(example.prompt))
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise ValueError("distill.teachers[].template: the chat prompt has no user message")
+    msgs[last]["content"] = fill(str(msgs[last]["content"]))
+    return msgs
+
+
+class Teacher:
+    """One teacher: ``model`` (``None``: the policy, passed at scoring time), its prompt
+    ``template`` and the ``domains`` it takes (empty: all)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        domains: list[str] | tuple[str, ...] = (),
+        template: str | None = None,
+        name: str = "teacher",
+    ):
+        self.model = model
+        self.domains = tuple(domains)
+        self.template = template
+        self.name = name
+        if model is not None:
+            model.eval().requires_grad_(False)
+
+    @property
+    def is_self(self) -> bool:
+        return self.model is None
+
+    def takes(self, example: Example) -> bool:
+        return not self.domains or example.meta.get("domain") in self.domains
+
+
+def load_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, index: int = 0) -> Teacher:
+    """Build the teacher ``tc`` describes; its tokenizer must be the student's."""
+    name = f"distill.teachers[{index}]"
+    if tc.path == "self":
+        return Teacher(None, tc.domains, tc.template, name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlpost.llm import tiny
+
+    dtype = DTYPES[tc.dtype or cfg.model.dtype]
+    if tc.path in ("tiny", "tiny-random"):
+        task = tc.domains[0] if tc.domains else cfg.data.task
+        params = next((d.task_params for d in cfg.data.mixture if d.task == task), None)
+        params = cfg.data.task_params if params is None else params
+        if tc.path == "tiny":
+            model, tok = tiny.load_base(tiny.build_base(task, progress=False, **params))
+        else:
+            from transformers import Qwen2ForCausalLM
+
+            tok = tiny.build_tokenizer()
+            with torch.random.fork_rng():
+                torch.manual_seed(cfg.run.seed + 1 + index)
+                model = Qwen2ForCausalLM(tiny.tiny_config(tok))
+    else:
+        path = _resolve_run(tc.path, name)
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{name}: cannot load {tc.path!r}: {first}") from None
+    if tok.get_vocab() != student_tokenizer.get_vocab():
+        raise ValueError(
+            f"{name} ({tc.path}): its tokenizer differs from the student's; on-policy "
+            "distillation here needs the student's vocabulary"
+        )
+    return Teacher(model.to(dtype), tc.domains, tc.template, name)
+
+
+def _resolve_run(path: str, name: str) -> str:
+    """A run directory stands for its newest finished checkpoint (``checkpoints/step-*``)."""
+    from pathlib import Path
+
+    from rlpost.core.io.checkpoint import latest_checkpoint
+
+    ckpts = Path(path) / "checkpoints"
+    if not ckpts.is_dir():
+        return path
+    found = latest_checkpoint(ckpts)
+    if found is None:
+        raise ValueError(f"{name}: the run {path} has no finished checkpoint yet")
+    return str(found)
+
+
+class Teachers:
+    """The routed set of teachers of a run (``distill.teachers``)."""
+
+    def __init__(self, teachers: list[Teacher], tokenizer):
+        if not teachers:
+            raise ValueError("distill.teachers: at least one teacher")
+        self.teachers = teachers
+        self.tok = tokenizer
+
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer) -> Teachers:
+        return cls(
+            [load_teacher(t, cfg, tokenizer, i) for i, t in enumerate(cfg.distill.teachers)],
+            tokenizer,
+        )
+
+    def route(self, examples: list[Example]) -> Tensor:
+        """``[N]`` index of the teacher of each row's example (-1: none takes it)."""
+        out = []
+        for e in examples:
+            out.append(next((i for i, t in enumerate(self.teachers) if t.takes(e)), -1))
+        return torch.tensor(out, dtype=torch.long)
+
+    @torch.no_grad()
+    def score(
+        self,
+        batch: RolloutBatch,
+        examples: list[Example],
+        policy: torch.nn.Module,
+        *,
+        temperature: float,
+        topk: int | None,
+        full: bool,
+        micro_batch: int,
+        pack: bool,
+        layout: str,
+        impl: str = "auto",
+    ) -> TeacherScores:
+        """Each routed row scored by its teacher (``policy`` serves the self-teacher)."""
+        N, L = batch.completion_ids.shape
+        which = self.route(examples)
+        logp = torch.zeros(N, L)
+        top = (torch.zeros(N, L, topk, dtype=torch.long), torch.zeros(N, L, topk)) if topk else None
+        vocab = None
+        whole = None
+        for t_idx, teacher in enumerate(self.teachers):
+            rows = torch.nonzero(which == t_idx).flatten()
+            if not len(rows):
+                continue
+            model = policy if teacher.is_self else teacher.model
+            assert model is not None
+            v = int(model.get_output_embeddings().weight.shape[0])
+            if full and vocab is not None and v != vocab:
+                raise ValueError(
+                    f"{teacher.name}: {v} vocabulary rows, another teacher has {vocab}: the "
+                    "full-vocabulary estimator needs one vocabulary"
+                )
+            if full and vocab is None:
+                vocab = v
+                whole = torch.zeros(N, L, vocab)
+            was_training = model.training
+            model.eval()
+            try:
+                for s in range(0, len(rows), micro_batch):
+                    idx = rows[s : s + micro_batch]
+                    prompts = [
+                        encode_prompt(self.tok, teacher_prompt(teacher.template, examples[i]))
+                        if teacher.template is not None
+                        else batch.prompt_ids[i]
+                        for i in idx.tolist()
+                    ]
+                    sb = make_seq_batch(
+                        prompts, batch.completion_ids[idx], batch.mask[idx], batch.pad_id,
+                        pack=pack, layout=layout,
+                    )  # fmt: skip
+                    m = batch.mask[idx]
+                    want: int | Tensor | None = topk
+                    if whole is not None:  # the vocabulary's log-probs (top-K taken from them)
+                        want = torch.arange(whole.shape[-1]).expand(len(idx), L, -1)
+                    res = completion_logprobs(model, sb, temperature, impl=impl, dists=want)
+                    logp[idx] = res[0].float().cpu() * m
+                    if want is None:
+                        continue
+                    ids, lp = res[2][0].cpu(), res[2][1].float().cpu() * m[..., None]
+                    if whole is not None:
+                        whole[idx] = lp
+                        if top is not None:
+                            lp, ids = lp.topk(topk, dim=-1)
+                    if top is not None:
+                        top[0][idx], top[1][idx] = ids, lp
+            finally:
+                model.train(was_training)
+        rows_mask = (which >= 0).float()
+        return TeacherScores(rows_mask, logp, which, top, whole)
+
+
+__all__ = [
+    "Teacher",
+    "TeacherScores",
+    "Teachers",
+    "load_teacher",
+    "sampled_index",
+    "student_distributions",
+    "teacher_prompt",
+]

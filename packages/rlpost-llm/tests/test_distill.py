@@ -1,0 +1,290 @@
+"""On-policy distillation in the LLM trainer: teachers, routing (MOPD), privileged-context
+self-teachers and their row filters (OPSD), the estimators through a real model, and the
+multi-domain prompt mixture they route by."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlpost.core.distill import DISTILL_ESTIMATORS
+from rlpost.llm.config import ConfigError
+from rlpost.llm.data import DomainScore, MixtureSource
+from rlpost.llm.distill import Teacher, Teachers, sampled_index, teacher_prompt
+from rlpost.llm.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.tasks import Example
+from rlpost.llm.trainer import Trainer
+
+from .test_provides import spy_entry
+
+MIX = "data.mixture=[{task: arithmetic}, {task: countdown}]"
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _random_model(seed: int, tok):
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.llm import tiny
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(tiny.tiny_config(tok)).eval()
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_distillation_presets_need_a_teacher_and_teachers_need_such_a_preset(fast_cfg):
+    with pytest.raises(ConfigError, match=r"needs teacher_logprobs \(set distill.teachers"):
+        fast_cfg("algo.preset=opd")
+    with pytest.raises(ConfigError, match="no distillation estimator"):
+        fast_cfg("distill.teachers=[{path: tiny-random}]")
+    with pytest.raises(ConfigError, match=r"domains: \['countdown'\] not among the data"):
+        fast_cfg("algo.preset=mopd", "distill.teachers=[{path: self, domains: [countdown]}]")
+    cfg = fast_cfg("algo.preset=mopd", MIX, "distill.teachers=[{path: self, domains: [countdown]}]")
+    assert cfg.preset().distill.name == "topk"
+    cfg = fast_cfg("algo.preset=opd", "distill.teachers=[{path: self}]", "algo.distill.name=full")
+    assert cfg.preset().distill.name == "full"
+
+
+def test_teacher_prompt_fills_the_template_for_text_and_chat():
+    e = Example("12+3=", "15", {"a": 12})
+    assert teacher_prompt(None, e) == "12+3="
+    assert teacher_prompt("{answer}>{prompt}", e) == "15>12+3="
+    chat = Example([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "7")
+    out = teacher_prompt("hint {answer}: {prompt}", chat)
+    assert out[-1] == {"role": "user", "content": "hint 7: q"} and chat.prompt[-1]["content"] == "q"
+    with pytest.raises(ValueError, match="fields: a, answer, prompt"):
+        teacher_prompt("{missing}", e)
+
+
+# ----------------------------------------------------------------------------- mixture
+
+
+def test_mixture_source_tags_domains_scores_each_and_resumes(fast_cfg):
+    cfg = fast_cfg(MIX.replace("{task: countdown}", "{task: countdown, weight: 3}"))
+    src = MixtureSource(list(cfg.data.mixture), 8, 0)
+    batch = src.next_batch(400)
+    share = sum(e.meta["domain"] == "countdown" for e in batch) / len(batch)
+    assert 0.68 < share < 0.82  # weight 3 of 4
+    assert set(src.eval_sets) == {"arithmetic", "countdown"}
+    score = DomainScore(src.tasks)
+    for e in batch[:20]:
+        assert score(e.answer, e) == 1.0  # each example's own verifier accepts its answer
+    state = json.loads(json.dumps(src.state_dict()))
+    after = src.next_batch(10)
+    fresh = MixtureSource(list(cfg.data.mixture), 8, 0)
+    fresh.load_state_dict(state)
+    assert fresh.next_batch(10) == after
+
+
+# ------------------------------------------------------------------------- teachers
+
+
+def test_routing_scores_each_row_with_its_domains_teacher():
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    a, c = _random_model(1, tok), _random_model(2, tok)
+    teachers = Teachers(
+        [Teacher(a, ["arithmetic"], name="a"), Teacher(c, ["countdown"], name="c")], tok
+    )
+    rng = random.Random(0)
+    exs = [
+        Example("1+2=", "3", {"domain": rng.choice(["arithmetic", "countdown", "other"])})
+        for _ in range(12)
+    ]
+    exs[0].meta["domain"], exs[1].meta["domain"] = "arithmetic", "countdown"
+    g = torch.Generator().manual_seed(0)
+    comp = torch.randint(3, 12, (12, 5), generator=g)
+    mask = torch.ones(12, 5)
+    mask[3, 2:] = 0
+    from rlpost.llm.engines.base import RolloutBatch
+
+    prompts = [tok.encode(e.prompt) for e in exs]
+    batch = RolloutBatch(
+        prompts, comp, torch.zeros(12, 5), mask, ["stop"] * 12, torch.arange(12), tok.pad_token_id
+    )
+    out = teachers.score(
+        batch, exs, policy=None, temperature=1.0, topk=3, full=False, micro_batch=5,
+        pack=True, layout="ragged",
+    )  # fmt: skip
+    want = torch.tensor([{"arithmetic": 0, "countdown": 1}.get(e.meta["domain"], -1) for e in exs])
+    assert torch.equal(out.which, want) and torch.equal(out.rows, (want >= 0).float())
+    sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id)
+    for i, model in ((0, a), (1, c)):
+        ref_logp, _, (ids, lp) = completion_logprobs(model, sb, 1.0, dists=3)
+        rows = want == i
+        torch.testing.assert_close(out.logp[rows], (ref_logp * mask)[rows], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            out.topk[1][rows], (lp * mask[..., None])[rows], atol=1e-5, rtol=0
+        )
+        live = mask[rows] > 0
+        assert torch.equal(out.topk[0][rows][live], ids[rows][live])
+    assert (out.logp[want < 0] == 0).all()
+
+
+def test_student_log_probs_of_given_ids_are_differentiable_and_exact():
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    model = _random_model(3, tok)
+    g = torch.Generator().manual_seed(1)
+    comp = torch.randint(3, 12, (4, 6), generator=g)
+    mask = torch.ones(4, 6)
+    prompts = [tok.encode("12+3="), tok.encode("12+3="), tok.encode("9-1="), tok.encode("9-1=")]
+    V = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, V, (4, 6, 3), generator=g)
+    for pack in (False, True):
+        for impl in ("fused", "logits"):
+            sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=pack)
+            res = completion_logprobs(model, sb, 0.7, impl=impl, student_ids=ids, chunk_size=5)
+            full = completion_logprobs(
+                model, sb, 0.7, impl="logits", dists=torch.arange(V).expand(4, 6, V)
+            )
+            torch.testing.assert_close(res[-1], full[2][1].gather(-1, ids), atol=1e-5, rtol=0)
+            assert res[-1].requires_grad
+            (g_ids,) = torch.autograd.grad(res[-1].sum(), model.lm_head.weight)
+            assert g_ids.abs().sum() > 0
+
+
+def test_sampled_index_marks_absent_tokens():
+    ids = torch.tensor([[[3, 5], [1, 2]]])
+    assert sampled_index(ids, torch.tensor([[5, 7]])).tolist() == [[1, -1]]
+
+
+# -------------------------------------------------------------------------- training
+
+
+def test_a_student_equal_to_its_teacher_has_zero_distillation_and_no_update(fast_cfg):
+    """path: self without a privileged prompt is the student itself: the reverse KL and its
+    gradient vanish for every estimator, so pure OPD changes no weight."""
+    for est in ("topk", "sampled", "full"):
+        cfg = fast_cfg(
+            "algo.preset=opd", "distill.teachers=[{path: self}]", f"algo.distill.name={est}",
+            "optim.weight_decay=0.0",
+        )  # fmt: skip
+        tr = Trainer(cfg)
+        before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+        m = tr.update(tr.collect())
+        assert abs(m["distill/kl"]) < 1e-5, (est, m["distill/kl"])
+        assert m["grad_norm"] < 1e-4, (est, m["grad_norm"])
+        drift = max((v - before[k]).abs().max().item() for k, v in tr.model.state_dict().items())
+        assert drift < 1e-6, (est, drift)
+        tr.close()
+
+
+def test_opd_pulls_the_student_toward_a_different_teacher(fast_cfg, tmp_path):
+    """On the same rollouts, repeated OPD updates lower the (exact) reverse KL from the
+    untrained student to the pretrained tiny base."""
+    cfg = fast_cfg(
+        "algo.preset=opd", "distill.teachers=[{path: tiny}]", "algo.distill.name=full",
+        "optim.lr=3e-3", "optim.weight_decay=0.0",
+    )  # fmt: skip
+    tr = Trainer(cfg)
+    col = tr.collect()
+    kls = [tr.update(col)["distill/kl"] for _ in range(8)]
+    assert kls[0] > 0.5 and kls[-1] < 0.7 * kls[0], kls
+    tr.close()
+
+
+def test_opsd_row_filters_distil_only_correct_or_incorrect_responses(fast_cfg, monkeypatch):
+    seen: list = []
+    spy_entry(monkeypatch, DISTILL_ESTIMATORS, "topk", seen)
+    for rows in ("correct", "incorrect"):
+        seen.clear()
+        cfg = fast_cfg(
+            "algo.preset=opsd", "distill.teachers=[{path: self, template: '{answer}>{prompt}'}]",
+            f"algo.distill_rows={rows}", "train.overlong_mask=false",
+        )  # fmt: skip
+        tr = Trainer(cfg)
+        col = tr.collect()
+        n = len(col.batch)
+        correct = (torch.arange(n) % 3 == 0).float()  # the verifier's outcome per response
+        tr.update(dataclasses.replace(col, accuracy=correct))
+        got = (seen[0].mask.sum(1) > 0).float()
+        live = (col.batch.mask.sum(1) > 0).float()
+        assert torch.equal(got, (correct if rows == "correct" else 1 - correct) * live)
+        tr.close()
+
+
+def test_mopd_trains_from_the_cli_and_logs_each_domain(fast_overrides, tmp_path):
+    from rlpost.apps.llm.cli import main as cli
+
+    overrides = [
+        *fast_overrides, "algo.preset=mopd", MIX, "run.eval_every=2", f"run.dir={tmp_path}",
+        "distill.teachers=[{path: tiny-random, domains: [arithmetic]}, "
+        "{path: self, domains: [countdown], template: '{answer}>{prompt}'}]",
+    ]  # fmt: skip
+    assert cli(["train", "--config", "grpo_arithmetic", *overrides]) == 0
+    last = _rows(tmp_path)[-1]
+    assert {"eval/arithmetic/accuracy", "eval/countdown/accuracy", "distill/kl"} <= set(last)
+    assert math.isfinite(last["grad_norm"]) and last["distill/tokens"] > 0
+
+
+def test_atod_weights_follow_the_schedule_in_training(fast_cfg):
+    cfg = fast_cfg("algo.preset=atod", "distill.teachers=[{path: tiny-random}]", "train.steps=3")
+    tr = Trainer(cfg)
+    ws = []
+    for _ in range(3):
+        m = tr.update(tr.collect())
+        tr.step += 1
+        ws.append((m["distill/weight"], m["distill/rl_weight"]))
+    assert ws[0] == (1.0, 0.0) and ws[-1] == pytest.approx((0.0, 1.0))
+    assert dataclasses.is_dataclass(cfg.preset().distill_schedule)
+    tr.close()
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory):
+    """A finished rlpost run (one GRPO step, checkpointed) to serve as the teacher."""
+    from rlpost.llm.config import load_config
+
+    from .conftest import FAST
+
+    run = tmp_path_factory.mktemp("teacher") / "run"
+    cfg = load_config(None, [*FAST, "train.steps=1", "run.save_every=1", f"run.dir={run}"])
+    Trainer(cfg).train()
+    return run
+
+
+@pytest.mark.parametrize(
+    "recipe", ["opd_arithmetic", "mopd_mixture", "atod_arithmetic", "opsd_arithmetic"]
+)
+def test_distillation_recipes_train_a_step(recipe, teacher_run, fast_overrides, tmp_path):
+    """Each recipe with its teachers' run directories replaced by a real finished run (a
+    run directory stands for its newest checkpoint)."""
+    import yaml
+
+    from rlpost.llm.config import load_config
+    from rlpost.llm.recipes import recipe_path
+
+    raw = yaml.safe_load(recipe_path(recipe).read_text())
+    teachers = [
+        {**t, "path": str(teacher_run)} if t["path"] != "self" else t
+        for t in raw["distill"]["teachers"]
+    ]
+    cfg = load_config(
+        recipe_path(recipe),
+        [*fast_overrides, f"run.dir={tmp_path}", f"distill.teachers={json.dumps(teachers)}"],
+    )
+    tr = Trainer(cfg)
+    m = tr.update(tr.collect())
+    assert math.isfinite(m["grad_norm"]) and math.isfinite(m["distill/kl"]) and tr.version == 1
+    tr.close()
+
+
+def test_a_teacher_run_without_a_checkpoint_is_refused(fast_cfg, tmp_path):
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    cfg = fast_cfg("algo.preset=opd", f"distill.teachers=[{{path: {tmp_path / 'empty'}}}]")
+    with pytest.raises(ValueError, match="has no finished checkpoint yet"):
+        Trainer(cfg)
