@@ -14,7 +14,9 @@ from rlpost.core.distill import (
     DistillInput,
     DistillSchedule,
     TeacherDistributions,
+    TurnReweight,
     distill_rows,
+    turn_weights,
 )
 from rlpost.core.presets import PRESETS, PolicyBatch
 
@@ -170,6 +172,7 @@ def _batch(s, t, tokens, adv, dyn=None, sl=slice(None)):
         inp.mask,
         teacher_logp=inp.teacher_logp,
         teacher_topk=inp.topk,
+        entropy=torch.ones_like(inp.logp.detach()),
         dynamics=dyn,
         global_tokens=float(B * T),
         global_sequences=float(B),
@@ -227,3 +230,65 @@ def test_atod_moves_the_gradient_from_distillation_to_rl():
     torch.testing.assert_close(grad(recipe, 1.0), grad(rl, 1.0))
     with pytest.raises(ContractError, match="dynamics"):
         recipe.policy_loss(_batch(s, t, tokens, adv, None))
+
+
+def test_tdur_amplifies_the_turn_of_high_disagreement_and_uncertainty():
+    # one trajectory, three turns of two tokens each, the last token unused
+    kl = torch.tensor([[0.1, 0.1, 1.0, 1.0, 0.1, 0.1, 9.0]])
+    ent = torch.tensor([[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 9.0]])
+    turns = torch.tensor([[0, 0, 1, 1, 2, 2, -1]])
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1, 1]])
+    p = TurnReweight(alpha=1.0, w_max=10.0)
+    w = turn_weights(kl, ent, mask, turns, p)
+    s = torch.tensor([0.1, 2.0, 0.1])  # D * U per turn
+    want = s / s.mean()
+    torch.testing.assert_close(w[0, :6], want.repeat_interleave(2))
+    assert w[0, 6] == 0  # not a policy token
+    assert w[0, :6].sum() / 6 == pytest.approx(1.0)  # redistributed, not scaled
+    half = turn_weights(kl, ent, mask, turns, TurnReweight(alpha=0.5, w_max=10.0))
+    torch.testing.assert_close(half[0, :6], 0.5 + 0.5 * want.repeat_interleave(2))
+    clipped = turn_weights(kl, ent, mask, turns, TurnReweight(alpha=1.0, w_max=1.5))
+    assert clipped.max() == 1.5
+    uniform = turn_weights(kl, ent, mask, turns, TurnReweight(alpha=0.0))
+    assert (uniform[0, :6] == 1).all()
+
+
+def test_tdur_without_turns_or_signal_keeps_weight_one():
+    kl, ent = torch.rand(2, 4), torch.rand(2, 4)
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1]])
+    assert torch.equal(turn_weights(kl, ent, mask, None, TurnReweight()), mask)
+    zero = turn_weights(torch.zeros(2, 4), ent, mask, torch.zeros(2, 4, dtype=torch.long),
+                        TurnReweight(alpha=1.0))  # fmt: skip
+    assert torch.equal(zero, mask)
+    with pytest.raises(ValueError, match="alpha"):
+        TurnReweight(alpha=2.0)
+
+
+def test_atod_declares_entropy_and_reads_turns():
+    r = PRESETS["atod"].build()
+    assert "entropy" in r.needs() and "turns" in r.reads() and "turns" not in r.needs()
+
+
+def test_sampled_on_text_blocks_is_reinforce_on_each_block():
+    """A teacher with another tokenizer scores text blocks: block gap d_k = sum of the
+    student's log-probs in the block - the teacher's block log-prob; every token of the
+    block gets the gradient coefficient d_k, the block's value is d_k once."""
+    logp = torch.tensor([[-0.5, -1.0, -2.0, -0.1]], requires_grad=True)
+    teacher = torch.tensor([[0.0, -3.0, -1.5, 0.0]])  # block sums: -3.0 and -1.5
+    spans = torch.tensor([[0, 0, 1, 1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is padding
+    out = DISTILL_ESTIMATORS("sampled", DistillInput(logp, mask, teacher, spans=spans))
+    d0, d1 = (-0.5 - 1.0) - (-3.0), -2.0 - (-1.5)
+    torch.testing.assert_close(out.kl, torch.tensor([[d0 / 2, d0 / 2, d1, 0.0]]))
+    (g,) = torch.autograd.grad(out.loss.sum(), logp)
+    torch.testing.assert_close(g, torch.tensor([[d0, d0, d1, 0.0]]))
+    # one token per block is the token-level estimator
+    s, t = _logits(10)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(6))
+    inp = _input(s, t, tokens)
+    ident = torch.arange(T).expand(B, T)
+    a = DISTILL_ESTIMATORS("sampled", inp)
+    b = DISTILL_ESTIMATORS(
+        "sampled", DistillInput(inp.logp, inp.mask, inp.teacher_logp, spans=ident)
+    )
+    torch.testing.assert_close(a.loss, b.loss)

@@ -288,3 +288,116 @@ def test_a_teacher_run_without_a_checkpoint_is_refused(fast_cfg, tmp_path):
     cfg = fast_cfg("algo.preset=opd", f"distill.teachers=[{{path: {tmp_path / 'empty'}}}]")
     with pytest.raises(ValueError, match="has no finished checkpoint yet"):
         Trainer(cfg)
+
+
+# ------------------------------------------------------------------ cross-tokenizer
+
+
+@pytest.fixture(scope="module")
+def bpe_teacher(tmp_path_factory):
+    """A random tiny Llama (another architecture too) with a BPE tokenizer trained on task
+    text, saved as a folder. (transformers 5 loads a folder whose config is qwen2 with
+    Qwen2's own tokenizer class, which drops a custom BPE's merges; Llama's keeps them.)"""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from .test_tokalign import _texts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<eos>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator(_texts(300) * 3, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    cfg = LlamaConfig(
+        vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    folder = tmp_path_factory.mktemp("bpe") / "teacher"
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def _batch_of(tok, texts_and_completions):
+    from rlpost.llm.engines.base import RolloutBatch
+
+    rows = []
+    for prompt, comp in texts_and_completions:
+        ids = [*tok.encode(comp), tok.eos_token_id]
+        rows.append((tok.encode(prompt), ids, [0.0] * len(ids), "stop"))
+    return RolloutBatch.from_rows(rows, len(rows), 1, tok.pad_token_id)
+
+
+def test_a_teacher_of_the_same_tokenizer_through_the_text_path_changes_nothing():
+    """Forcing the retokenise-and-align path with the student's own tokenizer gives one
+    character per block and exactly the direct path's log-probs."""
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    model = _random_model(7, tok)
+    pairs = [("12+30=", "42"), ("7+5=", "12"), ("3 4 5>", "3*4-5")]
+    batch = _batch_of(tok, pairs)
+    exs = [Example(p, c) for p, c in pairs]
+    kw = {"temperature": 1.0, "topk": None, "full": False, "micro_batch": 8,
+          "pack": False, "layout": "ragged"}  # fmt: skip
+    direct = Teachers([Teacher(model)], tok).score(batch, exs, None, **kw)
+    text = Teachers([Teacher(model, tokenizer=tok)], tok).score(batch, exs, None, **kw)
+    torch.testing.assert_close(text.logp, direct.logp, atol=1e-5, rtol=0)
+    L = batch.mask.shape[1]
+    assert torch.equal(
+        text.spans * batch.mask.long(), torch.arange(L).expand_as(text.spans) * batch.mask.long()
+    )
+
+
+def test_a_bpe_teacher_scores_aligned_text_blocks(bpe_teacher):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlpost.llm import tiny
+    from rlpost.llm.tokalign import align, tokenize
+
+    tok = tiny.build_tokenizer()
+    tt = AutoTokenizer.from_pretrained(bpe_teacher)
+    tm = AutoModelForCausalLM.from_pretrained(bpe_teacher).eval()
+    pairs = [("12+30=", "42"), ("36+47=", "83"), ("3 4 5>", "3*4-5")]
+    batch = _batch_of(tok, pairs)
+    exs = [Example(p, c) for p, c in pairs]
+    out = Teachers([Teacher(tm, tokenizer=tt)], tok).score(
+        batch, exs, None, temperature=1.0, topk=None, full=False, micro_batch=8,
+        pack=False, layout="ragged",
+    )  # fmt: skip
+    merged = 0
+    for r, (prompt, comp) in enumerate(pairs):
+        b = tokenize(tt, comp)
+        ids = torch.tensor([[*b.ids, tt.eos_token_id]])
+        sb = make_seq_batch(
+            [tt.encode(prompt)], ids, torch.ones_like(ids, dtype=torch.float), tt.pad_token_id
+        )
+        ref = completion_logprobs(tm, sb, 1.0)[0][0]
+        al = align(tokenize(tok, comp), b)
+        n = len(comp)
+        for k, ((a0, a1), (b0, b1)) in enumerate(zip(al.a, al.b, strict=True)):
+            assert (out.spans[r, a0:a1] == k).all()
+            torch.testing.assert_close(
+                out.logp[r, a0:a1].sum(), ref[b0:b1].sum(), atol=1e-5, rtol=0
+            )
+        torch.testing.assert_close(out.logp[r, n], ref[len(b.ids)], atol=1e-5, rtol=0)  # <eos>
+        assert out.spans[r, n] == len(al)
+        merged += len(al) < len(comp)
+    assert merged  # BPE merged some characters: blocks of several student tokens
+
+
+def test_cross_tokenizer_opd_trains_with_the_sampled_estimator_only(fast_cfg, bpe_teacher):
+    teacher = f"distill.teachers=[{{path: {bpe_teacher}}}]"
+    with pytest.raises(ValueError, match="sampled estimator only"):
+        Trainer(fast_cfg("algo.preset=opd", teacher))
+    tr = Trainer(fast_cfg("algo.preset=opd", teacher, "algo.distill.name=sampled",
+                          "train.overlong_mask=false"))  # fmt: skip
+    m = tr.update(tr.collect())
+    assert math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0 and math.isfinite(m["distill/kl"])
+    tr.close()

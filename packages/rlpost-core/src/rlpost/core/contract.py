@@ -60,6 +60,7 @@ class Input(StrEnum):
     TEACHER_LOGPROBS = "teacher_logprobs"  # [B, T] a teacher's log-probs of the sampled tokens
     TEACHER_TOPK = "teacher_topk"  # [B, T, K] student and teacher over the teacher's top-K ids
     TEACHER_FULL = "teacher_full"  # [B, T, V] student and teacher over the whole vocabulary
+    TEACHER_SPANS = "teacher_spans"  # [B, T] text block of each token (cross-tokenizer teachers)
 
 
 class Coupling(IntEnum):

@@ -353,6 +353,7 @@ def _check_distill(bound: Bound) -> None:
             "teacher_logp": t_all.gather(-1, tokens[..., None])[..., 0],
             "topk": dists,
             "full": dists,
+            "spans": torch.arange(T).expand(B, T).clone(),  # one token per block
         }
         kw = {f: samples[f] for i in bound.reads for f in DISTILL_ESTIMATORS.inputs[i]}
         inp = poison_undeclared(DISTILL_ESTIMATORS, bound, DistillInput(logp, m, **kw), samples)

@@ -212,8 +212,13 @@ def provided_inputs(cfg: Config) -> frozenset[Input]:
         extra.add(Input.AUX_GRADIENTS)
     if cfg.data.curriculum:
         extra.add(Input.TASK_BOUNDARY)
-    if cfg.distill.teachers:  # log-probs of the sampled tokens, top-K, the vocabulary
-        extra |= {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
+    if cfg.distill.teachers:  # log-probs of the sampled tokens, top-K, the vocabulary, blocks
+        extra |= {
+            Input.TEACHER_LOGPROBS,
+            Input.TEACHER_TOPK,
+            Input.TEACHER_FULL,
+            Input.TEACHER_SPANS,
+        }
     return PROVIDES | extra
 
 
@@ -381,7 +386,8 @@ class TeacherConfig(_Strict):
     """"self": the policy itself (self-distillation; give it a privileged ``template``);
     "tiny" / "tiny-random" as ``model.path`` (the tiny base of the teacher's first domain);
     else a local folder (an rlpost run directory stands for its newest checkpoint) or a hub
-    id of a causal LM with the student's tokenizer."""
+    id of a causal LM. A teacher with another tokenizer scores the completions' text,
+    aligned to the student's tokens by text spans (the ``sampled`` estimator only)."""
     domains: list[str] = []
     """The ``example.meta["domain"]`` values this teacher scores (``data.mixture`` task
     names); empty: every prompt. A prompt goes to the first teacher that takes it; one no

@@ -12,6 +12,14 @@ for the rows it routed, what the preset's distillation estimator declared:
   training forward then scores differentiably;
 * its log-probs over the whole vocabulary (``Input.TEACHER_FULL``).
 
+A teacher whose tokenizer differs from the student's (cross-tokenizer distillation)
+scores the *text* of each completion: the text is retokenised with the teacher's
+tokenizer and aligned to the student's tokens by text spans (:mod:`rlpost.llm.tokalign`);
+its log-prob of each aligned block (the sum over its own tokens) is placed on the block's
+last student token, and ``Input.TEACHER_SPANS`` gives each student token its block, which
+the ``sampled`` estimator then compares block by block (top-K and full-vocabulary
+estimators need one vocabulary and are refused).
+
 Every teacher forward runs without gradients, at the sampling temperature (so a student
 equal to its teacher has zero loss), in micro-batches of the trainer's size.
 """
@@ -38,14 +46,17 @@ class TeacherScores:
     """The teachers' side of a rollout batch (``[N, L]`` unless noted, 0 off the rows).
 
     ``rows`` ``[N]``: 1 where a teacher scored the row; ``logp``: log-probs of the sampled
-    tokens; ``topk``: ``(ids, logp)`` ``[N, L, K]``; ``full``: ``[N, L, V]``; ``which``
-    ``[N]``: the teacher's index (-1: none)."""
+    tokens (a cross-tokenizer teacher's block log-probs on each block's last token);
+    ``topk``: ``(ids, logp)`` ``[N, L, K]``; ``full``: ``[N, L, V]``; ``which`` ``[N]``:
+    the teacher's index (-1: none); ``spans``: each token's block (one per token for
+    teachers with the student's tokenizer), when any teacher tokenises differently."""
 
     rows: Tensor
     logp: Tensor
     which: Tensor
     topk: tuple[Tensor, Tensor] | None = None
     full: Tensor | None = None
+    spans: Tensor | None = None  # [N, L] text block of each token (cross-tokenizer teachers)
 
 
 def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
@@ -98,17 +109,23 @@ class Teacher:
         domains: list[str] | tuple[str, ...] = (),
         template: str | None = None,
         name: str = "teacher",
+        tokenizer=None,
     ):
         self.model = model
         self.domains = tuple(domains)
         self.template = template
         self.name = name
+        self.tokenizer = tokenizer  # None: the student's; else a cross-tokenizer teacher
         if model is not None:
             model.eval().requires_grad_(False)
 
     @property
     def is_self(self) -> bool:
         return self.model is None
+
+    @property
+    def cross(self) -> bool:
+        return self.tokenizer is not None
 
     def takes(self, example: Example) -> bool:
         return not self.domains or example.meta.get("domain") in self.domains
@@ -145,12 +162,10 @@ def load_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, index: int =
         except (OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"{name}: cannot load {tc.path!r}: {first}") from None
-    if tok.get_vocab() != student_tokenizer.get_vocab():
-        raise ValueError(
-            f"{name} ({tc.path}): its tokenizer differs from the student's; on-policy "
-            "distillation here needs the student's vocabulary"
-        )
-    return Teacher(model.to(dtype), tc.domains, tc.template, name)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    cross = tok if tok.get_vocab() != student_tokenizer.get_vocab() else None
+    return Teacher(model.to(dtype), tc.domains, tc.template, name, cross)
 
 
 def _resolve_run(path: str, name: str) -> str:
@@ -209,6 +224,15 @@ class Teachers:
         """Each routed row scored by its teacher (``policy`` serves the self-teacher)."""
         N, L = batch.completion_ids.shape
         which = self.route(examples)
+        spans = None
+        if any(t.cross for t in self.teachers):
+            spans = torch.arange(L).expand(N, L).clone()  # one token per block by default
+            if topk or full:
+                names = ", ".join(t.name for t in self.teachers if t.cross)
+                raise ValueError(
+                    f"{names}: a tokenizer other than the student's supports the sampled "
+                    "estimator only (algo.distill.name=sampled)"
+                )
         logp = torch.zeros(N, L)
         top = (torch.zeros(N, L, topk, dtype=torch.long), torch.zeros(N, L, topk)) if topk else None
         vocab = None
@@ -219,6 +243,16 @@ class Teachers:
                 continue
             model = policy if teacher.is_self else teacher.model
             assert model is not None
+            if teacher.cross:
+                assert spans is not None
+                was_training = model.training
+                model.eval()
+                try:
+                    self._score_cross(teacher, model, batch, examples, rows, temperature,
+                                      micro_batch, logp, spans, which)  # fmt: skip
+                finally:
+                    model.train(was_training)
+                continue
             v = int(model.get_output_embeddings().weight.shape[0])
             if full and vocab is not None and v != vocab:
                 raise ValueError(
@@ -261,7 +295,60 @@ class Teachers:
             finally:
                 model.train(was_training)
         rows_mask = (which >= 0).float()
-        return TeacherScores(rows_mask, logp, which, top, whole)
+        return TeacherScores(rows_mask, logp, which, top, whole, spans)
+
+    def _score_cross(
+        self, teacher, model, batch, examples, rows, temperature, micro_batch, logp, spans, which
+    ) -> None:
+        """Score ``rows`` with a teacher of another tokenizer, block by block (fills
+        ``logp`` and ``spans`` in place; a row whose text cannot be aligned is dropped
+        from ``which``)."""
+        from rlpost.llm.tokalign import Tokenized, align, tokenize
+
+        tt = teacher.tokenizer
+        eos_s, eos_t = self.tok.eos_token_id, tt.eos_token_id
+        for s in range(0, len(rows), micro_batch):
+            idx = rows[s : s + micro_batch].tolist()
+            prompts, comps, plans = [], [], []
+            for i in idx:
+                n = int(batch.mask[i].sum())
+                body = batch.completion_ids[i, :n].tolist()
+                has_eos = bool(body) and body[-1] == eos_s
+                body = body[:-1] if has_eos else body
+                pieces = [self.tok.decode([t]) for t in body]
+                text = "".join(pieces)
+                if self.tok.decode(body) != text:  # per-token pieces do not add up: skip
+                    which[i] = -1
+                    continue
+                ends = [sum(len(p) for p in pieces[: j + 1]) for j in range(len(pieces))]
+                a = Tokenized(
+                    text, body, [(e - len(p), e) for e, p in zip(ends, pieces, strict=True)]
+                )
+                b = tokenize(tt, text)
+                al = align(a, b)
+                ex = examples[i]
+                prompts.append(encode_prompt(tt, teacher_prompt(teacher.template, ex)))
+                comps.append(b.ids + ([eos_t] if has_eos else []))
+                plans.append((i, al, len(b.ids), has_eos, len(body)))
+            if not plans:
+                continue
+            width = max(1, max(len(c) for c in comps))
+            pad = tt.pad_token_id if tt.pad_token_id is not None else eos_t
+            ids = torch.full((len(comps), width), pad, dtype=torch.long)
+            mask = torch.zeros(len(comps), width)
+            for r, c in enumerate(comps):
+                ids[r, : len(c)] = torch.tensor(c, dtype=torch.long)
+                mask[r, : len(c)] = 1.0
+            sb = make_seq_batch(prompts, ids, mask, pad)
+            lp = completion_logprobs(model, sb, temperature)[0].float().cpu() * mask
+            for r, (i, al, nb, has_eos, na) in enumerate(plans):
+                logp[i] = 0.0
+                for k, ((a0, a1), (b0, b1)) in enumerate(zip(al.a, al.b, strict=True)):
+                    logp[i, a1 - 1] = lp[r, b0:b1].sum()
+                    spans[i, a0:a1] = k
+                if has_eos:  # the end of the response is one more block
+                    logp[i, na] = lp[r, nb]
+                    spans[i, na] = len(al)
 
 
 __all__ = [

@@ -232,6 +232,13 @@ class Trainer:
         self.kl_in_reward = self.recipe.kl_in_reward
         self.reference = Reference(model) if (self.kl_in_loss or self.kl_in_reward) else None
         self.teachers = Teachers.from_config(cfg, tokenizer) if cfg.distill.teachers else None
+        if self.teachers is not None and {Input.TEACHER_TOPK, Input.TEACHER_FULL} & self.reads:
+            cross = [t.name for t in self.teachers.teachers if t.cross]
+            if cross:
+                raise ValueError(
+                    f"{', '.join(cross)}: a tokenizer other than the student's supports the "
+                    "sampled estimator only (algo.distill.name=sampled)"
+                )
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
@@ -760,6 +767,9 @@ class Trainer:
                         teacher_topk=t_topk,
                         teacher_full=t_full,
                         teacher_mask=sl(teacher_mask),
+                        teacher_spans=teach.spans[idx]
+                        if teach is not None and teach.spans is not None
+                        else None,
                     )
                 )
                 if not torch.isfinite(out.loss):

@@ -7,6 +7,7 @@ module             contents
 ``estimators``     full, topk, sampled (reverse KL to a teacher, per token)
 ``schedule``       DistillSchedule: constant, anneal (ATOD's OPD -> RL schedule)
 ``rows``           which responses are distilled (OPSD's correct / incorrect filters)
+``turns``          TurnReweight / turn_weights: ATOD's T-DUR
 =================  ===========================================================
 """
 
@@ -20,6 +21,7 @@ from rlpost.core.distill.base import (
 from rlpost.core.distill.estimators import DistillParams, FullParams, exact_expectation
 from rlpost.core.distill.rows import ROW_FILTERS, distill_rows
 from rlpost.core.distill.schedule import DistillSchedule
+from rlpost.core.distill.turns import TurnReweight, turn_weights
 
 __all__ = [
     "DISTILL_ESTIMATORS",
@@ -30,6 +32,8 @@ __all__ = [
     "DistillSchedule",
     "FullParams",
     "TeacherDistributions",
+    "TurnReweight",
     "distill_rows",
     "exact_expectation",
+    "turn_weights",
 ]

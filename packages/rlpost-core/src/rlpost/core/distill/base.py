@@ -68,13 +68,17 @@ class DistillInput:
     """``logp`` ``[B, T]``: log pi_s of the sampled tokens (differentiable); ``mask``
     ``[B, T]``: the tokens distilled; ``teacher_logp`` ``[B, T]``: log pi_t of the sampled
     tokens (``Input.TEACHER_LOGPROBS``); ``topk`` / ``full``: both over the teacher's
-    top-K ids (``Input.TEACHER_TOPK``) / over the whole vocabulary (``Input.TEACHER_FULL``)."""
+    top-K ids (``Input.TEACHER_TOPK``) / over the whole vocabulary (``Input.TEACHER_FULL``);
+    ``spans`` ``[B, T]`` long: the text block of each token when the teacher tokenised the
+    text differently (``Input.TEACHER_SPANS``, see :func:`block_gap`); the teacher's
+    log-prob of a block is the sum of ``teacher_logp`` over the block's tokens."""
 
     logp: Tensor
     mask: Tensor
     teacher_logp: Tensor | None = None
     topk: TeacherDistributions | None = None
     full: TeacherDistributions | None = None
+    spans: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.shape != self.logp.shape:
@@ -105,8 +109,9 @@ DISTILL_ESTIMATORS: Registry[DistillInput, DistillOutput] = Registry(
         Input.TEACHER_LOGPROBS: ("teacher_logp",),
         Input.TEACHER_TOPK: ("topk",),
         Input.TEACHER_FULL: ("full",),
+        Input.TEACHER_SPANS: ("spans",),
     },
-    gated=(Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL),
+    gated=(Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL, Input.TEACHER_SPANS),
 )
 
 
@@ -129,11 +134,40 @@ def _kept(logp: Tensor, keep: Tensor) -> Tensor:
     return torch.where(keep > 0, logp, torch.zeros_like(logp))
 
 
-def sampled_term(inp: DistillInput, clamp: float | None, outside: Tensor | None = None) -> Tensor:
+def block_gap(inp: DistillInput, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-tokenizer blocks: ``(value, coefficient)`` ``[B, T]``. A block's gap
+    ``d_k = sum_{i in k} log pi_s(y_i) - log pi_t(block k)`` (the teacher's block log-prob
+    is the sum of ``teacher_logp`` over the block); each token of the block gets the
+    gradient coefficient ``d_k`` (so the block's gradient is ``d_k grad log pi_s(block)``,
+    REINFORCE on the block) and the value ``d_k / |k|`` (the block's value once)."""
+    assert inp.spans is not None and inp.teacher_logp is not None
+    B = inp.logp.shape[0]
+    sp = torch.where(keep > 0, inp.spans.long(), torch.full_like(inp.spans.long(), -1))
+    idx = sp.clamp_min(0)
+    k = int(idx.max()) + 1 if idx.numel() else 1
+    live = (sp >= 0).to(inp.logp.dtype)
+    s_lp = torch.where(keep > 0, inp.logp.detach(), torch.zeros_like(inp.logp)) * live
+    t_lp = torch.where(keep > 0, inp.teacher_logp.detach(), torch.zeros_like(inp.logp)) * live
+    z = inp.logp.new_zeros(B, k)
+    d = z.scatter_add(1, idx, s_lp) - z.scatter_add(1, idx, t_lp)
+    n = z.scatter_add(1, idx, live).clamp_min(1.0)
+    coef = d.gather(1, idx) * live
+    return coef / n.gather(1, idx), coef
+
+
+def sampled_term(
+    inp: DistillInput, clamp: float | None, outside: Tensor | None = None, blocks: bool = False
+) -> Tensor:
     """``1[y not in K] * (value d(y), gradient d(y) grad log pi_s(y))`` ``[B, T]`` (all of
-    the sampled estimator; the tail of top-K when ``outside`` marks y not in K)."""
+    the sampled estimator; the tail of top-K when ``outside`` marks y not in K); with
+    ``blocks`` on ``inp.spans``' text blocks (:func:`block_gap`)."""
     assert inp.teacher_logp is not None
     keep = inp.mask if outside is None else inp.mask * outside
+    if blocks:
+        value, coef = block_gap(inp, keep)
+        if clamp is not None:
+            value, coef = value.clamp(-clamp, clamp), coef.clamp(-clamp, clamp)
+        return surrogate(value, coef, _kept(inp.logp, keep))
     d = _gap(inp.logp, inp.teacher_logp, clamp, keep)
     return surrogate(d, d, _kept(inp.logp, keep))
 
@@ -159,6 +193,7 @@ __all__ = [
     "DistillInput",
     "DistillOutput",
     "TeacherDistributions",
+    "block_gap",
     "exact_term",
     "finish",
     "sampled_term",

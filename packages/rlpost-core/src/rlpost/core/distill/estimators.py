@@ -59,11 +59,15 @@ def topk(inp: DistillInput, p: DistillParams) -> DistillOutput:
     return finish(loss, inp.mask)
 
 
-@DISTILL_ESTIMATORS.register("sampled", DistillParams, needs={Input.TEACHER_LOGPROBS})
+@DISTILL_ESTIMATORS.register(
+    "sampled", DistillParams, needs={Input.TEACHER_LOGPROBS}, reads={Input.TEACHER_SPANS}
+)
 def sampled(inp: DistillInput, p: DistillParams) -> DistillOutput:
     """The sampled token alone: value ``log pi_s(y) - log pi_t(y)``, gradient that times
-    ``grad log pi_s(y)`` (unbiased for the reverse KL and its gradient under y ~ pi_s)."""
-    return finish(sampled_term(inp, p.clamp), inp.mask)
+    ``grad log pi_s(y)`` (unbiased for the reverse KL and its gradient under y ~ pi_s).
+    With ``spans`` (a teacher with another tokenizer) the same on text blocks: each
+    block's gap to the teacher's log-prob of the same text (:func:`.base.block_gap`)."""
+    return finish(sampled_term(inp, p.clamp, blocks=inp.spans is not None), inp.mask)
 
 
 def exact_expectation(fn, logits_s: torch.Tensor, make_input) -> torch.Tensor:

@@ -43,7 +43,9 @@ from rlpost.core.distill import (
     DistillInput,
     DistillSchedule,
     TeacherDistributions,
+    TurnReweight,
     distill_rows,
+    turn_weights,
 )
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
@@ -94,7 +96,10 @@ class PolicyBatch:
       ``teacher_topk`` / ``teacher_full``: the student (differentiable) and the teacher
       over the teacher's top-K ids / the vocabulary (on-policy distillation);
       ``teacher_mask`` ``[B, T]``: where the teacher's signal applies (routing, row
-      filters; default everywhere the mask is).
+      filters; default everywhere the mask is); ``teacher_spans`` ``[B, T]``: each token's
+      text block when a teacher tokenised differently (``sampled`` estimator);
+    * ``turn_ids`` ``[B, T]``: turn index of each token (-1: not a policy token), for
+      turn-level reweighting (ATOD's T-DUR); without it each response is one turn.
     """
 
     logp: Tensor
@@ -118,6 +123,8 @@ class PolicyBatch:
     teacher_topk: TeacherDistributions | None = None
     teacher_full: TeacherDistributions | None = None
     teacher_mask: Tensor | None = None
+    teacher_spans: Tensor | None = None
+    turn_ids: Tensor | None = None
 
     def __post_init__(self) -> None:
         tw = self.token_weights
@@ -143,6 +150,8 @@ BATCH_FIELDS: dict[Input, str] = {
     Input.TEACHER_LOGPROBS: "teacher_logp",
     Input.TEACHER_TOPK: "teacher_topk",
     Input.TEACHER_FULL: "teacher_full",
+    Input.TURNS: "turn_ids",
+    Input.TEACHER_SPANS: "teacher_spans",
 }
 # produced inside the recipe itself: the advantages it passes to ratio / KL entries
 _INTERNAL = frozenset({Input.ADVANTAGES})
@@ -195,6 +204,11 @@ class Recipe:
             out.setdefault(Input.DYNAMICS, []).append(
                 f"preset {self.preset.name!r}'s distillation schedule"
             )
+        if self.distill is not None and self.preset.distill_turns is not None:
+            who = f"preset {self.preset.name!r}'s turn reweighting (T-DUR)"
+            out.setdefault(Input.ENTROPY, []).append(who)
+            if attr == "reads":  # optional: without turns each response is one turn
+                out.setdefault(Input.TURNS, []).append(who)
         return out
 
     def distill_weights(self, dynamics: TrainingDynamics | None) -> tuple[float, float]:
@@ -295,9 +309,17 @@ class Recipe:
         if self.distill is not None:
             dm = m if b.teacher_mask is None else m * b.teacher_mask
             dout = self.distill(
-                DistillInput(b.logp, dm, b.teacher_logp, b.teacher_topk, b.teacher_full)
+                DistillInput(
+                    b.logp, dm, b.teacher_logp, b.teacher_topk, b.teacher_full, b.teacher_spans
+                )
             )
-            tok = tok + w_d * dout.loss
+            dloss = dout.loss
+            if p.distill_turns is not None:
+                assert b.entropy is not None  # a declared need, checked above
+                tw = turn_weights(dout.kl, b.entropy, dm, b.turn_ids, p.distill_turns)
+                dloss = dloss * tw
+                metrics["distill/turn_weight_max"] = float(tw.max()) if tw.numel() else 0.0
+            tok = tok + w_d * dloss
             metrics["distill/kl"] = masked_mean(dout.kl, dm).item() if dm.any() else 0.0
             metrics["distill/tokens"] = float(dm.sum())
             metrics["distill/weight"] = w_d
@@ -351,7 +373,8 @@ class Preset:
     ``distill``: a ``DISTILL_ESTIMATORS`` entry (reverse KL to a teacher on the student's
     own rollouts; the teacher is the trainer's), weighted against the objective by
     ``distill_schedule``; ``distill_rows``: the responses distilled (all, correct,
-    incorrect: OPSD's filters, 001-16).
+    incorrect: OPSD's filters, 001-16); ``distill_turns``: ATOD's turn-level
+    disagreement-uncertainty reweighting of the distillation term (004-27).
     """
 
     name: str
@@ -373,6 +396,7 @@ class Preset:
     distill: Choice | None = None
     distill_schedule: DistillSchedule = field(default_factory=DistillSchedule)
     distill_rows: str = "all"
+    distill_turns: TurnReweight | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@ SDPO. The losses differ only in the weights of the two terms; who the teacher is
 frozen model, one per domain, the policy itself with a privileged context) is the
 trainer's configuration (``rlpost-llm``'s ``distill`` section)."""
 
-from rlpost.core.distill import DistillSchedule
+from rlpost.core.distill import DistillSchedule, TurnReweight
 from rlpost.core.presets.base import Choice, Preset, register_preset
 
 _PG = {
@@ -66,9 +66,12 @@ register_preset(
         catalog_id="004-27",
         distill=Choice("topk"),
         distill_schedule=DistillSchedule.atod(),
+        distill_turns=TurnReweight(alpha=0.5, w_max=3.0),
         group_size=8,
         notes="the distillation weight anneals 1 -> 0 and the RL weight 0 -> 1 on a cosine "
-        "over training (our reading: the abstract fixes the direction, not the curve)",
+        "over training (our reading: the abstract fixes the direction, not the curve); "
+        "T-DUR reweights turns by disagreement x uncertainty (one turn per response "
+        "until the agents trainer provides turns)",
         **_PG,
     )
 )
