@@ -401,3 +401,9 @@ def test_cross_tokenizer_opd_trains_with_the_sampled_estimator_only(fast_cfg, bp
     m = tr.update(tr.collect())
     assert math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0 and math.isfinite(m["distill/kl"])
     tr.close()
+
+
+def test_a_missing_local_teacher_folder_fails_fast(fast_cfg, tmp_path):
+    cfg = fast_cfg("algo.preset=opd", f"distill.teachers=[{{path: {tmp_path / 'nope'}}}]")
+    with pytest.raises(ValueError, match=r"no folder .*train that teacher first"):
+        Trainer(cfg)

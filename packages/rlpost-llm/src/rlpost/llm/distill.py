@@ -174,7 +174,13 @@ def _resolve_run(path: str, name: str) -> str:
 
     from rlpost.core.io.checkpoint import latest_checkpoint
 
-    ckpts = Path(path) / "checkpoints"
+    p = Path(path)
+    if not p.exists() and (p.is_absolute() or (p.parent.is_dir() and str(p.parent) != ".")):
+        raise ValueError(  # a local path (its folder exists), not a hub id: fail fast
+            f"{name}: no folder {path} (train that teacher first, e.g. rlpost-llm train "
+            f"--config <recipe> run.dir={path})"
+        )
+    ckpts = p / "checkpoints"
     if not ckpts.is_dir():
         return path
     found = latest_checkpoint(ckpts)

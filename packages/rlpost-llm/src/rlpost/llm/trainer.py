@@ -1029,9 +1029,8 @@ class Trainer:
         result: dict[str, Any] = {"steps": self.step, "seconds": time.perf_counter() - t_start}
         if self.main:
             rows = read_metrics(self.run_dir)
-            result["plot"] = str(
-                plot_curves(self.run_dir, f"{self.preset.name} on {cfg.data.task}")
-            )
+            data = " + ".join(d.task for d in cfg.data.mixture) or cfg.data.task
+            result["plot"] = str(plot_curves(self.run_dir, f"{self.preset.name} on {data}"))
             result["summary"] = summary_table(rows)
             ev = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
             if ev:
