@@ -9,7 +9,10 @@ character tokenizer):
 2. **teachers**: GRPO from the base on one domain each (arithmetic, countdown);
 3. **students**, from the base on the mixture, the same steps and rollouts per step:
    (a) mixed-reward RL (GRPO on both domains' verifiers), (b) MOPD (catalog 004-25: each
-   prompt's rollouts scored by its domain's teacher, pure reverse KL);
+   prompt's rollouts scored by its domain's teacher, pure reverse KL), (c) CoPD (001-26:
+   one expert per domain as Ray actors, GRPO on its domain plus OPD from the other on
+   theirs, weights exchanged ten times; then MOPD from the co-evolved experts into a
+   student, the same number of steps again);
 4. **OPD vs GRPO** on arithmetic from the base: held-out accuracy per step, OPD taught by
    the arithmetic teacher.
 
@@ -116,6 +119,41 @@ def job(spec: dict) -> dict[str, Any]:
         "distill_kl_first": kl[0] if kl else None,
         "distill_kl_last": kl[-1] if kl else None,
     }
+
+
+def copd_job(spec: dict, a: argparse.Namespace, root: Path) -> dict[str, dict]:
+    """CoPD from the base: one expert per domain (Ray actors, weights exchanged every tenth
+    of training), then MOPD from the co-evolved experts into a student, the same steps."""
+    import torch
+
+    from rlpost.llm.config import load_config
+    from rlpost.llm.copd import run_copd
+
+    torch.set_num_threads(1)
+    rounds = 10 if a.student_steps % 10 == 0 else 1
+    cfg = load_config(
+        None,
+        [
+            *_common(spec, root / "copd"), _mixture(), "algo.preset=copd",
+            f"train.steps={a.student_steps}", f"run.eval_every={a.student_steps}",
+            f"copd.rounds={rounds}", f"copd.consolidate_steps={a.student_steps}",
+        ],
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    s = run_copd(cfg, progress=False)
+    seconds = time.perf_counter() - t0
+    out = {}
+    for d, e in s["experts"].items():
+        acc = {k: e[f"eval/{k}/accuracy"] for k in DOMAINS}
+        out[f"copd-expert-{d}"] = {"name": f"copd-expert-{d}", "steps": e["step"],
+                                   "seconds": s["expert_seconds"], "accuracy": acc}  # fmt: skip
+    st = s["student"]
+    out["copd"] = {
+        "name": "copd", "steps": a.student_steps + st["steps"], "seconds": seconds,
+        "accuracy": {k: st[f"eval/{k}/accuracy"] for k in DOMAINS},
+    }  # fmt: skip
+    print(f"  done copd in {seconds:.0f} s: {out['copd']['accuracy']}", flush=True)
+    return out
 
 
 def build_base(spec: dict, out: Path) -> dict[str, Any]:
@@ -241,6 +279,8 @@ def one_seed(a: argparse.Namespace, seed: int) -> dict[str, dict]:
         ]
         print(f"students: mixed RL and MOPD, {a.student_steps} steps; curves", flush=True)
         done.update({r["name"]: r for r in run_pool(job, students + curves, 2, describe)})
+        print(f"CoPD: two experts as Ray actors, {a.student_steps} steps, then MOPD", flush=True)
+        done.update(copd_job(spec, a, root))
     done["base"] = base
     return done
 
@@ -268,6 +308,7 @@ def main() -> None:
     t0 = time.perf_counter()
     per_seed = [one_seed(a, seed) for seed in a.seeds]
     order = ["base", "teacher-arithmetic", "teacher-countdown", "mixed-rl", "mopd",
+             "copd-expert-arithmetic", "copd-expert-countdown", "copd",
              "grpo-arithmetic", "opd-arithmetic"]  # fmt: skip
     rows = []
     for name in order:
@@ -304,7 +345,7 @@ def main() -> None:
     write_result(
         a.out,
         name="llm_distill",
-        catalog_ids=["base", "004-25", "004-11"],
+        catalog_ids=["base", "004-25", "004-11", "001-26"],
         config=vars(a),
         seeds=a.seeds,
         rows=rows,

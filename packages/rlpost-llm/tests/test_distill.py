@@ -80,6 +80,13 @@ def test_mixture_source_tags_domains_scores_each_and_resumes(fast_cfg):
     score = DomainScore(src.tasks)
     for e in batch[:20]:
         assert score(e.answer, e) == 1.0  # each example's own verifier accepts its answer
+    # a domain without reward (a CoPD expert's peers') scores 0 in training, its held-out
+    # examples are still verified
+    silent = DomainScore(src.tasks, frozenset({"countdown"}))
+    cd = next(e for e in batch if e.meta["domain"] == "countdown")
+    assert silent(cd.answer, cd) == 0.0
+    held = src.eval_sets["countdown"][0]
+    assert silent(held.answer, held) == 1.0
     state = json.loads(json.dumps(src.state_dict()))
     after = src.next_batch(10)
     fresh = MixtureSource(list(cfg.data.mixture), 8, 0)

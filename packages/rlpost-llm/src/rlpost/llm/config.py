@@ -70,6 +70,9 @@ class MixtureDomain(_Strict):
     task: TaskName
     task_params: dict[str, Any] = {}
     weight: float = Field(1.0, gt=0)
+    reward: bool = True
+    """False: the domain's prompts earn no verifier reward (they are only distilled, as a
+    CoPD expert's peers' domains are); its accuracy still counts in the metrics."""
 
 
 class DataConfig(_Strict):
@@ -212,7 +215,7 @@ def provided_inputs(cfg: Config) -> frozenset[Input]:
         extra.add(Input.AUX_GRADIENTS)
     if cfg.data.curriculum:
         extra.add(Input.TASK_BOUNDARY)
-    if cfg.distill.teachers:  # log-probs of the sampled tokens, top-K, the vocabulary, blocks
+    if cfg.distill.teachers or cfg.copd is not None:  # (CoPD: the peers) log-probs, top-K, ...
         extra |= {
             Input.TEACHER_LOGPROBS,
             Input.TEACHER_TOPK,
@@ -409,6 +412,46 @@ class DistillConfig(_Strict):
     """K of the teacher's top-K ids (the ``topk`` estimator)."""
 
 
+class CoPDConfig(_Strict):
+    """Co-evolving policy distillation (catalog 001-26; ``rlpost.llm.copd``): one expert per
+    domain of ``data.mixture``, trained in parallel as Ray actors. Each expert runs RLVR on
+    its own domain and on-policy distillation from the other experts on theirs; after every
+    round the experts exchange weights (bidirectional OPD); at the end they are
+    consolidated into one model."""
+
+    experts: list[str] = []
+    """The domains that get an expert (empty: every domain of ``data.mixture``)."""
+    rounds: int = Field(5, ge=1)
+    """Weight exchanges: each expert trains ``train.steps / rounds`` steps per round against
+    the peers' weights of the round's start."""
+    consolidate: Literal["mopd", "average", "none"] = "mopd"
+    """``mopd``: distil the final experts into one student from ``model.path`` (each
+    prompt to its domain's expert); ``average``: the experts' mean weights; ``none``."""
+    consolidate_steps: int = Field(50, ge=1)
+    workers: int = Field(0, ge=0)
+    """CPUs Ray may use (0: one per expert)."""
+
+
+class FederatedConfig(_Strict):
+    """Federated post-training (catalog 001-07; ``rlpost.llm.federated``): clients train
+    locally on their own prompt streams and send compressed updates to the server."""
+
+    clients: int = Field(4, ge=1)
+    rounds: int = Field(10, ge=1)
+    """Updates per client (each after ``local_steps`` steps from the weights it received)."""
+    local_steps: int = Field(1, ge=1)
+    compression: Literal["topk", "int8", "none"] = "topk"
+    ratio: float = Field(0.1, gt=0, le=1)
+    """top-k: the fraction of entries each update keeps (the rest wait in error feedback)."""
+    staleness: float = Field(0.5, ge=0)
+    """a of the asynchronous discount (1 + s)^-a of an update s server versions old."""
+    backend: Literal["ray", "local"] = "ray"
+    """``ray``: clients as Ray actors, updates applied as they arrive (asynchronous);
+    ``local``: clients one after another in this process, synchronous FedAvg rounds."""
+    workers: int = Field(0, ge=0)
+    """CPUs Ray may use (0: one per client)."""
+
+
 class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/llm"
 
@@ -424,6 +467,8 @@ class Config(_Strict):
     critic: CriticConfig = CriticConfig()
     regularizer: RegularizerConfig | None = None
     distill: DistillConfig = DistillConfig()
+    copd: CoPDConfig | None = None
+    federated: FederatedConfig | None = None
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -494,13 +539,29 @@ class Config(_Strict):
             raise ValueError("algo.stages > 1 (Mu-GRPO) and train.async_rollouts are exclusive")
         if preset.validation_reset and not self.run.eval_every:
             raise ValueError("validation_reset (REVA-PO's VAPR) needs run.eval_every > 0")
-        if self.distill.teachers and preset.distill is None:
+        if self.distill.teachers and preset.distill is None and self.copd is None:
             raise ValueError(
                 f"distill.teachers is set but preset {preset.name!r} has no distillation "
                 "estimator: use a distillation preset (opd, opd_rl, mopd, atod, opsd, sdpo) "
                 "or set algo.distill"
             )
         domains = {d.task for d in self.data.mixture}
+        if self.copd is not None and self.federated is not None:
+            raise ValueError("copd and federated are exclusive")
+        if self.copd is not None:
+            experts = self.copd.experts or sorted(domains)
+            if len(experts) < 2 or not set(experts) <= domains:
+                raise ValueError(
+                    f"copd: needs data.mixture with two or more domains and experts among "
+                    f"them (experts {experts}, domains {sorted(domains) or 'none'})"
+                )
+            if preset.distill is None:
+                raise ValueError(f"copd: preset {preset.name!r} has no distillation estimator")
+            if self.train.steps % self.copd.rounds:
+                raise ValueError(
+                    f"copd: train.steps ({self.train.steps}) must be a multiple of copd.rounds "
+                    f"({self.copd.rounds})"
+                )
         for i, t in enumerate(self.distill.teachers):
             unknown = sorted(set(t.domains) - domains) if domains else sorted(t.domains)
             if unknown:

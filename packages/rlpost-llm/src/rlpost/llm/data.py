@@ -179,12 +179,17 @@ def _train_eval(rows: list[Example], eval_size: int, where: str, seed: int) -> t
 
 @dataclass(frozen=True)
 class DomainScore:
-    """The verifier of a mixture: each example scored by its domain's task (picklable)."""
+    """The verifier of a mixture: each example scored by its domain's task (picklable);
+    domains in ``silent`` score 0 (no reward: only distilled)."""
 
     tasks: dict[str, Task]
+    silent: frozenset[str] = frozenset()
 
     def __call__(self, completion: str, example: Example) -> float:
-        return self.tasks[example.meta["domain"]].score(completion, example)
+        d = example.meta["domain"]
+        if d in self.silent and not example.meta.get("heldout"):
+            return 0.0  # no training reward; held-out examples are always verified
+        return self.tasks[d].score(completion, example)
 
 
 class MixtureSource:
@@ -195,15 +200,14 @@ class MixtureSource:
 
     def __init__(self, domains: list[Any], eval_size: int, seed: int):
         self.names = [d.task for d in domains]
+        self.silent = frozenset(d.task for d in domains if not getattr(d, "reward", True))
         self.weights = [float(d.weight) for d in domains]
         self.tasks = {d.task: make_task(d.task, **d.task_params) for d in domains}
         self.sources: dict[str, PromptSource] = {}
         self.eval_sets: dict[str, list[Example]] = {}
         for i, name in enumerate(self.names):
-            held = [
-                _domain(e, name)
-                for e in self.tasks[name].sample(eval_size, random.Random(10_000 + seed + i))
-            ]
+            rng = random.Random(10_000 + seed + i)
+            held = [_domain(e, name, heldout=True) for e in self.tasks[name].sample(eval_size, rng)]
             self.sources[name] = PromptSource(None, self.tasks[name], held, seed + 7919 * i)
             self.eval_sets[name] = held
         self.eval_examples = [e for name in self.names for e in self.eval_sets[name]]
@@ -227,5 +231,6 @@ class MixtureSource:
             s.load_state_dict(sd["sources"][k])
 
 
-def _domain(e: Example, name: str) -> Example:
-    return Example(e.prompt, e.answer, {**e.meta, "domain": name})
+def _domain(e: Example, name: str, heldout: bool = False) -> Example:
+    meta = {**e.meta, "domain": name, **({"heldout": True} if heldout else {})}
+    return Example(e.prompt, e.answer, meta)

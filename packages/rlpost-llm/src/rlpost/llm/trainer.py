@@ -311,7 +311,7 @@ class Trainer:
             if self.curriculum is not None:
                 return StagedScore(self.curriculum.tasks)
             if self.mixture is not None:
-                return DomainScore(self.mixture.tasks)
+                return DomainScore(self.mixture.tasks, self.mixture.silent)
             task = getattr(self.source, "task", None)  # a task's own verifier, else math-verify
             return task.score if task is not None else math_verify_reward
         if name == "format":
@@ -952,9 +952,13 @@ class Trainer:
             self._sync_engine()
         self.guard.record(False, f"{exc}, after rolling the update back")
 
-    def train(self) -> dict[str, Any]:
+    def train(self, until: int | None = None) -> dict[str, Any]:
+        """Run to ``train.steps`` (or to step ``until``, then return with the run still open:
+        call ``train`` again to continue; CoPD's rounds). Returns the summary when the run
+        is finished, else ``{"steps", "seconds"}``."""
         cfg = self.cfg
         total = self.total_steps
+        stop = total if until is None else min(until, total)
         bar = None
         if self.main and cfg.run.progress:
             from tqdm.auto import tqdm
@@ -972,8 +976,9 @@ class Trainer:
         max_stale = cfg.train.max_staleness
         if self.stages is not None:
             max_stale = max(max_stale, self.stage_len - 1)
+        finished = False
         try:
-            while self.step < total:
+            while self.step < stop:
                 try:
                     col = self._broadcast(self._next_collected())
                 except NonFiniteError as exc:
@@ -985,7 +990,7 @@ class Trainer:
                 staleness = self.version - col.batch.policy_version
                 if staleness > max_stale:
                     raise RuntimeError(f"rollouts are {staleness} versions stale (max {max_stale})")
-                if self.main and cfg.train.async_rollouts and self.step + 1 < total:
+                if self.main and cfg.train.async_rollouts and self.step + 1 < stop:
                     self._pending = self._executor.submit(self.collect)  # overlaps the update
                 metrics = dict(col.metrics)
                 if len(col.batch) and len(col.rewards):
@@ -1022,12 +1027,17 @@ class Trainer:
                     bar.set_postfix(
                         reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.3f}"
                     )
+            finished = self.step >= total
+        except BaseException:
+            finished = True  # a failed run is closed (its logger flushed, workers stopped)
+            raise
         finally:
             if bar is not None:
                 bar.close()
-            self.close()
+            if finished:
+                self.close()
         result: dict[str, Any] = {"steps": self.step, "seconds": time.perf_counter() - t_start}
-        if self.main:
+        if self.main and finished:
             rows = read_metrics(self.run_dir)
             data = " + ".join(d.task for d in cfg.data.mixture) or cfg.data.task
             result["plot"] = str(plot_curves(self.run_dir, f"{self.preset.name} on {data}"))

@@ -7,6 +7,8 @@ rlpost-llm train --config my.yaml --overwrite   # replace the run in run.dir
 rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
 rlpost-llm export --config my.yaml --checkpoint runs/x/checkpoints/step-000060 --out hf-model
 rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
+rlpost-llm train --config copd_mixture          # CoPD: experts as Ray actors, then one model
+rlpost-llm train --config federated_arithmetic  # clients' compressed, asynchronous updates
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -41,6 +43,22 @@ def _train(args: argparse.Namespace) -> int:
     from rlpost.llm.trainer import Trainer
 
     cfg = _config(args)
+    if cfg.copd is not None:  # experts in parallel on Ray, then one model
+        from rlpost.llm.copd import run_copd, summary_table
+
+        print(summary_table(run_copd(cfg)))
+        return 0
+    if cfg.federated is not None:  # clients' compressed updates folded into the server
+        from rlpost.llm.federated import run_federated
+
+        s = run_federated(cfg)
+        print(
+            f"{s['updates']} updates from {s['clients']} clients ({s['backend']}), "
+            f"{s['compression']}: {s['compression_ratio']:.1%} of the dense bytes, mean "
+            f"staleness {s['mean_staleness']:.2f}; held-out {s['eval_before']:.3f} -> "
+            f"{s['eval_after']:.3f}; {s['seconds']:.0f}s; model: {s['model']}"
+        )
+        return 0
     _report(Trainer(cfg, resume=args.resume, overwrite=args.overwrite).train())
     return 0
 

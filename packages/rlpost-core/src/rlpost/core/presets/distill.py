@@ -1,5 +1,5 @@
-"""On-policy distillation: OPD alone, OPD with the verifier's reward, MOPD, ATOD, OPSD and
-SDPO. The losses differ only in the weights of the two terms; who the teacher is (a
+"""On-policy distillation: OPD alone, OPD with the verifier's reward, MOPD, CoPD, ATOD,
+OPSD and SDPO. The losses differ only in the weights of the two terms; who the teacher is (a
 frozen model, one per domain, the policy itself with a privileged context) is the
 trainer's configuration (``rlpost-llm``'s ``distill`` section)."""
 
@@ -102,6 +102,21 @@ register_preset(
         group_size=8,
         notes="the verifier's reward with GRPO plus dense self-distillation from the policy "
         "conditioned on feedback (distill.context=feedback)",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="copd",
+        paper="Co-Evolving Policy Distillation (CoPD), catalog 001-26",
+        catalog_id="001-26",
+        distill=Choice("topk"),
+        distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
+        group_size=8,
+        notes="each expert: GRPO on its own domain's verifier plus the reverse KL to its "
+        "peers on theirs, the experts' weights exchanged every round (rlpost-llm's copd "
+        "section runs them as Ray actors)",
         **_PG,
     )
 )
