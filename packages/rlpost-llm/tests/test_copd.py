@@ -66,3 +66,5 @@ def test_a_killed_expert_restarts_from_its_checkpoint_and_the_run_completes(fast
     assert st["how"] == "mopd" and st["steps"] == 1
     assert {"eval/arithmetic/accuracy", "eval/countdown/accuracy"} <= set(st)
     assert (Path(cfg.run.dir) / "copd.json").is_file()
+    with pytest.raises(ValueError, match="holds a CoPD run: --resume"):
+        run_copd(cfg, progress=False)  # one run per run directory

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlpost.llm.federated import Client, client_config, flat_weights, run_federated
@@ -45,6 +46,8 @@ def test_a_synchronous_federated_run_trains_and_saves_a_loadable_server_model(fa
     assert torch.equal(trained, torch.nn.utils.parameters_to_vector(client.parameters()))
     assert s["eval_after"] >= 0 and s["bytes_sent"] > 0
     assert (tmp_path / "fed" / "federated.json").is_file()
+    with pytest.raises(ValueError, match="holds a federated run: --overwrite"):
+        run_federated(cfg, progress=False)  # one run per run directory
 
 
 def test_asynchronous_updates_from_ray_actors_are_applied_as_they_arrive(fast_cfg, tmp_path):

@@ -113,17 +113,36 @@ def _average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
 
 
-def run_copd(cfg: Config, *, kill: Any = None, progress: bool = True) -> dict[str, Any]:
+def run_copd(
+    cfg: Config,
+    *,
+    kill: Any = None,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Train the experts of ``cfg.copd`` in parallel on local Ray (or the cluster
     ``ray.init`` connects to), then consolidate them. ``kill(round, actors)``: called after
     each round (tests use it to kill an actor). Returns a summary (per-expert held-out
-    accuracy per domain, the consolidated model's, and timings)."""
+    accuracy per domain, the consolidated model's, and timings). ``resume``: continue the
+    experts of a run in ``run.dir`` from their checkpoints; ``overwrite``: replace it."""
     import ray
 
     assert cfg.copd is not None
     domains = cfg.copd.experts or [d.task for d in cfg.data.mixture]
     round_steps = cfg.train.steps // cfg.copd.rounds
     root = Path(cfg.run.dir)
+    held = root / "experts"
+    if held.is_dir() and any(held.iterdir()):  # one run per run directory
+        if overwrite:
+            import shutil
+
+            shutil.rmtree(held)
+        elif not resume:
+            raise ValueError(
+                f"run.dir {root} holds a CoPD run: --resume continues it (each expert from "
+                "its newest checkpoint), --overwrite replaces it"
+            )
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     started = not ray.is_initialized()

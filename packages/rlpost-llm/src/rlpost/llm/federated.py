@@ -94,15 +94,18 @@ class Client:
             self.trainer.close()
 
 
-def run_federated(cfg: Config, *, progress: bool = True) -> dict[str, Any]:
+def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Train the server's policy from ``cfg.federated.clients`` clients (see the module
-    docstring); returns the summary."""
+    docstring); returns the summary. A finished federated run in ``run.dir`` is replaced
+    only with ``overwrite``."""
     from rlpost.llm.policy import save_pretrained_files
     from rlpost.llm.trainer import Trainer
 
     f = cfg.federated
     assert f is not None
     root = Path(cfg.run.dir)
+    if (root / "federated.json").is_file() and not overwrite:
+        raise ValueError(f"run.dir {root} holds a federated run: --overwrite replaces it")
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 

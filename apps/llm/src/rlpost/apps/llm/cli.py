@@ -46,12 +46,12 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.copd is not None:  # experts in parallel on Ray, then one model
         from rlpost.llm.copd import run_copd, summary_table
 
-        print(summary_table(run_copd(cfg)))
+        print(summary_table(run_copd(cfg, resume=args.resume, overwrite=args.overwrite)))
         return 0
     if cfg.federated is not None:  # clients' compressed updates folded into the server
         from rlpost.llm.federated import run_federated
 
-        s = run_federated(cfg)
+        s = run_federated(cfg, overwrite=args.overwrite)
         print(
             f"{s['updates']} updates from {s['clients']} clients ({s['backend']}), "
             f"{s['compression']}: {s['compression_ratio']:.1%} of the dense bytes, mean "
