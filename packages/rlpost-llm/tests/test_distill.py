@@ -16,8 +16,9 @@ import torch
 from rlpost.core.distill import DISTILL_ESTIMATORS
 from rlpost.llm.config import ConfigError
 from rlpost.llm.data import DomainScore, MixtureSource
-from rlpost.llm.distill import Teacher, Teachers, sampled_index, teacher_prompt
+from rlpost.llm.distill import Teacher, Teachers, teacher_prompt
 from rlpost.llm.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.provide import sampled_index
 from rlpost.llm.tasks import Example
 from rlpost.llm.trainer import Trainer
 

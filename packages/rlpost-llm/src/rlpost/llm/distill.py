@@ -38,6 +38,7 @@ from rlpost.llm.config import Config, TeacherConfig
 from rlpost.llm.data import encode_prompt, is_conversational
 from rlpost.llm.engines.base import RolloutBatch
 from rlpost.llm.policy import DTYPES, completion_logprobs, make_seq_batch
+from rlpost.llm.provide import eval_mode, sampled_index
 from rlpost.llm.tasks import Example
 
 
@@ -57,12 +58,6 @@ class TeacherScores:
     topk: tuple[Tensor, Tensor] | None = None
     full: Tensor | None = None
     spans: Tensor | None = None  # [N, L] text block of each token (cross-tokenizer teachers)
-
-
-def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
-    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent)."""
-    hit = ids == tokens[..., None]
-    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1))
 
 
 def student_distributions(
@@ -251,13 +246,9 @@ class Teachers:
             assert model is not None
             if teacher.cross:
                 assert spans is not None
-                was_training = model.training
-                model.eval()
-                try:
+                with eval_mode(model):
                     self._score_cross(teacher, model, batch, examples, rows, temperature,
                                       micro_batch, logp, spans, which)  # fmt: skip
-                finally:
-                    model.train(was_training)
                 continue
             v = int(model.get_output_embeddings().weight.shape[0])
             if full and vocab is not None and v != vocab:
@@ -268,9 +259,7 @@ class Teachers:
             if full and vocab is None:
                 vocab = v
                 whole = torch.zeros(N, L, vocab)
-            was_training = model.training
-            model.eval()
-            try:
+            with eval_mode(model):
                 for s in range(0, len(rows), micro_batch):
                     idx = rows[s : s + micro_batch]
                     prompts = [
@@ -298,8 +287,6 @@ class Teachers:
                             lp, ids = lp.topk(topk, dim=-1)
                     if top is not None:
                         top[0][idx], top[1][idx] = ids, lp
-            finally:
-                model.train(was_training)
         rows_mask = (which >= 0).float()
         return TeacherScores(rows_mask, logp, which, top, whole, spans)
 
@@ -309,7 +296,7 @@ class Teachers:
         """Score ``rows`` with a teacher of another tokenizer, block by block (fills
         ``logp`` and ``spans`` in place; a row whose text cannot be aligned is dropped
         from ``which``)."""
-        from rlpost.llm.tokalign import Tokenized, align, tokenize
+        from rlpost.llm.tokalign import Tokenized, align, block_sums, tokenize
 
         tt = teacher.tokenizer
         eos_s, eos_t = self.tok.eos_token_id, tt.eos_token_id
@@ -349,8 +336,9 @@ class Teachers:
             lp = completion_logprobs(model, sb, temperature)[0].float().cpu() * mask
             for r, (i, al, nb, has_eos, na) in enumerate(plans):
                 logp[i] = 0.0
-                for k, ((a0, a1), (b0, b1)) in enumerate(zip(al.a, al.b, strict=True)):
-                    logp[i, a1 - 1] = lp[r, b0:b1].sum()
+                blocks = block_sums(lp[r, :nb], al.b)  # the teacher's log-prob of each block
+                for k, ((a0, a1), t_k) in enumerate(zip(al.a, blocks.tolist(), strict=True)):
+                    logp[i, a1 - 1] = t_k
                     spans[i, a0:a1] = k
                 if has_eos:  # the end of the response is one more block
                     logp[i, na] = lp[r, nb]
@@ -362,7 +350,6 @@ __all__ = [
     "TeacherScores",
     "Teachers",
     "load_teacher",
-    "sampled_index",
     "student_distributions",
     "teacher_prompt",
 ]

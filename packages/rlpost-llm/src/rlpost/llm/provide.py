@@ -24,7 +24,8 @@ from rlpost.llm.policy import fused_head, make_seq_batch
 
 
 @contextlib.contextmanager
-def _eval(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the duration, then back to its own mode."""
     was = model.training
     model.eval()
     try:
@@ -51,7 +52,7 @@ def pooled_hidden(
     body = dec[0] if dec is not None else model
     dev = next(model.parameters()).device
     out = []
-    with _eval(model):
+    with eval_mode(model):
         for sl in _slices(len(batch), micro_batch):
             sb = make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
@@ -93,7 +94,7 @@ def attention_token_entropy(
     each completion token, 0 on padding (:func:`rlpost.core.weights.attention_entropy`)."""
     dev = next(model.parameters()).device
     out = []
-    with _eval(model), _eager_attention(model):
+    with eval_mode(model), _eager_attention(model):
         for sl in _slices(len(batch), micro_batch):
             sb = make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
@@ -122,6 +123,11 @@ def token_distributions(
     b_ids, old = behaviour
     if not torch.equal(ids.cpu(), b_ids.cpu()):
         raise ValueError("current and behaviour distributions must be over the same ids")
-    hit = ids.cpu() == targets.cpu()[..., None]
-    col = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(targets.cpu(), -1))
-    return TokenDistributions(cur.detach().cpu(), old.detach().cpu(), col.long())
+    col = sampled_index(ids.cpu(), targets.cpu())
+    return TokenDistributions(cur.detach().cpu(), old.detach().cpu(), col)
+
+
+def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
+    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent), long."""
+    hit = ids == tokens[..., None]
+    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1)).long()
