@@ -52,8 +52,15 @@ def test_every_preset_trains_two_steps_from_the_cli(name, fast_overrides, tmp_pa
     teacher = {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
     if teacher & set(PRESETS[name].build().needs()):  # a distillation preset: its teacher
         overrides.append("distill.teachers=[{path: tiny-random}]")
+    run = tmp_path
+    if PRESETS[name].peers is not None:  # Mutual RL: a peer (in a thread, no Ray here)
+        overrides += [
+            "mutual.policies=[{name: a, path: tiny-random}, {name: b, path: tiny-random}]",
+            "mutual.backend=local",
+        ]
+        run = tmp_path / "policies" / "a"
     assert cli(["train", "--config", "grpo_arithmetic", *overrides]) == 0
-    rows = _rows(tmp_path)
+    rows = _rows(run)
     trained = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in trained] == [1, 2]
     assert all(math.isfinite(r["grad_norm"]) for r in trained)

@@ -35,7 +35,9 @@ class LoraConfig(schema.LoraConfig):
 class ModelConfig(_Strict):
     path: str = "tiny"
     """"tiny": the embedded default pretrained on the task (built and cached on first use);
-    "tiny-random": the same architecture, untrained (tests); else a local path or hub id."""
+    "tiny-bpe": the same built with a BPE tokenizer and a Llama (another model family);
+    "tiny-random": the character architecture, untrained (tests); else a local path or hub
+    id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
     logprob_impl: Literal["auto", "fused", "logits"] = "auto"
@@ -452,6 +454,48 @@ class FederatedConfig(_Strict):
     """CPUs Ray may use (0: one per client)."""
 
 
+class MutualPolicyConfig(_Strict):
+    """One policy of a Mutual RL run: its own weights (and so tokenizer), preset and
+    learning rate; everything else is the run's config."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    path: str = "tiny"
+    """``model.path`` of this policy: "tiny" (the character Qwen2 base), "tiny-bpe" (the
+    BPE Llama base of the same task), a run directory's checkpoint folder, or a hub id."""
+    preset: str | None = None
+    """None: ``algo.preset``. A preset without peer sharing gives its experience to its
+    peers and takes none (a control)."""
+    lr: float | None = Field(None, gt=0)
+    cpus: int = Field(1, ge=1)
+    """Ray CPUs (and torch threads) of this policy's actor: Mutual RL's multi-worker
+    resource allocation."""
+
+
+class MutualConfig(_Strict):
+    """Mutual RL (catalog 001-11; ``rlpost.llm.mutual``): heterogeneous policies, each a
+    Ray actor with its own parameters, objective and tokenizer, answer the same prompts
+    every step and exchange their typed experience (prompt, response text, token-level
+    log-probs with character offsets, reward) through a Ray actor; each uses its peers'
+    responses as its preset's ``peers`` says (prp, xgrpo, sgt)."""
+
+    policies: list[MutualPolicyConfig] = Field(min_length=2)
+    backend: Literal["ray", "local"] = "ray"
+    """``ray``: each policy a Ray actor, the exchange a Ray actor (local Ray, or the
+    cluster ``ray.init`` connects to); ``local``: the policies in threads of this process
+    (no Ray; they share its CPUs)."""
+    member: str | None = None
+    """Set by ``rlpost.llm.mutual`` in each policy's own config: the policy it trains."""
+
+    @model_validator(mode="after")
+    def _names(self) -> MutualConfig:
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mutual.policies: names must be unique, got {names}")
+        if self.member is not None and self.member not in names:
+            raise ValueError(f"mutual.member {self.member!r} is not among {names}")
+        return self
+
+
 class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/llm"
 
@@ -469,6 +513,7 @@ class Config(_Strict):
     distill: DistillConfig = DistillConfig()
     copd: CoPDConfig | None = None
     federated: FederatedConfig | None = None
+    mutual: MutualConfig | None = None
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -546,8 +591,10 @@ class Config(_Strict):
                 "or set algo.distill"
             )
         domains = {d.task for d in self.data.mixture}
-        if self.copd is not None and self.federated is not None:
-            raise ValueError("copd and federated are exclusive")
+        multi = [k for k in ("copd", "federated", "mutual") if getattr(self, k) is not None]
+        if len(multi) > 1:
+            raise ValueError(f"{' and '.join(multi)} are exclusive")
+        self._check_mutual(preset)
         if self.copd is not None:
             experts = self.copd.experts or sorted(domains)
             if len(experts) < 2 or not set(experts) <= domains:
@@ -569,6 +616,25 @@ class Config(_Strict):
                     f"distill.teachers[{i}].domains: {unknown} not among the data domains "
                     f"({', '.join(sorted(domains)) or 'none: set data.mixture'})"
                 )
+
+    def _check_mutual(self, preset: Preset) -> None:
+        m = self.mutual
+        if m is None:
+            if preset.peers is not None:
+                raise ValueError(
+                    f"preset {preset.name!r} trains beside peer policies ({preset.peers.mode} "
+                    "sharing): set mutual.policies (see the mutual_arithmetic recipe)"
+                )
+            return
+        if m.member is None:  # the run: every policy's preset must exist (a run where none
+            for p in m.policies:  # shares is the control: the same schedule, no exchange)
+                try:
+                    pp = self.algo.model_copy(update={"preset": p.preset or self.algo.preset})
+                    pp.build_preset(self.rollout.group_size)
+                except (RegistryError, ValueError, TypeError) as exc:
+                    raise ValueError(f"mutual.policies[{p.name}]: {exc}") from exc
+        if self.train.async_rollouts or preset.stages > 1:
+            raise ValueError("mutual: needs synchronous steps (no async_rollouts, no stages)")
 
     def train_steps(self) -> int:
         """Total steps: the curriculum's when one is set, else ``train.steps``."""

@@ -31,8 +31,11 @@ def load_policy(cfg: Config, progress: bool = True):
 
     path = cfg.model.path
     torch.manual_seed(cfg.run.seed)
-    if path == "tiny":
-        base = tiny.build_base(cfg.data.task, progress=progress, **cfg.data.task_params)
+    if path in ("tiny", "tiny-bpe"):
+        kind = "bpe" if path == "tiny-bpe" else "char"
+        base = tiny.build_base(
+            cfg.data.task, progress=progress, tokenizer=kind, **cfg.data.task_params
+        )
         model, tok = tiny.load_base(base)
     elif path == "tiny-random":
         tok = tiny.build_tokenizer()

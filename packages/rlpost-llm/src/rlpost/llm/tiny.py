@@ -42,6 +42,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "base_path",
     "build_base",
+    "build_bpe_tokenizer",
     "build_tokenizer",
     "default_cache_dir",
     "greedy_accuracy",
@@ -114,7 +115,13 @@ _TRAIN_DEFAULTS: dict[str, Any] = {
     "band": (0.25, 0.6),
     "seed": 0,
     "size": "default",
+    "tokenizer": "char",
 }
+
+#: Tokenizers of :func:`build_base`: ``char`` (one token per character, Qwen2) and
+#: ``bpe`` (a byte-level BPE trained on the task's text, Llama): two model families with
+#: different vocabularies, for cross-tokenizer distillation and Mutual RL.
+TOKENIZERS = ("char", "bpe")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -205,26 +212,65 @@ def build_tokenizer():
     )
 
 
+def build_bpe_tokenizer(task: Task, vocab_size: int = 160, seed: int = 0):
+    """A byte-level BPE tokenizer trained on ``task``'s text (prompts and answers of 4,000
+    examples drawn with ``seed``), its alphabet the bytes of
+    :data:`~rlpost.llm.tasks.CHARSET`: merges join digits and operators, so it cuts the
+    task's text unlike the character tokenizer. Deterministic for a task and seed; ids 0,
+    1, 2 are ``<pad>``, ``<eos>``, ``<unk>`` as in :func:`build_tokenizer`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_char = _bytes_to_unicode()
+    alphabet = sorted({byte_char[b] for c in CHARSET for b in c.encode()})
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    rng = random.Random(f"bpe-{seed}")
+    backend.train_from_iterator([e.prompt + e.answer for e in task.sample(4000, rng)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=MAX_POSITIONS,
+    )
+
+
 # ----------------------------------------------------------------------------- model
 
 
-def tiny_config(tokenizer, size: str = "default"):
-    """A small Qwen2 configuration sized for ``tokenizer``'s vocabulary.
+def tiny_config(tokenizer, size: str = "default", family: str = "qwen2"):
+    """A small Qwen2 (or, ``family="llama"``, Llama) configuration sized for
+    ``tokenizer``'s vocabulary.
 
     Args:
         tokenizer: provides ``len(tokenizer)``, ``pad_token_id``, ``eos_token_id``.
         size: a key of :data:`SIZES`; ``"default"`` has ~1M parameters (hidden 128,
             4 layers, 4 heads, 2 KV heads, MLP 4x, tied embeddings).
+        family: ``"qwen2"`` or ``"llama"`` (the BPE base's: transformers' Qwen2
+            tokenizer class would rebuild a saved BPE without its merges).
 
     Returns:
-        ``transformers.Qwen2Config`` with ``max_position_embeddings=64``.
+        a ``transformers`` config with ``max_position_embeddings=64``.
     """
-    from transformers import Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
+    families = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    if family not in families:
+        raise ValueError(f"unknown family {family!r}; valid: {', '.join(families)}")
     dims = SIZES[size]
-    return Qwen2Config(
+    return families[family](
         vocab_size=len(tokenizer),
         intermediate_size=4 * dims["hidden_size"],
         max_position_embeddings=MAX_POSITIONS,
@@ -449,6 +495,8 @@ def _resolve(task_name: str, task_params: dict[str, Any], train: dict[str, Any])
     tr = {**_TRAIN_DEFAULTS, **recipe["train"]}
     tr.update({k: v for k, v in train.items() if v is not None})
     tr["band"] = tuple(tr["band"])
+    if tr["tokenizer"] not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tr['tokenizer']!r}; valid: {', '.join(TOKENIZERS)}")
     return tp, tr
 
 
@@ -465,13 +513,17 @@ def base_path(
     task, its parameters, the training parameters and :data:`BASE_VERSION`.
     """
     tp, tr = _resolve(task_name, task_params, train or {})
+    keyed = dict(tr)
+    if keyed["tokenizer"] == "char":  # the original bases keep their cache folders
+        del keyed["tokenizer"]
     key = json.dumps(
-        {"task": task_name, "params": tp, "train": tr, "version": BASE_VERSION},
+        {"task": task_name, "params": tp, "train": keyed, "version": BASE_VERSION},
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "llm" / f"tiny-{task_name}-{digest}"
+    kind = "" if tr["tokenizer"] == "char" else f"{tr['tokenizer']}-"
+    return root / "llm" / f"tiny-{kind}{task_name}-{digest}"
 
 
 def _is_complete(path: Path) -> bool:
@@ -495,6 +547,7 @@ def build_base(
     lr: float | None = None,
     seed: int | None = None,
     size: str | None = None,
+    tokenizer: str | None = None,
     **task_params: Any,
 ) -> Path:
     """Build (or find in the cache) a partly-trained tiny base model for a task.
@@ -522,6 +575,8 @@ def build_base(
         max_steps, round_steps, heldout, band, batch_size, lr, seed, size:
             training parameters; ``None`` takes the task's :data:`BASE_RECIPES`
             default.
+        tokenizer: ``"char"`` (default: the character tokenizer and a Qwen2) or
+            ``"bpe"`` (:func:`build_bpe_tokenizer` and a Llama of the same size).
         **task_params: task constructor parameters (default: the recipe's).
 
     Returns:
@@ -536,6 +591,7 @@ def build_base(
         "lr": lr,
         "seed": seed,
         "size": size,
+        "tokenizer": tokenizer,
     }
     tp, tr = _resolve(task_name, task_params, train)
     target = base_path(task_name, cache_dir, train=tr, **tp)
@@ -543,7 +599,7 @@ def build_base(
         log.info("using cached base %s", target)
         return target
 
-    from transformers import Qwen2ForCausalLM
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     def say(msg: str) -> None:
         log.info(msg)
@@ -552,10 +608,13 @@ def build_base(
 
     t0 = time.perf_counter()
     task = make_task(task_name, **tp)
-    tokenizer = build_tokenizer()
+    bpe = tr["tokenizer"] == "bpe"
+    tokenizer = build_bpe_tokenizer(task, seed=tr["seed"]) if bpe else build_tokenizer()
     with torch.random.fork_rng():
         torch.manual_seed(tr["seed"])
-        model = Qwen2ForCausalLM(tiny_config(tokenizer, tr["size"]))
+        family = "llama" if bpe else "qwen2"
+        cls = LlamaForCausalLM if bpe else Qwen2ForCausalLM
+        model = cls(tiny_config(tokenizer, tr["size"], family))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None
@@ -576,7 +635,10 @@ def build_base(
     def distance(acc: float) -> float:
         return max(lo - acc, acc - hi, 0.0)
 
-    say(f"building tiny {task_name} base ({n_params:,} params, {tp}) -> {target}")
+    say(
+        f"building tiny {task_name} base ({n_params:,} params, {tr['tokenizer']} tokenizer, "
+        f"{tp}) -> {target}"
+    )
     history: list[dict[str, float]] = []
     best: tuple[float, int, float, dict] | None = None  # (distance, step, acc, state)
     acc = 0.0
@@ -625,15 +687,19 @@ def build_base(
 def load_base(path: str | os.PathLike):
     """Load a built base: ``(model, tokenizer)`` via the ``Auto*`` classes.
 
-    The tokenizer is checked to encode :data:`~rlpost.llm.tasks.CHARSET` one
-    token per character and decode it back exactly (a corrupted or foreign
+    The tokenizer is checked to decode its encoding of :data:`~rlpost.llm.tasks.CHARSET`
+    back exactly, one token per character for a character base (a corrupted or foreign
     tokenizer raises ``ValueError``).  Returns the model in eval mode.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    info = Path(path) / "base_info.json"
+    kind = (
+        json.loads(info.read_text())["train"].get("tokenizer", "char") if info.is_file() else "char"
+    )
     ids = tokenizer.encode(CHARSET, add_special_tokens=False)
-    if len(ids) != len(CHARSET) or tokenizer.decode(ids) != CHARSET:
+    if (kind == "char" and len(ids) != len(CHARSET)) or tokenizer.decode(ids) != CHARSET:
         raise ValueError(f"tokenizer in {path} does not round-trip the task charset")
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()

@@ -61,6 +61,7 @@ from rlpost.core.io.curves import write_summary
 from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
+from rlpost.core.peers import BASELINE, OWN
 from rlpost.core.presets import PolicyBatch
 from rlpost.core.regularizers import REGULARIZERS, GradientInput, flat_grad, set_flat_grad_
 from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
@@ -95,6 +96,14 @@ class Collected:
     accuracy: Tensor  # [N] the verifier ("correct" component) solved the example
     metrics: dict[str, float]
     old_logp: Tensor | None = None  # [N, L] behaviour log-probs taken at generation (stages)
+    # [N] Mutual RL: rlpost.core.peers' OWN / TRAIN / BASELINE per row (None: all own)
+    roles: Tensor | None = None
+
+    def own(self) -> Tensor:
+        """``[N]`` bool: the rows this policy generated itself."""
+        if self.roles is None:
+            return torch.ones(len(self.rewards), dtype=torch.bool)
+        return self.roles == OWN
 
 
 @dataclass
@@ -298,6 +307,9 @@ class Trainer:
         self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        # Mutual RL: ``exchange(trainer, collected) -> collected`` adds the peers' responses
+        # (rlpost.llm.mutual sets it on each policy's trainer)
+        self.exchange = None
         resumed = None
         if resume:
             resumed = self._resume()
@@ -671,9 +683,14 @@ class Trainer:
         returns = adv_out.returns if self.critic is not None else None
         if self.critic is not None and returns is None:
             raise ValueError(f"{self.recipe.advantage} returns no value targets for the critic")
+        own = col.own().float().unsqueeze(1)  # the behaviour-mismatch metrics: own rows
+        trained = torch.ones(len(batch), dtype=torch.bool)
+        if col.roles is not None:  # XGRPO's peer rows: in the advantage's baseline only
+            trained = col.roles != BASELINE
+            mask[~trained] = 0.0
         global_tokens = float(mask.sum())
         global_seqs = float((mask.sum(1) > 0).sum())
-        mine = torch.arange(len(batch))[self.rank :: self.world]  # this rank's rows
+        mine = torch.nonzero(trained).flatten()[self.rank :: self.world]  # this rank's rows
         mbs = cfg.optim.micro_batch_size
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -781,7 +798,7 @@ class Trainer:
                     samples.append((flat_grad(params) - before) * n_mb)
                 add(out.metrics)
                 if epoch == 0:  # training-inference mismatch on the behaviour policy's tokens
-                    bm = sub.mask
+                    bm = sub.mask * own[idx]
                     d = (logp.detach() - sub.logprobs) * bm
                     mism["abs"] += float(d.abs().sum())
                     mism["max"] = max(mism["max"], float(d.abs().max()) if d.numel() else 0.0)
@@ -863,7 +880,7 @@ class Trainer:
                 "adv_abs_mean": float(masked_mean(adv.abs(), batch.mask)),
                 "skipped_steps": float(self.skipped),
                 "tokens/trained": global_tokens,
-                "tokens/generated": float(batch.mask.sum()),
+                "tokens/generated": float((batch.mask * own).sum()),
                 "time/update": time.perf_counter() - t0,
             }
         )
@@ -976,6 +993,12 @@ class Trainer:
         max_stale = cfg.train.max_staleness
         if self.stages is not None:
             max_stale = max(max_stale, self.stage_len - 1)
+        m = cfg.mutual
+        if m is not None and m.member is not None and self.exchange is None:
+            raise ValueError(
+                f"mutual.member {m.member!r}: a Mutual RL policy trains beside its peers "
+                "through rlpost.llm.mutual.run_mutual (rlpost-llm train with the run's config)"
+            )
         finished = False
         try:
             while self.step < stop:
@@ -984,6 +1007,8 @@ class Trainer:
                 except NonFiniteError as exc:
                     self._diverged(exc)  # the last update rolled back: this step again
                     continue
+                if self.exchange is not None:
+                    col = self.exchange(self, col)
                 if self._applied:  # the last update generated finite logits: it was good
                     self.guard.record(True)
                     self._applied = False
@@ -1004,11 +1029,13 @@ class Trainer:
                 self.step += 1
                 if not self.main:
                     continue
+                own = col.own()
+                rew, acc = col.rewards[own], col.accuracy[own]
                 metrics.update(
                     {
-                        "reward/mean": float(col.rewards.mean()) if len(col.rewards) else 0.0,
-                        "reward/std": float(col.rewards.std()) if len(col.rewards) > 1 else 0.0,
-                        "accuracy": float(col.accuracy.mean()) if len(col.accuracy) else 0.0,
+                        "reward/mean": float(rew.mean()) if len(rew) else 0.0,
+                        "reward/std": float(rew.std()) if len(rew) > 1 else 0.0,
+                        "accuracy": float(acc.mean()) if len(acc) else 0.0,
                         "staleness": float(staleness),
                         "policy_version": float(self.version),
                     }

@@ -9,6 +9,7 @@ rlpost-llm export --config my.yaml --checkpoint runs/x/checkpoints/step-000060 -
 rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
 rlpost-llm train --config copd_mixture          # CoPD: experts as Ray actors, then one model
 rlpost-llm train --config federated_arithmetic  # clients' compressed, asynchronous updates
+rlpost-llm train --config mutual_arithmetic     # Mutual RL: two tokenizers share experience
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -47,6 +48,11 @@ def _train(args: argparse.Namespace) -> int:
         from rlpost.llm.copd import run_copd, summary_table
 
         print(summary_table(run_copd(cfg, resume=args.resume, overwrite=args.overwrite)))
+        return 0
+    if cfg.mutual is not None and cfg.mutual.member is None:  # policies side by side on Ray
+        from rlpost.llm.mutual import run_mutual, summary_table
+
+        print(summary_table(run_mutual(cfg, resume=args.resume, overwrite=args.overwrite)))
         return 0
     if cfg.federated is not None:  # clients' compressed updates folded into the server
         from rlpost.llm.federated import run_federated

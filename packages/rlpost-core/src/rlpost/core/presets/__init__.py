@@ -11,6 +11,7 @@ module             presets
                    ripo, sao, mu_grpo, conspo, lpo
 ``regularized``    reva_po
 ``distill``        opd, opd_rl, mopd, copd, atod, opsd, sdpo
+``mutual``         prp, xgrpo, sgt
 =================  ===========================================================
 
 The classes (:class:`Preset`, :class:`Recipe`, :class:`PolicyBatch`) live in :mod:`.base`;
@@ -20,6 +21,7 @@ importing this package registers every preset (each family module registers its 
 from rlpost.core.presets import (  # noqa: F401  (each module registers its presets)
     advantages,
     distill,
+    mutual,
     objectives,
     ratios,
     regularized,

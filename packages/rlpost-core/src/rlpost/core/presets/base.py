@@ -50,6 +50,7 @@ from rlpost.core.distill import (
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
+from rlpost.core.peers import PeerSharing
 from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput, TokenDistributions
 from rlpost.core.registry import Bound, RegistryError
 
@@ -375,6 +376,10 @@ class Preset:
     ``distill_schedule``; ``distill_rows``: the responses distilled (all, correct,
     incorrect: OPSD's filters, 001-16); ``distill_turns``: ATOD's turn-level
     disagreement-uncertainty reweighting of the distillation term (004-27).
+
+    ``peers``: the policy trains beside heterogeneous peers answering the same prompts
+    and uses their responses as :class:`~rlpost.core.peers.PeerSharing` says (Mutual RL's
+    PRP, XGRPO, SGT; 001-11); the trainer supplies them.
     """
 
     name: str
@@ -397,6 +402,7 @@ class Preset:
     distill_schedule: DistillSchedule = field(default_factory=DistillSchedule)
     distill_rows: str = "all"
     distill_turns: TurnReweight | None = None
+    peers: PeerSharing | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
