@@ -93,6 +93,9 @@ def main() -> None:
 
     for kind in ("char", "bpe"):  # built (or found in the cache) before the timed runs
         tiny.build_base("arithmetic", tokenizer=kind, digits=2)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     t0 = time.perf_counter()
     done: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_mutual_") as tmp:
@@ -117,6 +120,7 @@ def main() -> None:
             row["seconds"], _ = mean_std(r["seconds"] for r in runs)
             row["per_seed_after"] = [p["eval_after"] for p in ps]
             rows.append(row)
+    ray.shutdown()
     print_table(
         rows,
         ["config", "policy", "preset", "before", "after", "after_std", "gain",

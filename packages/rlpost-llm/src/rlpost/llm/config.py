@@ -404,14 +404,35 @@ class TeacherConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
 
 
+class MemoryConfig(_Strict):
+    """The self-teacher's memory (``rlpost.llm.memory``): RESD's reflections and playbook
+    (``kind: playbook``, 000-26) or PMD's three-level procedural memory (``procedural``,
+    004-22), filled from the run's rollouts and read by the teachers' ``template`` through
+    ``{reflection}``, ``{playbook}`` (and ``{trajectory}``, ``{lessons}``, ``{patterns}``)."""
+
+    kind: Literal["playbook", "procedural"] = "playbook"
+    reflector: Literal["feedback", "policy"] = "feedback"
+    """``feedback``: the task's verifier feedback is the reflection (built-in tasks);
+    ``policy``: the policy writes it, greedily, from ``reflect_template``."""
+    reflect_template: str = "{prompt}{response}\nfeedback: {feedback}\nWhat went wrong? "
+    reflect_tokens: int = Field(32, ge=1)
+    capacity: int = Field(32, ge=1)
+    """Lessons the playbook keeps (the least met dropped first)."""
+    show: int = Field(3, ge=1)
+    """Lessons (and patterns) in each teacher context."""
+    trajectories: int = Field(4096, ge=1)
+    """Problems whose trajectories the procedural memory keeps (the least recent dropped)."""
+
+
 class DistillConfig(_Strict):
     """The teachers of on-policy distillation presets (opd, opd_rl, mopd, atod, opsd,
-    sdpo): their log-probs on the student's own rollouts are the inputs the preset's
-    distillation estimator declares."""
+    sdpo, resd, pmd): their log-probs on the student's own rollouts are the inputs the
+    preset's distillation estimator declares."""
 
     teachers: list[TeacherConfig] = []
     topk: int = Field(16, ge=1)
     """K of the teacher's top-K ids (the ``topk`` estimator)."""
+    memory: MemoryConfig | None = None
 
 
 class CoPDConfig(_Strict):
@@ -528,7 +549,8 @@ class Config(_Strict):
             provided_inputs(self), who="the rlpost-llm trainer with this config", hints=HINTS
         )
         n = preset.group_size  # the rollout's, else the preset's
-        if n == 1 and recipe.advantage_coupling() == Coupling.GROUP:
+        pure = preset.distill is not None and preset.distill_schedule.rl_free
+        if n == 1 and recipe.advantage_coupling() == Coupling.GROUP and not pure:
             raise ValueError(
                 f"rollout.group_size=1: the {recipe.advantage} compares the responses "
                 "to one prompt, so with one response each every advantage is 0 and nothing "
@@ -608,6 +630,24 @@ class Config(_Strict):
                 raise ValueError(
                     f"copd: train.steps ({self.train.steps}) must be a multiple of copd.rounds "
                     f"({self.copd.rounds})"
+                )
+        mem = self.distill.memory
+        if mem is not None:
+            from rlpost.llm.memory import FIELDS
+
+            used = [
+                f for t in self.distill.teachers for f in FIELDS[mem.kind]
+                if t.template and "{" + f + "}" in t.template
+            ]  # fmt: skip
+            if not used:
+                raise ValueError(
+                    f"distill.memory ({mem.kind}): no distill.teachers[].template reads it; "
+                    f"use {', '.join('{' + f + '}' for f in FIELDS[mem.kind])}"
+                )
+            if mem.reflector == "feedback" and self.data.path is not None:
+                raise ValueError(
+                    "distill.memory.reflector=feedback needs a built-in task's verifier "
+                    "feedback (data.task or data.mixture); with data.path use reflector=policy"
                 )
         for i, t in enumerate(self.distill.teachers):
             unknown = sorted(set(t.domains) - domains) if domains else sorted(t.domains)

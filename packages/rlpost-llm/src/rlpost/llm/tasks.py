@@ -100,6 +100,17 @@ class Task(abc.ABC):
     def score(self, completion: str, example: Example) -> float:
         """Reward in ``[0, 1]`` for ``completion`` (text after the prompt) on ``example``."""
 
+    def feedback(self, completion: str, example: Example) -> str:
+        """The environment's diagnosis of a wrong ``completion`` (``""``: nothing to say,
+        e.g. a right one): the raw failure feedback RESD and PMD reflect on. Written in the
+        task's own characters (:data:`CHARSET`), so the tiny tokenizer can read it."""
+        return ""
+
+    def lesson(self, feedback: str) -> str:
+        """The reusable part of a diagnosis, with what is specific to the problem removed
+        (a playbook entry); default: the diagnosis with its digits masked."""
+        return re.sub(r"\d+", "0", feedback)
+
     def params(self) -> dict[str, Any]:
         """The constructor parameters, JSON-serialisable (used for cache keys and logs)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
@@ -161,6 +172,23 @@ class ArithmeticTask(Task):
         if m is None:
             return 0.0
         return 1.0 if int(m.group()) == int(example.answer) else 0.0
+
+    def feedback(self, completion: str, example: Example) -> str:
+        """``"57+10"``: the answer 57 is short by tens (``-``: over by; the magnitude is the
+        place of the error's leading digit, as a carry error is off by 10); ``""`` when
+        right or not a number."""
+        m = _LEADING_INT.match(extract_answer(completion))
+        if m is None:
+            return ""
+        d = int(example.answer) - int(m.group())
+        if d == 0:
+            return ""
+        return f"{int(m.group())}{'+' if d > 0 else '-'}{10 ** (len(str(abs(d))) - 1)}"
+
+    def lesson(self, feedback: str) -> str:
+        """The error's direction and place (``"+10"``), without the attempt."""
+        m = re.fullmatch(r"-?\d+([+-]\d+)", feedback)
+        return m.group(1) if m else ""
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -281,6 +309,22 @@ class CountdownTask(Task):
         if Counter(literals) - Counter(example.meta["numbers"]):
             return 0.0  # a number used more often than given, or a foreign number
         return 1.0 if value == example.meta["target"] else 0.0
+
+    def feedback(self, completion: str, example: Example) -> str:
+        """``"7=12+"``: the expression evaluates to 7 and must grow to reach 12 (``-``:
+        shrink); ``"()"`` when it does not parse or uses numbers not given; ``""`` when
+        right."""
+        result = safe_eval(extract_answer(completion))
+        if result is None or Counter(result[1]) - Counter(example.meta["numbers"]):
+            return "()"
+        value, target = result[0], example.meta["target"]
+        if value == target:
+            return ""
+        return f"{value}={target}{'+' if target > value else '-'}"
+
+    def lesson(self, feedback: str) -> str:
+        """The kind of miss: ``"()"`` (not a valid use of the numbers), ``"+"`` / ``"-"``."""
+        return feedback if feedback == "()" else feedback[-1:]
 
 
 # ----------------------------------------------------------------------------- registry

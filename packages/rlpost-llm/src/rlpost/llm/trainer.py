@@ -71,6 +71,7 @@ from rlpost.llm.critic import ValueModel, explained_variance
 from rlpost.llm.data import DomainScore, MixtureSource, encode_prompt, make_prompt_source
 from rlpost.llm.distill import Teachers, TeacherScores, student_distributions
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
+from rlpost.llm.memory import TeacherMemory
 from rlpost.llm.optim import build_optimizer, lr_schedule
 from rlpost.llm.policy import (
     Reference,
@@ -84,7 +85,7 @@ from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_dis
 from rlpost.llm.rewards import RewardPool, as_verifier, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
-from rlpost.llm.tasks import Example, format_reward
+from rlpost.llm.tasks import Example, format_reward, make_task
 
 
 @dataclass
@@ -248,6 +249,7 @@ class Trainer:
                     f"{', '.join(cross)}: a tokenizer other than the student's supports the "
                     "sampled estimator only (algo.distill.name=sampled)"
                 )
+        self.memory = self._make_memory() if cfg.distill.memory is not None else None
         o = cfg.optim
         self.optimizer = build_optimizer(model, o)
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
@@ -362,6 +364,28 @@ class Trainer:
             cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.async_rollouts
         )
 
+    def _make_memory(self) -> TeacherMemory:
+        """RESD's / PMD's memory, with each domain's task for the feedback reflector and
+        the policy's greedy generation for the policy reflector."""
+        cfg = self.cfg
+        if cfg.data.mixture:
+            tasks = {d.task: make_task(d.task, **d.task_params) for d in cfg.data.mixture}
+        elif cfg.data.curriculum:
+            tasks = {
+                "": make_task(cfg.data.curriculum[0].task, **cfg.data.curriculum[0].task_params)
+            }
+        else:
+            tasks = {"": make_task(cfg.data.task, **cfg.data.task_params)}
+        mc = cfg.distill.memory
+        assert mc is not None
+
+        def generate(prompts: list[str]) -> list[str]:
+            ids = [encode_prompt(self.tok, p) for p in prompts]
+            greedy = SamplingParams(mc.reflect_tokens, 0.0, stop=self.sampling.stop)
+            return self.engine.generate(ids, 1, greedy).texts(self.tok)
+
+        return TeacherMemory(mc, tasks, generate)
+
     def _extras(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
         return {"critic": (self.critic.module, self.critic.optimizer)} if self.critic else {}
 
@@ -388,6 +412,8 @@ class Trainer:
             self.stages.load(st, state["stage_buffer"], self._collected)
         if self.anchor is not None:
             self.anchor.load_state_dict(state["vapr"])
+        if self.memory is not None and "memory" in state:
+            self.memory.load_state_dict(state["memory"])
         if self.engine is not None:
             self._sync_engine()
         return self.step
@@ -603,9 +629,14 @@ class Trainer:
         if self.teachers is None:
             return None, None
         cfg = self.cfg
+        examples = col.examples
+        if self.memory is not None:  # this step's rollouts update it, then it fills contexts
+            examples = self.memory.observe(
+                examples, col.batch.texts(self.tok), col.accuracy.bool().tolist(), self.step
+            )
         teach = self.teachers.score(
             col.batch,
-            col.examples,
+            examples,
             self.model,
             temperature=self.sampling.temperature,
             topk=cfg.distill.topk if Input.TEACHER_TOPK in self.reads else None,
@@ -858,6 +889,8 @@ class Trainer:
             )
             metrics.pop("value/clip_tokens", None)
         metrics.update(tw_metrics)
+        if self.memory is not None:
+            metrics.update(self.memory.metrics())
         if self.critic is not None:
             metrics["value/explained_variance"] = explained_variance(
                 old_values, returns, batch.mask
@@ -1095,6 +1128,8 @@ class Trainer:
             state["stage_buffer"] = metas
         if self.anchor is not None:
             state["vapr"] = self.anchor.state_dict()
+        if self.memory is not None:
+            state["memory"] = self.memory.state_dict()
         return save_checkpoint(
             self.run_dir / "checkpoints",
             self.step,

@@ -42,6 +42,11 @@ class DistillSchedule:
     def needs_progress(self) -> bool:
         return self.kind == "anneal"
 
+    @property
+    def rl_free(self) -> bool:
+        """The RL term has weight 0 throughout (pure distillation)."""
+        return self.rl_start == 0 and (self.kind == "constant" or self.rl_end == 0)
+
     def fraction(self, progress: float) -> float:
         """How far the weights have moved from start (0) to end (1) at ``progress``."""
         if self.kind == "constant":

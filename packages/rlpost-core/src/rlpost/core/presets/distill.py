@@ -1,5 +1,5 @@
 """On-policy distillation: OPD alone, OPD with the verifier's reward, MOPD, CoPD, ATOD,
-OPSD and SDPO. The losses differ only in the weights of the two terms; who the teacher is (a
+OPSD, SDPO, RESD and PMD. The losses differ only in the weights of the two terms; who the teacher is (a
 frozen model, one per domain, the policy itself with a privileged context) is the
 trainer's configuration (``rlpost-llm``'s ``distill`` section)."""
 
@@ -101,7 +101,38 @@ register_preset(
         distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
         group_size=8,
         notes="the verifier's reward with GRPO plus dense self-distillation from the policy "
-        "conditioned on feedback (distill.context=feedback)",
+        "conditioned on feedback (a self teacher whose template reads distill.memory's "
+        "{reflection})",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="resd",
+        paper="Reflection-Enhanced Self-Distillation (RESD), catalog 000-26",
+        catalog_id="000-26",
+        distill=Choice("topk"),
+        distill_schedule=_PURE,
+        group_size=1,
+        notes="pure self-distillation from the policy conditioned on its reflection on the "
+        "failed response and a persistent playbook of lessons (distill.memory kind "
+        "playbook); one rollout per prompt, as the abstract's interaction-efficiency claim",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="pmd",
+        paper="Procedural Memory Distillation (PMD), catalog 004-22",
+        catalog_id="004-22",
+        distill=Choice("topk"),
+        distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
+        group_size=8,
+        notes="SDPO's loss (GRPO + self-distillation, weight 1 each) with the self-teacher "
+        "conditioned on a three-level procedural memory extracted online from the rollouts "
+        "(distill.memory kind procedural)",
         **_PG,
     )
 )
