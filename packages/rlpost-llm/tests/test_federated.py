@@ -35,10 +35,14 @@ def test_a_synchronous_federated_run_trains_and_saves_a_loadable_server_model(fa
     cfg = fast_cfg(
         "federated.clients=2", "federated.rounds=2", "federated.backend=local",
         "federated.compression=topk", "federated.ratio=0.1", f"run.dir={tmp_path / 'fed'}",
-        *LEARN,
+        "federated.eval_every=1", *LEARN,
     )  # fmt: skip
     s = run_federated(cfg, progress=False)
     assert s["updates"] == 4 and s["mean_staleness"] == 0
+    # the learning curve: the server evaluated before and after each round of updates
+    per = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    assert [(u, n) for u, n, _ in s["curve"]] == [(0, 0), (2, 2 * per), (4, 4 * per)]
+    assert s["curve"][-1][2] == s["eval_after"]
     assert s["compression_ratio"] < 0.25  # top-10 % values + their indices
     model = AutoModelForCausalLM.from_pretrained(s["model"])
     trained = torch.nn.utils.parameters_to_vector(model.parameters())

@@ -226,3 +226,13 @@ def test_two_tokenizers_train_together_on_ray(fast_cfg, bpe_policy, tmp_path):
         assert summary["policies"][name]["step"] == 2
     with pytest.raises(ValueError, match="holds a Mutual RL run"):
         run_mutual(cfg, progress=False)
+
+
+def test_without_ray_the_error_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from rlpost.llm.cluster import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"mutual\.backend=ray runs on Ray.*rlpost-llm\[ray\]"):
+        import_ray("mutual.backend=ray")

@@ -473,6 +473,9 @@ class FederatedConfig(_Strict):
     ``local``: clients one after another in this process, synchronous FedAvg rounds."""
     workers: int = Field(0, ge=0)
     """CPUs Ray may use (0: one per client)."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate the server every this many rounds' worth of updates (``clients`` updates
+    each; 0: before and after only): the summary's learning ``curve``."""
 
 
 class MutualPolicyConfig(_Strict):

@@ -126,7 +126,9 @@ def run_copd(
     each round (tests use it to kill an actor). Returns a summary (per-expert held-out
     accuracy per domain, the consolidated model's, and timings). ``resume``: continue the
     experts of a run in ``run.dir`` from their checkpoints; ``overwrite``: replace it."""
-    import ray
+    from rlpost.llm.cluster import import_ray
+
+    ray = import_ray("copd")
 
     assert cfg.copd is not None
     domains = cfg.copd.experts or [d.task for d in cfg.data.mixture]

@@ -121,6 +121,17 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
     before = server._eval_metrics()
     dense = theta.numel() * theta.element_size()
     sent_bytes, updates, stale = 0, 0, []
+    per_update = f.local_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    curve = [[0, 0, before["eval/accuracy"]]]  # (updates, rollouts, server accuracy)
+
+    def point() -> None:
+        """The server's held-out accuracy now, every ``eval_every`` rounds' updates."""
+        if f.eval_every and updates % (f.eval_every * f.clients) == 0:
+            load_flat(server.model, theta)
+            acc = server._eval_metrics()["eval/accuracy"]
+            curve.append([updates, updates * per_update, acc])
+            say(f"{updates} updates: server held-out accuracy {acc:.3f}")
+
     cfgs = [client_config(cfg, i).model_dump_json() for i in range(f.clients)]
     if f.backend == "local":
         clients = [Client(c, f.compression, f.ratio) for c in cfgs]
@@ -132,10 +143,13 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
             theta = theta + aggregate([decode(o["update"]) for o in outs],
                                       samples=[o["samples"] for o in outs])  # fmt: skip
             say(f"round {r + 1}/{f.rounds}: {len(outs)} updates averaged")
+            point()
         for c in clients:
             c.close()
     else:
-        import ray
+        from rlpost.llm.cluster import import_ray
+
+        ray = import_ray("federated.backend=ray")
 
         started = not ray.is_initialized()
         if started:
@@ -160,6 +174,7 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
                 version += 1
                 updates += 1
                 sent_bytes += wire_bytes(out["update"])
+                point()
                 if left[i] > 0:
                     jobs[actors[i].work.remote(theta, version, f.local_steps)] = i
                     left[i] -= 1
@@ -176,6 +191,8 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
     server.model.save_pretrained(str(out_dir), safe_serialization=True)
     save_pretrained_files(server.model, server.tok, out_dir)
     server.close()
+    if curve[-1][0] != updates:
+        curve.append([updates, updates * per_update, after["eval/accuracy"]])
     summary = {
         "clients": f.clients,
         "rounds": f.rounds,
@@ -188,6 +205,8 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
         "mean_staleness": sum(stale) / max(len(stale), 1),
         "eval_before": before["eval/accuracy"],
         "eval_after": after["eval/accuracy"],
+        "rollouts": updates * per_update,
+        "curve": curve,
         "model": str(out_dir),
         "seconds": time.perf_counter() - t0,
     }

@@ -421,7 +421,9 @@ def _say(progress: bool, r: dict[str, Any]) -> None:
 def _run_ray(cfgs: dict[str, Config], cpus: dict[str, int], retain: int, progress: bool):
     """Each policy a Ray actor (restarted from its checkpoint if it dies), the exchange a
     threaded Ray actor."""
-    import ray
+    from rlpost.llm.cluster import import_ray
+
+    ray = import_ray("mutual.backend=ray")
 
     names = list(cfgs)
     started = not ray.is_initialized()
