@@ -26,6 +26,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
     }
     assert res["trainer_step"]["tokens_per_s"] > 0
     assert res["vllm_engine"]["ok"]  # ran, or says why not (no vLLM on CPU)
+    assert res["vllm_teacher"]["ok"]
 
 
 def test_gpu_check_shell_wrapper_parses():

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, run_pool, write_result
+from benchlib import mean_std, plot_mean_curves, print_table, run_pool, write_result
 
 CONFIGS = {
     "centralised": None,
@@ -103,26 +103,6 @@ def job(spec: dict) -> dict[str, Any]:
     }
 
 
-def plot(curves: dict[str, list], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, runs in curves.items():
-        xs = [c[1] for c in runs[0]]
-        ys = [sum(r[i][2] for r in runs) / len(runs) for i in range(len(xs))]
-        ax.plot(xs, ys, marker="o", ms=3, label=name)
-    ax.set_xlabel("rollouts")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("federated vs centralised GRPO, tiny model, 2-digit addition")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
@@ -177,7 +157,15 @@ def main() -> None:
         rows,
         ["config", "rollouts", "before", "mid", "after", "after_std", "bytes_vs_dense", "seconds"],
     )
-    plot(curves, Path(a.plot))
+    plot_mean_curves(
+        curves,
+        a.plot,
+        x=1,
+        y=2,
+        xlabel="rollouts",
+        ylabel="held-out greedy accuracy",
+        title="federated vs centralised GRPO, tiny model, 2-digit addition",
+    )
     by = {r["config"]: r for r in rows}
     write_result(
         a.out,

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, run_pool, write_result
+from benchlib import mean_std, plot_mean_curves, print_table, run_pool, write_result
 
 LESSONS = ["+10", "-10", "+1", "-1", "+100", "-100"]
 FEEDBACK = ":{reflection}>{prompt}"
@@ -168,26 +168,6 @@ def job(spec: dict) -> dict[str, Any]:
     }
 
 
-def plot(curves: dict[str, list], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, runs in curves.items():
-        steps = [s for s, _ in runs[0]]
-        mean = [sum(r[i][1] for r in runs) / len(runs) for i in range(len(steps))]
-        ax.plot(steps, mean, marker="o", ms=3, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out greedy accuracy (no context)")
-    ax.set_title("self-distillation with memory, tiny model, 2-digit addition")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base-steps", type=int, default=900)
@@ -249,7 +229,15 @@ def main() -> None:
         ["method", "rollouts", "before", "early", "after", "after_std", "seconds",
          "distill_kl_first", "distill_kl_last"],
     )  # fmt: skip
-    plot(curves, Path(a.plot))
+    plot_mean_curves(
+        curves,
+        a.plot,
+        x=0,
+        y=1,
+        xlabel="step",
+        ylabel="held-out greedy accuracy (no context)",
+        title="self-distillation with memory, tiny model, 2-digit addition",
+    )
     by = {r["method"]: r for r in rows}
     write_result(
         a.out,

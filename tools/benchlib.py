@@ -238,3 +238,34 @@ def run_pool(
                 flush=True,
             )
     return results
+
+
+def plot_mean_curves(
+    curves: Mapping[str, Sequence[Sequence[Sequence[float]]]],
+    path: str | os.PathLike[str],
+    *,
+    x: int,
+    y: int,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> None:
+    """One line per method: the mean over seeds of ``curve[i][y]`` against ``curve[i][x]``
+    (``curves[name]`` holds one curve per seed, sampled at the same points); saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, runs in curves.items():
+        xs = [p[x] for p in runs[0]]
+        ys = [sum(r[i][y] for r in runs) / len(runs) for i in range(len(xs))]
+        ax.plot(xs, ys, marker="o", ms=3, label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -15,6 +15,9 @@ and, on any machine, the same code at toy sizes on the CPU (how CI keeps it work
 3. the vLLM rollout engine end to end on the tiny model: a few GRPO steps through
    ``rlpost.llm.trainer.Trainer`` with ``rollout.engine=vllm``, generated tokens per second
    (a line saying why when vLLM is not installed there);
+   and a vLLM distillation teacher: two OPD steps with the tiny base as its own teacher
+   on vLLM (``distill.teachers[].engine=vllm``), whose first reverse KL must be ~0 (the
+   student equals the teacher; bfloat16 noise only);
 4. a trainer step of a randomly initialised Qwen3-0.6B-sized model (no weights can be
    downloaded) in bfloat16: the packed forward with fused log-probs, a GRPO loss, backward
    and AdamW, trained tokens per second, beside prime-rl's published trainer throughput of
@@ -196,6 +199,42 @@ def vllm_engine(smoke: bool) -> dict:
     return out
 
 
+def vllm_teacher(smoke: bool) -> dict:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        print(f"vLLM teacher: not run: vllm is not installed here ({exc})")
+        return {"ok": True, "ran": False, "why": f"vllm not installed: {exc}"}
+    import tempfile
+
+    from rlpost.llm import tiny
+    from rlpost.llm.config import load_config
+    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.trainer import Trainer
+
+    base = tiny.build_base("arithmetic", progress=False, digits=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(
+            None,
+            [
+                "data.task_params={digits: 2}", "algo.preset=opd", "train.steps=2",
+                "rollout.prompts_per_step=16", "rollout.group_size=4", "rollout.temperature=1.0",
+                f"distill.teachers=[{{path: {base}, engine: vllm, dtype: float32}}]",
+                "run.eval_every=0", "run.save_every=0", "run.progress=false",
+                f"run.dir={tmp}/run",
+            ],
+        )  # fmt: skip
+        t = time.perf_counter()
+        Trainer(cfg).train()
+        wall = time.perf_counter() - t
+        rows = [r for r in read_metrics(Path(tmp) / "run") if "distill/kl" in r]
+    kl = [r["distill/kl"] for r in rows]
+    out = {"ok": bool(kl) and abs(kl[0]) < 1e-2, "ran": True, "wall_s": round(wall, 2),
+           "distill_kl": kl}  # fmt: skip
+    print(f"vLLM teacher: 2 OPD steps in {wall:.1f} s, reverse KL {kl} (first must be ~0)")
+    return out
+
+
 def trainer_step(dev: str, smoke: bool) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -289,6 +328,7 @@ def main(argv=None) -> int:
         ("cuda_tests", lambda: cuda_tests(args.smoke)),
         ("kernels", lambda: kernel_table(dev, args.smoke)),
         ("vllm_engine", lambda: vllm_engine(args.smoke)),
+        ("vllm_teacher", lambda: vllm_teacher(args.smoke)),
         ("trainer_step", lambda: trainer_step(dev, args.smoke)),
     ]
     for name, fn in parts:

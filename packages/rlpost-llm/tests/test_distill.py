@@ -363,6 +363,59 @@ def test_a_teacher_of_the_same_tokenizer_through_the_text_path_changes_nothing()
     )
 
 
+class _ScorerLikeVLLM:
+    """The :class:`~rlpost.llm.engines.vllm.VLLMScorer` interface answered from a plain
+    forward over prompt + completion, read the way vLLM's ``prompt_logprobs`` are: each
+    position's log-probs of the next token, a dict of the top-K plus the actual token."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def score(self, prompts, completions, topk):
+        out = []
+        for p, c in zip(prompts, completions, strict=True):
+            logits = self.model(torch.tensor([p + c])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)[len(p) - 1 : len(p) + len(c) - 1]
+            lps = [float(lp[j, t]) for j, t in enumerate(c)]
+            tops = []
+            if topk:
+                for j, t in enumerate(c):
+                    d = {int(i): float(lp[j, i]) for i in lp[j].topk(topk).indices}
+                    d[int(t)] = float(lp[j, t])  # vLLM adds the actual token
+                    best = sorted(d.items(), key=lambda kv: -kv[1])[:topk]
+                    tops.append(best)
+            out.append((lps, tops))
+        return out
+
+
+def test_a_vllm_teacher_fills_the_same_scores_as_the_in_process_teacher():
+    """The vLLM teacher's plumbing (its log-probs and top-K placed on the student's rows)
+    on CPU: a scorer answering like vLLM's prompt log-probs gives exactly the in-process
+    teacher's scores; the full vocabulary is refused with the fix."""
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    model = _random_model(11, tok)
+    pairs = [("12+30=", "42"), ("7+5=", "12"), ("3 4 5>", "3*4-5")]
+    batch = _batch_of(tok, pairs)
+    exs = [Example(p, c) for p, c in pairs]
+    kw = {"temperature": 1.0, "topk": 4, "full": False, "micro_batch": 2,
+          "pack": False, "layout": "ragged"}  # fmt: skip
+    direct = Teachers([Teacher(model)], tok).score(batch, exs, None, **kw)
+    via = Teachers([Teacher(None, scorer=_ScorerLikeVLLM(model))], tok).score(
+        batch, exs, None, **kw
+    )
+    torch.testing.assert_close(via.logp, direct.logp, atol=1e-5, rtol=0)
+    m = batch.mask.bool()
+    assert torch.equal(via.topk[0][m], direct.topk[0][m])
+    torch.testing.assert_close(via.topk[1][m], direct.topk[1][m], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="not the whole vocabulary"):
+        Teachers([Teacher(None, scorer=_ScorerLikeVLLM(model))], tok).score(
+            batch, exs, None, **{**kw, "topk": None, "full": True}
+        )
+
+
 def test_a_bpe_teacher_scores_aligned_text_blocks(bpe_teacher):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -415,3 +468,13 @@ def test_a_missing_local_teacher_folder_fails_fast(fast_cfg, tmp_path):
     cfg = fast_cfg("algo.preset=opd", f"distill.teachers=[{{path: {tmp_path / 'nope'}}}]")
     with pytest.raises(ValueError, match=r"no folder .*train that teacher first"):
         Trainer(cfg)
+
+
+def test_a_vllm_teacher_is_refused_with_the_fix_where_it_cannot_run(fast_cfg, tmp_path):
+    from rlpost.llm.trainer import Trainer
+
+    with pytest.raises(ValueError, match=r"rollout\.temperature=1\.0"):
+        Trainer(fast_cfg("algo.preset=opd", "rollout.temperature=0.7",
+                         f"distill.teachers=[{{path: {tmp_path}, engine: vllm}}]"))  # fmt: skip
+    with pytest.raises(ValueError, match="engine hf only"):
+        Trainer(fast_cfg("algo.preset=opsd", "distill.teachers=[{path: self, engine: vllm}]"))

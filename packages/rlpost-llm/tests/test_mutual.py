@@ -47,6 +47,14 @@ def _policies(bpe_policy) -> str:
 LONG = "rollout.max_new_tokens=6"  # room for a 4-digit answer and its EOS
 
 
+def _groups(col):
+    """The batch's groups, each group's first row, prompt and reference answer."""
+    groups = sorted(set(col.batch.group.tolist()))
+    first = {g: col.batch.group.tolist().index(g) for g in groups}
+    prompts = [col.examples[first[g]].prompt for g in groups]
+    return groups, first, prompts, [col.examples[first[g]].answer for g in groups]
+
+
 def _peer_experience(tok, prompts: list[str], texts: list[list[str]], seed: int = 0) -> Experience:
     """A peer's experience of ``texts[g]`` answering ``prompts[g]``, tokenised by ``tok``
     (its own tokenizer), with made-up log-probs."""
@@ -95,10 +103,7 @@ def test_sgt_transfers_only_verified_successes_into_the_rescue_set(fast_cfg, bpe
     tr = Trainer(cfg, overwrite=True)
     try:
         col = tr.collect()
-        groups = sorted(set(col.batch.group.tolist()))
-        first = {g: col.batch.group.tolist().index(g) for g in groups}
-        prompts = [col.examples[first[g]].prompt for g in groups]
-        answers = [col.examples[first[g]].answer for g in groups]
+        groups, first, prompts, answers = _groups(col)
         # the policy solved group 0 itself (its verdict), none of the others
         acc = torch.zeros_like(col.accuracy)
         acc[first[0]] = 1.0
@@ -146,10 +151,7 @@ def test_xgrpo_peers_shape_the_baseline_and_carry_no_gradient(fast_cfg, bpe_poli
     tr = Trainer(cfg, overwrite=True)
     try:
         col = tr.collect()
-        groups = sorted(set(col.batch.group.tolist()))
-        first = {g: col.batch.group.tolist().index(g) for g in groups}
-        prompts = [col.examples[first[g]].prompt for g in groups]
-        answers = [col.examples[first[g]].answer for g in groups]
+        groups, _, prompts, answers = _groups(col)
         bpe = tiny.build_bpe_tokenizer(make_task("arithmetic", digits=2))
         a = _peer_experience(bpe, prompts, [[x, str(int(x) + 1)] for x in answers])
         b = _peer_experience(bpe, prompts, [[x, str(int(x) + 7)] for x in answers], seed=1)

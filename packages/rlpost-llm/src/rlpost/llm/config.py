@@ -402,6 +402,12 @@ class TeacherConfig(_Strict):
     example's meta fields (OPSD's privileged context, e.g. ``"{answer}>{prompt}"``); for
     chat prompts it rewrites the last user message. None: the student's prompt."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
+    engine: Literal["hf", "vllm"] = "hf"
+    """``hf``: the teacher runs in this process with transformers; ``vllm``: on a vLLM
+    engine (GPU, extra ``[vllm]``), its log-probs and top-K read from ``prompt_logprobs``
+    (the student's tokenizer, sampling at temperature 1; not ``path: self``)."""
+    gpu_memory_utilization: float = Field(0.2, gt=0, le=1)
+    """The vLLM teacher's share of the GPU's memory."""
 
 
 class MemoryConfig(_Strict):
@@ -646,6 +652,11 @@ class Config(_Strict):
                 raise ValueError(
                     f"distill.memory ({mem.kind}): no distill.teachers[].template reads it; "
                     f"use {', '.join('{' + f + '}' for f in FIELDS[mem.kind])}"
+                )
+            if mem.reflector == "policy" and self.train.async_rollouts:
+                raise ValueError(
+                    "distill.memory.reflector=policy writes with the rollout engine: it needs "
+                    "synchronous rollouts (train.async_rollouts=false)"
                 )
             if mem.reflector == "feedback" and self.data.path is not None:
                 raise ValueError(

@@ -105,18 +105,20 @@ class Teacher:
         template: str | None = None,
         name: str = "teacher",
         tokenizer=None,
+        scorer=None,
     ):
         self.model = model
         self.domains = tuple(domains)
         self.template = template
         self.name = name
         self.tokenizer = tokenizer  # None: the student's; else a cross-tokenizer teacher
+        self.scorer = scorer  # a VLLMScorer: the teacher on a vLLM engine (no model here)
         if model is not None:
             model.eval().requires_grad_(False)
 
     @property
     def is_self(self) -> bool:
-        return self.model is None
+        return self.model is None and self.scorer is None
 
     @property
     def cross(self) -> bool:
@@ -130,7 +132,11 @@ def load_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, index: int =
     """Build the teacher ``tc`` describes; its tokenizer must be the student's."""
     name = f"distill.teachers[{index}]"
     if tc.path == "self":
+        if tc.engine == "vllm":
+            raise ValueError(f"{name}: the self-teacher is the policy: engine hf only")
         return Teacher(None, tc.domains, tc.template, name)
+    if tc.engine == "vllm":
+        return _vllm_teacher(tc, cfg, student_tokenizer, name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlpost.llm import tiny
@@ -182,6 +188,28 @@ def _resolve_run(path: str, name: str) -> str:
     if found is None:
         raise ValueError(f"{name}: the run {path} has no finished checkpoint yet")
     return str(found)
+
+
+def _vllm_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, name: str) -> Teacher:
+    """A frozen teacher on a vLLM engine (GPU): the student's tokenizer, temperature 1."""
+    from rlpost.llm.engines.vllm import VLLMScorer
+
+    if cfg.rollout.temperature != 1.0:
+        raise ValueError(
+            f"{name}: a vLLM teacher's prompt log-probs are at temperature 1; sample the "
+            f"student at rollout.temperature=1.0 (got {cfg.rollout.temperature})"
+        )
+    if tc.path in ("tiny", "tiny-random"):
+        raise ValueError(f"{name}: a vLLM teacher loads a folder or hub id, not {tc.path!r}")
+    path = _resolve_run(tc.path, name)
+    dtype = tc.dtype or cfg.model.dtype
+    scorer = VLLMScorer(path, tc.gpu_memory_utilization, dtype)
+    if scorer.vocab_size != len(student_tokenizer):
+        raise ValueError(
+            f"{name}: the vLLM teacher's tokenizer has {scorer.vocab_size} tokens, the "
+            f"student's {len(student_tokenizer)}: a vLLM teacher needs the student's tokenizer"
+        )
+    return Teacher(None, tc.domains, tc.template, name, scorer=scorer)
 
 
 class Teachers:
@@ -242,6 +270,14 @@ class Teachers:
             rows = torch.nonzero(which == t_idx).flatten()
             if not len(rows):
                 continue
+            if teacher.scorer is not None:
+                if full:
+                    raise ValueError(
+                        f"{teacher.name}: a vLLM teacher gives log-probs and top-K, not the "
+                        "whole vocabulary: use algo.distill.name=topk or sampled"
+                    )
+                self._score_vllm(teacher, batch, examples, rows, topk, micro_batch, logp, top)
+                continue
             model = policy if teacher.is_self else teacher.model
             assert model is not None
             if teacher.cross:
@@ -289,6 +325,29 @@ class Teachers:
                         top[0][idx], top[1][idx] = ids, lp
         rows_mask = (which >= 0).float()
         return TeacherScores(rows_mask, logp, which, top, whole, spans)
+
+    def _score_vllm(self, teacher, batch, examples, rows, topk, micro_batch, logp, top) -> None:
+        """Score ``rows`` with a teacher on vLLM (fills ``logp`` and ``top`` in place)."""
+        for s in range(0, len(rows), micro_batch):
+            idx = rows[s : s + micro_batch].tolist()
+            prompts = [
+                encode_prompt(self.tok, teacher_prompt(teacher.template, examples[i]))
+                if teacher.template is not None
+                else batch.prompt_ids[i]
+                for i in idx
+            ]
+            comps = [batch.completion_ids[i, : int(batch.mask[i].sum())].tolist() for i in idx]
+            for i, (lps, tops) in zip(idx, teacher.scorer.score(prompts, comps, topk), strict=True):
+                n = len(lps)
+                logp[i, :n] = torch.tensor(lps)
+                if top is None:
+                    continue
+                if any(len(t) < topk for t in tops):
+                    raise ValueError(f"{teacher.name}: vLLM returned fewer than {topk} log-probs")
+                top[0][i, :n] = torch.tensor(
+                    [[t for t, _ in pos] for pos in tops], dtype=torch.long
+                )
+                top[1][i, :n] = torch.tensor([[v for _, v in pos] for pos in tops])
 
     def _score_cross(
         self, teacher, model, batch, examples, rows, temperature, micro_batch, logp, spans, which

@@ -99,3 +99,52 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+class VLLMScorer:
+    """A frozen distillation teacher on vLLM (GPU): the log-probs, and the top-K, that it
+    gives each token of given completions, read from vLLM's ``prompt_logprobs`` over
+    prompt + completion (one forward, no sampling). Prompt log-probs come from the raw
+    logits: they equal the teacher's distribution at temperature 1, so the student must
+    sample at temperature 1 (checked at load)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        gpu_memory_utilization: float = 0.2,
+        dtype: str = "bfloat16",
+        max_model_len: int | None = None,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        vllm = _import_vllm()
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=model_path,
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            max_model_len=max_model_len,
+        )
+        self.vocab_size = len(self.llm.get_tokenizer())
+
+    def score(
+        self, prompts: list[list[int]], completions: list[list[int]], topk: int | None
+    ) -> list[tuple[list[float], list[list[tuple[int, float]]]]]:
+        """Per completion: each token's log-prob, and (``topk``) the teacher's top-K
+        ``(id, log-prob)`` at each position, highest first."""
+        sp = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=topk or 0)
+        reqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, completions, strict=True)]
+        out = []
+        for p, c, res in zip(
+            prompts, completions, self.llm.generate(reqs, sp, use_tqdm=False), strict=True
+        ):
+            per_pos = res.prompt_logprobs[
+                len(p) : len(p) + len(c)
+            ]  # position 0 of a prompt is None
+            lps = [float(d[t].logprob) for d, t in zip(per_pos, c, strict=True)]
+            tops = []
+            if topk:
+                for d in per_pos:
+                    best = sorted(d.items(), key=lambda kv: -kv[1].logprob)[:topk]
+                    tops.append([(int(t), float(v.logprob)) for t, v in best])
+            out.append((lps, tops))
+        return out
