@@ -145,7 +145,7 @@ def main() -> None:
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
         curves[name] = [r["curve"] for r in runs]
         row: dict[str, Any] = {"config": name, "rollouts": runs[0]["curve"][-1][1]}
-        row["before"] = runs[0]["curve"][0][2]
+        row["before"], _ = mean_std(r["curve"][0][2] for r in runs)
         half = len(runs[0]["curve"]) // 2
         row["mid"], _ = mean_std(r["curve"][half][2] for r in runs)
         row["after"], row["after_std"] = mean_std(r["curve"][-1][2] for r in runs)

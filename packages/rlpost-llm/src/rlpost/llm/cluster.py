@@ -3,6 +3,9 @@ clients): imported on first use, with an error that says how to get it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 def import_ray(who: str):
     """The ``ray`` module; ``who`` (e.g. ``"copd"``) names the feature in the error
@@ -17,4 +20,22 @@ def import_ray(who: str):
     return ray
 
 
-__all__ = ["import_ray"]
+@contextmanager
+def local_ray(num_cpus: int, who: str) -> Iterator:
+    """Ray for the ``with`` block: the cluster this process already joined
+    (``ray.init(address=...)`` before the run), else a local one with ``num_cpus`` CPUs,
+    shut down at the end of the block."""
+    ray = import_ray(who)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+__all__ = ["import_ray", "local_ray"]

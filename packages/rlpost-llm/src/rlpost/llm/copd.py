@@ -126,9 +126,7 @@ def run_copd(
     each round (tests use it to kill an actor). Returns a summary (per-expert held-out
     accuracy per domain, the consolidated model's, and timings). ``resume``: continue the
     experts of a run in ``run.dir`` from their checkpoints; ``overwrite``: replace it."""
-    from rlpost.llm.cluster import import_ray
-
-    ray = import_ray("copd")
+    from rlpost.llm.cluster import local_ray
 
     assert cfg.copd is not None
     domains = cfg.copd.experts or [d.task for d in cfg.data.mixture]
@@ -147,21 +145,13 @@ def run_copd(
             )
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=cfg.copd.workers or len(domains),
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    Actor = ray.remote(num_cpus=1, max_restarts=-1)(Expert)
 
     def say(msg: str) -> None:
         if progress:
             print(f"copd: {msg}", flush=True)
 
-    try:
+    with local_ray(cfg.copd.workers or len(domains), "copd") as ray:
+        Actor = ray.remote(num_cpus=1, max_restarts=-1)(Expert)
         cfgs = {d: expert_config(cfg, d, domains, round_steps) for d in domains}
         actors = {
             d: Actor.remote(cfgs[d].model_dump_json(), d, [p for p in domains if p != d])
@@ -216,9 +206,6 @@ def run_copd(
         finals = {d: ray.get(states[d]) for d in domains}
         for a in actors.values():
             ray.kill(a)
-    finally:
-        if started:
-            ray.shutdown()
     summary: dict[str, Any] = {
         "experts": experts,
         "restarts": restarts,

@@ -147,15 +147,9 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
         for c in clients:
             c.close()
     else:
-        from rlpost.llm.cluster import import_ray
+        from rlpost.llm.cluster import local_ray
 
-        ray = import_ray("federated.backend=ray")
-
-        started = not ray.is_initialized()
-        if started:
-            ray.init(num_cpus=f.workers or f.clients, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)  # fmt: skip
-        try:
+        with local_ray(f.workers or f.clients, "federated.backend=ray") as ray:
             Actor = ray.remote(num_cpus=1)(Client)
             actors = [Actor.remote(c, f.compression, f.ratio) for c in cfgs]
             version, left = 0, [f.rounds] * f.clients
@@ -181,9 +175,6 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
             say(f"{updates} asynchronous updates applied, mean staleness "
                 f"{sum(stale) / max(len(stale), 1):.2f}")  # fmt: skip
             ray.get([a.close.remote() for a in actors])
-        finally:
-            if started:
-                ray.shutdown()
     load_flat(server.model, theta)
     after = server._eval_metrics()
     out_dir = root / "server" / "final"

@@ -421,20 +421,10 @@ def _say(progress: bool, r: dict[str, Any]) -> None:
 def _run_ray(cfgs: dict[str, Config], cpus: dict[str, int], retain: int, progress: bool):
     """Each policy a Ray actor (restarted from its checkpoint if it dies), the exchange a
     threaded Ray actor."""
-    from rlpost.llm.cluster import import_ray
-
-    ray = import_ray("mutual.backend=ray")
+    from rlpost.llm.cluster import local_ray
 
     names = list(cfgs)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=sum(cpus.values()),
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    try:
+    with local_ray(sum(cpus.values()), "mutual.backend=ray") as ray:
         Exchange = ray.remote(num_cpus=0, max_restarts=-1)(ExperienceExchange)
         exchange = Exchange.options(max_concurrency=2 * len(names) + 2).remote(retain)
         actors = {
@@ -460,9 +450,6 @@ def _run_ray(cfgs: dict[str, Config], cpus: dict[str, int], retain: int, progres
         for a in actors.values():
             ray.kill(a)
         ray.kill(exchange)
-    finally:
-        if started:
-            ray.shutdown()
     return results, restarts
 
 
