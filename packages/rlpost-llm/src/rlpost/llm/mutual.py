@@ -411,11 +411,12 @@ def run_mutual(
 
 def _say(progress: bool, r: dict[str, Any]) -> None:
     if progress:
-        print(
-            f"mutual: {r['name']} ({r['preset']}) done: held-out "
-            f"{r.get('eval_before', float('nan')):.3f} -> {r.get('eval_after', float('nan')):.3f}",
-            flush=True,
+        held = (
+            f": held-out {r['eval_before']:.3f} -> {r['eval_after']:.3f}"
+            if "eval_after" in r
+            else ""
         )
+        print(f"mutual: {r['name']} ({r['preset']}) done{held}", flush=True)
 
 
 def _run_ray(cfgs: dict[str, Config], cpus: dict[str, int], retain: int, progress: bool):
@@ -477,13 +478,18 @@ def _run_local(cfgs: dict[str, Config], retain: int, progress: bool) -> dict[str
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """Each policy's held-out accuracy before and after, and what it took from its peers."""
+    """Each policy's held-out accuracy before and after (``-``: not evaluated, with
+    ``run.eval_every=0``), and what it took from its peers."""
+
+    def acc(r: dict[str, Any], k: str) -> str:
+        return f"{r[k]:>8.3f}" if k in r else f"{'-':>8}"
+
     head = f"{'policy':<12}{'preset':<10}{'before':>8}{'after':>8}{'trained peer rows':>19}"
     lines = [head]
     for n, r in summary["policies"].items():
         lines.append(
-            f"{n:<12}{r['preset']:<10}{r.get('eval_before', float('nan')):>8.3f}"
-            f"{r.get('eval_after', float('nan')):>8.3f}{r.get('trained', 0.0):>19.0f}"
+            f"{n:<12}{r['preset']:<10}{acc(r, 'eval_before')}{acc(r, 'eval_after')}"
+            f"{r.get('trained', 0.0):>19.0f}"
         )
     lines.append(f"{summary['steps']} steps, {summary['seconds']:.0f} s")
     return "\n".join(lines)
