@@ -77,6 +77,27 @@ class MixtureDomain(_Strict):
     CoPD expert's peers' domains are); its accuracy still counts in the metrics."""
 
 
+class EnvConfig(_Strict):
+    """A text environment for multi-turn agents (``rlpost.llm.envs``; ``rlpost.llm.agents``
+    rolls it out token-in / token-out): each training prompt is an episode's seed, each
+    group ``rollout.group_size`` episodes of one seed, the reward the environment's."""
+
+    name: str
+    params: dict[str, Any] = {}
+    max_turns: int = Field(8, ge=1)
+    """Turns per episode at most (an environment may end sooner, e.g. at its budget)."""
+
+    @model_validator(mode="after")
+    def _exists(self) -> EnvConfig:
+        from rlpost.llm.envs import make_env
+
+        try:
+            make_env(self.name, **self.params)
+        except TypeError as exc:
+            raise ValueError(f"data.env.params: {exc}") from None
+        return self
+
+
 class DataConfig(_Strict):
     task: TaskName = "arithmetic"
     task_params: dict[str, Any] = {}
@@ -97,9 +118,15 @@ class DataConfig(_Strict):
     domain with probability proportional to its weight and carries the domain's name in
     ``example.meta["domain"]`` (what ``distill.teachers[].domains`` route by); each is
     scored by its own verifier and held out separately (``eval/<task>/accuracy``)."""
+    env: EnvConfig | None = None
+    """A multi-turn text environment instead of single-turn prompts: episodes of
+    ``rollout.max_new_tokens`` tokens per turn, rewarded by the environment, held-out
+    success on ``eval_size`` seeds never trained on (``eval/accuracy``)."""
 
     @model_validator(mode="after")
     def _check_curriculum(self) -> DataConfig:
+        if self.env is not None and (self.curriculum or self.mixture or self.path is not None):
+            raise ValueError("data.env excludes data.curriculum, data.mixture and data.path")
         if self.curriculum and self.path is not None:
             raise ValueError("data.curriculum and data.path are exclusive")
         if self.mixture and (self.curriculum or self.path is not None):
@@ -217,6 +244,8 @@ def provided_inputs(cfg: Config) -> frozenset[Input]:
         extra.add(Input.AUX_GRADIENTS)
     if cfg.data.curriculum:
         extra.add(Input.TASK_BOUNDARY)
+    if cfg.data.env is not None:
+        extra.add(Input.TURNS)
     if cfg.distill.teachers or cfg.copd is not None:  # (CoPD: the peers) log-probs, top-K, ...
         extra |= {
             Input.TEACHER_LOGPROBS,
@@ -582,6 +611,8 @@ class Config(_Strict):
                 f"of rollout.group_size ({n})"
             )
         self._check_options(preset, rows)
+        if self.data.env is not None and preset.dynamic_sampling:
+            raise ValueError("data.env: dynamic sampling (refilling groups) is not supported")
         if self.train.async_rollouts and self.rollout.engine == "vllm":
             raise ValueError("train.async_rollouts: supported with the hf engine only")
         return self

@@ -99,6 +99,8 @@ class Collected:
     old_logp: Tensor | None = None  # [N, L] behaviour log-probs taken at generation (stages)
     # [N] Mutual RL: rlpost.core.peers' OWN / TRAIN / BASELINE per row (None: all own)
     roles: Tensor | None = None
+    turn_ids: Tensor | None = None  # [N, L] multi-turn episodes: each token's turn (-1: env)
+    turn_rewards: Tensor | None = None  # [N, U] each turn's environment reward
 
     def own(self) -> Tensor:
         """``[N]`` bool: the rows this policy generated itself."""
@@ -285,24 +287,30 @@ class Trainer:
                 )
             ws = cfg.reward.weights or [1.0] * len(given)
             self.reward_weights = dict(zip(given, ws, strict=True))
+        elif cfg.data.env is not None:  # the environment's reward is the only one
+            given = None
+            self.reward_weights = {"env": 1.0}
         else:
             given = None
             self.reward_weights = cfg.reward.weight_of()
         self.reward_names = list(self.reward_weights)
+        self.env_next = 0  # the next training episode seed (multi-turn environments)
         if self.main:
             if self.engine is None:
                 self.engine = self._make_engine()
+            fns = None  # an environment scores its episodes itself, in process
             if given is not None:
                 fns = {name: as_verifier(fn) for name, fn in given.items()}
-            else:
+            elif cfg.data.env is None:
                 fns = {n: self._reward_function(n, reward_fn) for n in self.reward_names}
-            self.pool = RewardPool(
-                fns,
-                workers=cfg.reward.workers,
-                timeout_s=cfg.reward.timeout_s,
-                memory_mb=cfg.reward.memory_mb,
-                weights=self.reward_weights,
-            )
+            if fns is not None:
+                self.pool = RewardPool(
+                    fns,
+                    workers=cfg.reward.workers,
+                    timeout_s=cfg.reward.timeout_s,
+                    memory_mb=cfg.reward.memory_mb,
+                    weights=self.reward_weights,
+                )
         self.step, self.version = 0, 0
         self.skipped = 0
         self._applied = False  # the last update was applied and not yet confirmed
@@ -400,6 +408,7 @@ class Trainer:
         state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler, self._extras())
         self.step, self.version, self.skipped = state["step"], state["version"], state["skipped"]
         self.initial_entropy = state.get("initial_entropy")
+        self.env_next = int(state.get("env_next", 0))
         self.source.load_state_dict(state["data"])
         tensors = load_tensors(ckpt)
         if self.regularizer is not None:
@@ -447,8 +456,51 @@ class Trainer:
         k = self.reward_names.index("correct") if "correct" in self.reward_names else 0
         return (components[:, k] >= 1.0).float()
 
+    def _env_rollout(self, seeds: list[int], n: int, sampling: SamplingParams):
+        from rlpost.llm.agents import env_rollout
+        from rlpost.llm.envs import make_env
+
+        env = self.cfg.data.env
+        assert env is not None
+        return env_rollout(
+            self.engine, self.tok, lambda: make_env(env.name, **env.params), seeds, n,
+            sampling, env.max_turns,
+        )  # fmt: skip
+
+    def _collect_env(self) -> Collected:
+        """One step of multi-turn episodes: ``prompts_per_step`` seeds, a group of
+        ``group_size`` episodes each (training seeds count up from 0; held-out ones are
+        offset by 10**9, never trained on)."""
+        t0 = time.perf_counter()
+        P, G = self.cfg.rollout.prompts_per_step, self.preset.group_size
+        seeds = [self.cfg.data.seed * 10**6 + self.env_next + i for i in range(P)]
+        self.env_next += P
+        ro = self._env_rollout(seeds, G, self.sampling)
+        b = ro.batch
+        examples = [
+            Example(self.tok.decode(b.prompt_ids[i]), "", {"seed": seeds[i // G]})
+            for i in range(len(b))
+        ]
+        steps = [x for ep in ro.infos for x in ep]
+        metrics = {
+            "env/turns": float(ro.turns.float().mean()),
+            "env/solved": float(ro.solved.float().mean()),
+            "time/rollout": time.perf_counter() - t0,
+        }
+        if steps and "valid" in steps[0]:
+            metrics["env/valid_frac"] = sum(bool(x.get("valid")) for x in steps) / len(steps)
+        if steps and "composed" in steps[0]:
+            metrics["env/composed_per_episode"] = sum(x.get("composed", 0) for x in steps) / len(b)
+        acc = (ro.rewards >= 1.0).float()
+        return Collected(
+            b, examples, ro.rewards, ro.rewards[:, None], acc, metrics,
+            turn_ids=ro.turn_ids, turn_rewards=ro.turn_rewards,
+        )  # fmt: skip
+
     def collect(self) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""
+        if self.cfg.data.env is not None:
+            return self._collect_env()
         p, want = self.preset, self.cfg.rollout.prompts_per_step
         if self.curriculum is not None:
             self.curriculum.set_step(self.step)
@@ -693,12 +745,16 @@ class Trainer:
             parts = [sb for _, sb in self._seq_batches(batch, pack=False)]
             old_values = self.critic.values(parts) * batch.mask
         extras = self._advantage_extras(model, batch)
+        turns = {}
+        if col.turn_ids is not None and Input.TURNS in self.reads:
+            turns = {"turn_ids": col.turn_ids, "turn_rewards": col.turn_rewards}
         adv_out = self.recipe.advantages(
             AdvantageInput(
                 group_ids=batch.group,
                 mask=batch.mask,
                 token_rewards=token_rewards,
                 values=old_values,
+                **turns,
                 **self._rewards_input(col),
                 **extras,
             )
@@ -818,6 +874,7 @@ class Trainer:
                         teacher_spans=teach.spans[idx]
                         if teach is not None and teach.spans is not None
                         else None,
+                        turn_ids=sl(col.turn_ids),
                     )
                 )
                 if not torch.isfinite(out.loss):
@@ -927,7 +984,12 @@ class Trainer:
         return float(self._accuracy(self._score(batch, examples).components).mean())
 
     def evaluate(self, examples: list[Example] | None = None) -> float:
-        """Greedy held-out accuracy (via the engine, after syncing the current weights)."""
+        """Greedy held-out accuracy (via the engine, after syncing the current weights); for
+        an environment, the greedy success rate on ``data.eval_size`` held-out seeds."""
+        if self.cfg.data.env is not None and examples is None:
+            greedy = SamplingParams(self.sampling.max_new_tokens, 0.0, stop=self.sampling.stop)
+            seeds = [10**9 + i for i in range(self.cfg.data.eval_size)]
+            return float(self._env_rollout(seeds, 1, greedy).solved.float().mean())
         return self._eval_accuracy(examples or self.source.eval_examples)
 
     def _eval_metrics(self) -> dict[str, float]:
@@ -1114,6 +1176,7 @@ class Trainer:
             "skipped": self.skipped,
             "data": self.source.state_dict(),
             "initial_entropy": self.initial_entropy,
+            "env_next": self.env_next,
         }
         tensors: dict[str, Tensor] = {}
         if self.regularizer is not None:

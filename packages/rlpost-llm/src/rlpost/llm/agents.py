@@ -1,0 +1,122 @@
+"""Multi-turn agents: token-in / token-out rollouts in text environments (issue 20).
+
+The bug class every multi-turn trainer meets is train / inference drift across turns:
+re-tokenising the earlier turns' text gives other ids than the ones sampled, so the
+policy is trained on tokens it never produced. Here nothing is ever re-tokenised:
+
+* an episode's sequence is the first observation's ids (the prompt), then for each turn
+  the action's ids *exactly as sampled* (with the engine's log-probs of them) and the
+  next observation's ids, appended;
+* each turn generates from that whole sequence (prompt + every earlier action and
+  observation, as ids), so the context of every sampled token is the one it is trained in;
+* observation tokens have loss mask 0 and turn id -1; action tokens mask 1 and their turn
+  index (``Input.TURNS``).
+
+Episodes run batched: every turn, all live episodes generate together (one engine call),
+then each environment steps. A group is ``n`` episodes of the same seed (the same task).
+The episode's reward is the sum of its step rewards; ``turn_rewards[b, u]`` keeps each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
+from rlpost.llm.envs.base import TextEnv
+
+
+@dataclass
+class EnvRollout:
+    """Episodes as a :class:`RolloutBatch` (completion = actions and observations) with
+    ``turn_ids`` ``[N, L]``, ``rewards`` ``[N]``, ``turn_rewards`` ``[N, U]``, ``turns``
+    ``[N]`` (turns taken), ``solved`` ``[N]`` (the last step's ``info["solved"]``) and
+    each step's ``info`` per episode."""
+
+    batch: RolloutBatch
+    turn_ids: Tensor
+    rewards: Tensor
+    turn_rewards: Tensor
+    turns: Tensor
+    solved: Tensor
+    infos: list[list[dict]]
+
+
+def encode_observation(tokenizer, text: str) -> list[int]:
+    """An observation's ids, appended after the sequence so far (no special tokens)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def env_rollout(
+    engine: RolloutEngine,
+    tokenizer,
+    make: Callable[[], TextEnv],
+    seeds: list[int],
+    n: int,
+    sampling: SamplingParams,
+    max_turns: int,
+) -> EnvRollout:
+    """``n`` episodes per seed, at most ``max_turns`` turns each (see the module docstring)."""
+    N = len(seeds) * n
+    envs = [make() for _ in range(N)]
+    first = [envs[i].reset(seeds[i // n]) for i in range(N)]
+    prompts = [encode_observation(tokenizer, o) for o in first]
+    ids: list[list[int]] = [[] for _ in range(N)]
+    lps: list[list[float]] = [[] for _ in range(N)]
+    mask: list[list[float]] = [[] for _ in range(N)]
+    turn: list[list[int]] = [[] for _ in range(N)]
+    step_rewards = torch.zeros(N, max_turns)
+    infos: list[list[dict]] = [[] for _ in range(N)]
+    done = [False] * N
+    version = 0
+    for u in range(max_turns):
+        live = [i for i in range(N) if not done[i]]
+        if not live:
+            break
+        out = engine.generate([prompts[i] + ids[i] for i in live], 1, sampling)
+        version = out.policy_version
+        lens = out.lengths.tolist()
+        for r, i in enumerate(live):
+            a_ids = out.completion_ids[r, : lens[r]].tolist()
+            ids[i] += a_ids
+            lps[i] += out.logprobs[r, : lens[r]].tolist()
+            mask[i] += [1.0] * len(a_ids)
+            turn[i] += [u] * len(a_ids)
+            res = envs[i].step(tokenizer.decode(a_ids, skip_special_tokens=True))
+            step_rewards[i, u] = res.reward
+            infos[i].append(res.info)
+            if res.done:
+                done[i] = True
+                continue
+            o_ids = encode_observation(tokenizer, res.observation)
+            ids[i] += o_ids
+            lps[i] += [0.0] * len(o_ids)
+            mask[i] += [0.0] * len(o_ids)
+            turn[i] += [-1] * len(o_ids)
+    rows = [(prompts[i], ids[i], lps[i], "stop" if done[i] else "length") for i in range(N)]
+    batch = RolloutBatch.from_rows(rows, len(seeds), n, engine_pad(engine, tokenizer), version)
+    L = batch.completion_ids.shape[1]
+    m = torch.zeros(N, L)
+    t = torch.full((N, L), -1, dtype=torch.long)
+    for i in range(N):
+        m[i, : len(mask[i])] = torch.tensor(mask[i])
+        t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
+    batch = replace(batch, mask=m, logprobs=batch.logprobs * m)  # observations: context only
+    turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
+    solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
+    return EnvRollout(batch, t, step_rewards.sum(1), step_rewards, turns, solved, infos)
+
+
+def engine_pad(engine: RolloutEngine, tokenizer) -> int:
+    pad = getattr(engine, "pad_id", None)
+    if pad is not None:
+        return int(pad)
+    return int(
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+
+
+__all__ = ["EnvRollout", "encode_observation", "env_rollout"]

@@ -1,0 +1,54 @@
+"""Text environments for multi-turn agents: a gymnasium-like protocol over text.
+
+An environment is reset with a seed and gives the first observation; the policy answers
+with an action (text); the environment returns the next observation, a reward and whether
+the episode is over::
+
+    obs = env.reset(seed)                      # str
+    res = env.step(action)                     # StepResult(observation, reward, done, info)
+
+Every environment here is deterministic under its seed and has an exact verifier (the
+reward is computed, never judged). ``ENVIRONMENTS`` maps names to classes; each takes
+its parameters as keyword arguments (``data.env.params``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(Protocol):
+    """The protocol (see the module docstring)."""
+
+    name: str
+
+    def reset(self, seed: int) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+
+ENVIRONMENTS: dict[str, type] = {}
+
+
+def register_env(cls: type) -> type:
+    ENVIRONMENTS[cls.name] = cls
+    return cls
+
+
+def make_env(name: str, **params: Any) -> TextEnv:
+    """A new environment ``name`` with ``params`` (a one-line error for a wrong name)."""
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {name!r}; valid: {', '.join(sorted(ENVIRONMENTS))}")
+    return ENVIRONMENTS[name](**params)
+
+
+__all__ = ["ENVIRONMENTS", "StepResult", "TextEnv", "make_env", "register_env"]
