@@ -1,10 +1,13 @@
-"""Ray, where rlpost-llm runs actors (CoPD's experts, Mutual RL's policies, federated
-clients): imported on first use, with an error that says how to get it."""
+"""Runs of several trainers (CoPD's experts, Mutual RL's policies, federated clients):
+Ray, imported on first use with an error that says how to get it, and the run directory
+that holds one sub-run per actor."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def import_ray(who: str):
@@ -38,4 +41,19 @@ def local_ray(num_cpus: int, who: str) -> Iterator:
             ray.shutdown()
 
 
-__all__ = ["import_ray", "local_ray"]
+def claim_run_dir(root: Path, sub: str, what: str, *, resume: bool, overwrite: bool) -> None:
+    """One run per run directory: ``root / sub`` (the actors' sub-runs) may already hold a
+    ``what`` run only to be continued (``resume``) or replaced (``overwrite``)."""
+    held = root / sub
+    if held.is_dir() and any(held.iterdir()):
+        if overwrite:
+            shutil.rmtree(held)
+        elif not resume:
+            raise ValueError(
+                f"run.dir {root} holds a {what} run: --resume continues it (each of its "
+                f"{sub} from its newest checkpoint), --overwrite replaces it"
+            )
+    root.mkdir(parents=True, exist_ok=True)
+
+
+__all__ = ["claim_run_dir", "import_ray", "local_ray"]

@@ -126,24 +126,13 @@ def run_copd(
     each round (tests use it to kill an actor). Returns a summary (per-expert held-out
     accuracy per domain, the consolidated model's, and timings). ``resume``: continue the
     experts of a run in ``run.dir`` from their checkpoints; ``overwrite``: replace it."""
-    from rlpost.llm.cluster import local_ray
+    from rlpost.llm.cluster import claim_run_dir, local_ray
 
     assert cfg.copd is not None
     domains = cfg.copd.experts or [d.task for d in cfg.data.mixture]
     round_steps = cfg.train.steps // cfg.copd.rounds
     root = Path(cfg.run.dir)
-    held = root / "experts"
-    if held.is_dir() and any(held.iterdir()):  # one run per run directory
-        if overwrite:
-            import shutil
-
-            shutil.rmtree(held)
-        elif not resume:
-            raise ValueError(
-                f"run.dir {root} holds a CoPD run: --resume continues it (each expert from "
-                "its newest checkpoint), --overwrite replaces it"
-            )
-    root.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(root, "experts", "CoPD", resume=resume, overwrite=overwrite)
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:

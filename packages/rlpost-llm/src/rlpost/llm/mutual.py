@@ -376,20 +376,11 @@ def run_mutual(
     cluster ``ray.init`` connects to), or (``mutual.backend=local``) in threads of this
     process. Returns a summary: each policy's held-out accuracy before and after, and
     what it took from its peers."""
+    from rlpost.llm.cluster import claim_run_dir
+
     assert cfg.mutual is not None
     root = Path(cfg.run.dir)
-    held = root / "policies"
-    if held.is_dir() and any(held.iterdir()):  # one run per run directory
-        if overwrite:
-            import shutil
-
-            shutil.rmtree(held)
-        elif not resume:
-            raise ValueError(
-                f"run.dir {root} holds a Mutual RL run: --resume continues it (each policy "
-                "from its newest checkpoint), --overwrite replaces it"
-            )
-    root.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(root, "policies", "Mutual RL", resume=resume, overwrite=overwrite)
     names = [p.name for p in cfg.mutual.policies]
     cpus = {p.name: p.cpus for p in cfg.mutual.policies}
     cfgs = {n: policy_config(cfg, n) for n in names}  # validated before Ray starts

@@ -152,6 +152,20 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs), strict=True))
 
 
+def _fast(backend):
+    """The transformers tokenizer of a ``tokenizers`` backend, with our special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=MAX_POSITIONS,
+    )
+
+
 def build_tokenizer():
     """A character-level tokenizer over :data:`~rlpost.llm.tasks.CHARSET`.
 
@@ -175,7 +189,6 @@ def build_tokenizer():
         ``eos_token="<eos>"``, ``unk_token="<unk>"``.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     byte_char = _bytes_to_unicode()
     pieces = [byte_char[b] for c in CHARSET for b in c.encode()]
@@ -202,14 +215,7 @@ def build_tokenizer():
         ]
     )
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        clean_up_tokenization_spaces=False,
-        model_max_length=MAX_POSITIONS,
-    )
+    return _fast(backend)
 
 
 def build_bpe_tokenizer(task: Task, vocab_size: int = 160, seed: int = 0):
@@ -219,7 +225,6 @@ def build_bpe_tokenizer(task: Task, vocab_size: int = 160, seed: int = 0):
     task's text unlike the character tokenizer. Deterministic for a task and seed; ids 0,
     1, 2 are ``<pad>``, ``<eos>``, ``<unk>`` as in :func:`build_tokenizer`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     byte_char = _bytes_to_unicode()
     alphabet = sorted({byte_char[b] for c in CHARSET for b in c.encode()})
@@ -235,14 +240,7 @@ def build_bpe_tokenizer(task: Task, vocab_size: int = 160, seed: int = 0):
     )
     rng = random.Random(f"bpe-{seed}")
     backend.train_from_iterator([e.prompt + e.answer for e in task.sample(4000, rng)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        clean_up_tokenization_spaces=False,
-        model_max_length=MAX_POSITIONS,
-    )
+    return _fast(backend)
 
 
 # ----------------------------------------------------------------------------- model
