@@ -150,3 +150,60 @@ def test_env_config_errors_name_the_problem(fast_cfg):
         fast_cfg("data.env={name: rewrite, params: {colour: 3}}")
     with pytest.raises(ConfigError, match="dynamic sampling"):
         fast_cfg("data.env={name: rewrite}", "algo.preset=dapo")
+
+
+class SlowEnv:
+    """A one-turn environment whose step takes 0.2 s (a slow tool)."""
+
+    name = "slow"
+
+    def reset(self, seed: int) -> str:
+        return "1>"
+
+    def step(self, action: str):
+        import time
+
+        from rlpost.llm.envs.base import StepResult
+
+        time.sleep(0.2)
+        return StepResult("", 1.0, True, {"solved": True})
+
+
+def test_slow_environments_step_concurrently():
+    import time
+
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    eng = ScriptedEngine(tok, [["1"]] * 8)
+    t0 = time.perf_counter()
+    ro = env_rollout(eng, tok, SlowEnv, [0, 1], 4, SamplingParams(4, 1.0), 2, workers=8)
+    wall = time.perf_counter() - t0
+    assert ro.solved.all() and wall < 0.8  # 8 steps of 0.2 s overlap (1.6 s one by one)
+
+
+def test_the_environment_base_is_trained_on_the_rollout_layout(tmp_path):
+    """A demonstration is laid out exactly as a rollout of the same actions (the base is
+    pretrained on what it will see), with labels on the actions and their EOS only; the
+    base builds, caches, and records its held-out success."""
+    from rlpost.llm import tiny
+    from rlpost.llm.envs.pretrain import build_env_base, demonstration
+
+    tok = tiny.build_tokenizer()
+    env = make_env("rewrite", min_len=4, max_len=4)
+    ids, labels = demonstration(tok, env, 5)
+    env.reset(5)
+    eng = ScriptedEngine(tok, [env.demonstrate()])
+    ro = env_rollout(eng, tok, lambda: make_env("rewrite", min_len=4, max_len=4), [5], 1,
+                     SamplingParams(6, 1.0), 4)  # fmt: skip
+    b = ro.batch
+    n = len(b.prompt_ids[0])
+    assert ids == b.prompt_ids[0] + b.completion_ids[0, : len(ids) - n].tolist()
+    trained = [x != -100 for x in labels[n:]]
+    assert trained == (b.mask[0, : len(ids) - n] > 0).tolist()
+    path = build_env_base("rewrite", {"min_len": 3, "max_len": 4, "budget": 2}, steps=3,
+                          cache_dir=tmp_path, progress=False)  # fmt: skip
+    info = json.loads((path / "base_info.json").read_text())
+    assert 0.0 <= info["heldout_success"] <= 1.0 and "budget" not in info["params"]
+    again = build_env_base("rewrite", {"min_len": 3, "max_len": 4}, steps=3, cache_dir=tmp_path)
+    assert again == path  # the budget is not part of the base

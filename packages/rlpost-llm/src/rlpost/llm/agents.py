@@ -13,7 +13,9 @@ policy is trained on tokens it never produced. Here nothing is ever re-tokenised
   index (``Input.TURNS``).
 
 Episodes run batched: every turn, all live episodes generate together (one engine call),
-then each environment steps. A group is ``n`` episodes of the same seed (the same task).
+then their environments step, concurrently in ``workers`` threads (slow tools, e.g. a
+retriever or a sandboxed program, overlap). A group is ``n`` episodes of the same seed
+(the same task).
 The episode's reward is the sum of its step rewards; ``turn_rewards[b, u]`` keeps each.
 """
 
@@ -58,8 +60,12 @@ def env_rollout(
     n: int,
     sampling: SamplingParams,
     max_turns: int,
+    workers: int = 1,
 ) -> EnvRollout:
-    """``n`` episodes per seed, at most ``max_turns`` turns each (see the module docstring)."""
+    """``n`` episodes per seed, at most ``max_turns`` turns each, the environments stepped
+    in ``workers`` threads (see the module docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     N = len(seeds) * n
     envs = [make() for _ in range(N)]
     first = [envs[i].reset(seeds[i // n]) for i in range(N)]
@@ -72,6 +78,7 @@ def env_rollout(
     infos: list[list[dict]] = [[] for _ in range(N)]
     done = [False] * N
     version = 0
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="env") if workers > 1 else None
     for u in range(max_turns):
         live = [i for i in range(N) if not done[i]]
         if not live:
@@ -79,13 +86,19 @@ def env_rollout(
         out = engine.generate([prompts[i] + ids[i] for i in live], 1, sampling)
         version = out.policy_version
         lens = out.lengths.tolist()
+        actions = [out.completion_ids[r, : lens[r]].tolist() for r in range(len(live))]
+        texts = [tokenizer.decode(a, skip_special_tokens=True) for a in actions]
+        steppers = [envs[i].step for i in live]
+        if pool is not None:
+            results = list(pool.map(lambda f, t: f(t), steppers, texts))
+        else:
+            results = [f(t) for f, t in zip(steppers, texts, strict=True)]
         for r, i in enumerate(live):
-            a_ids = out.completion_ids[r, : lens[r]].tolist()
+            a_ids, res = actions[r], results[r]
             ids[i] += a_ids
             lps[i] += out.logprobs[r, : lens[r]].tolist()
             mask[i] += [1.0] * len(a_ids)
             turn[i] += [u] * len(a_ids)
-            res = envs[i].step(tokenizer.decode(a_ids, skip_special_tokens=True))
             step_rewards[i, u] = res.reward
             infos[i].append(res.info)
             if res.done:
@@ -96,6 +109,8 @@ def env_rollout(
             lps[i] += [0.0] * len(o_ids)
             mask[i] += [0.0] * len(o_ids)
             turn[i] += [-1] * len(o_ids)
+    if pool is not None:
+        pool.shutdown()
     rows = [(prompts[i], ids[i], lps[i], "stop" if done[i] else "length") for i in range(N)]
     batch = RolloutBatch.from_rows(rows, len(seeds), n, engine_pad(engine, tokenizer), version)
     L = batch.completion_ids.shape[1]

@@ -36,6 +36,7 @@ class ModelConfig(_Strict):
     path: str = "tiny"
     """"tiny": the embedded default pretrained on the task (built and cached on first use);
     "tiny-bpe": the same built with a BPE tokenizer and a Llama (another model family);
+    with ``data.env``, "tiny" is that environment's base (SFT on its demonstrations);
     "tiny-random": the character architecture, untrained (tests); else a local path or hub
     id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -86,6 +87,8 @@ class EnvConfig(_Strict):
     params: dict[str, Any] = {}
     max_turns: int = Field(8, ge=1)
     """Turns per episode at most (an environment may end sooner, e.g. at its budget)."""
+    workers: int = Field(1, ge=1)
+    """Threads that step the episodes' environments concurrently (slow tools overlap)."""
 
     @model_validator(mode="after")
     def _exists(self) -> EnvConfig:

@@ -31,7 +31,12 @@ def load_policy(cfg: Config, progress: bool = True):
 
     path = cfg.model.path
     torch.manual_seed(cfg.run.seed)
-    if path in ("tiny", "tiny-bpe"):
+    if path == "tiny" and cfg.data.env is not None:  # the environment's own tiny base
+        from rlpost.llm.envs.pretrain import build_env_base
+
+        env = cfg.data.env
+        model, tok = tiny.load_base(build_env_base(env.name, env.params, progress=progress))
+    elif path in ("tiny", "tiny-bpe"):
         kind = "bpe" if path == "tiny-bpe" else "char"
         base = tiny.build_base(
             cfg.data.task, progress=progress, tokenizer=kind, **cfg.data.task_params

@@ -694,7 +694,9 @@ def load_base(path: str | os.PathLike):
     tokenizer = AutoTokenizer.from_pretrained(path)
     info = Path(path) / "base_info.json"
     kind = (
-        json.loads(info.read_text())["train"].get("tokenizer", "char") if info.is_file() else "char"
+        json.loads(info.read_text()).get("train", {}).get("tokenizer", "char")
+        if info.is_file()
+        else "char"
     )
     ids = tokenizer.encode(CHARSET, add_special_tokens=False)
     if (kind == "char" and len(ids) != len(CHARSET)) or tokenizer.decode(ids) != CHARSET:

@@ -464,7 +464,7 @@ class Trainer:
         assert env is not None
         return env_rollout(
             self.engine, self.tok, lambda: make_env(env.name, **env.params), seeds, n,
-            sampling, env.max_turns,
+            sampling, env.max_turns, env.workers,
         )  # fmt: skip
 
     def _collect_env(self) -> Collected:

@@ -79,6 +79,16 @@ class RewriteEnv:
         self.limit = self.budget if self.budget is not None else n - 1
         return f"{self.state}>"
 
+    def demonstrate(self) -> list[str]:
+        """A scripted solution from the start string: primitive contractions of the
+        leftmost pair, one per turn (the "primitive rewrite chains" a base is pretrained
+        on; they need ``length - 1`` turns)."""
+        out, state = [], self.start
+        while len(state) > 1:
+            state = str((int(state[0]) + int(state[1])) % 10) + state[2:]
+            out.append(state)
+        return out
+
     def answer(self) -> str:
         """The normal form of the start string (its digit sum mod 10)."""
         return str(sum(int(c) for c in self.start) % 10)
