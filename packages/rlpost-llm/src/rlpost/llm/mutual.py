@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from rlpost.core.peers import BASELINE, DROP, OWN, TRAIN, peer_roles
+from rlpost.core.peers import BASELINE, DROP, TRAIN, peer_roles
 from rlpost.llm.config import Config
-from rlpost.llm.tokalign import Tokenized, align, block_sums, retokenize, tokenize
+from rlpost.llm.tokalign import Tokenized, align, block_sums, tokenize_exact
 
 
 @dataclass
@@ -96,10 +96,10 @@ def export_experience(trainer, col, source: str) -> Experience:
     groups: dict[int, int] = {}
     prompts: list[str] = []
     rows = dict(group=[], texts=[], ids=[], offsets=[], logprobs=[], eos=[], eos_logprob=[])
-    for i, (g, n) in enumerate(zip(batch.group.tolist(), batch.lengths.tolist(), strict=True)):
-        own = col.roles is None or int(col.roles[i]) == OWN
-        if not own:
-            continue
+    own_rows = col.own()  # a policy passes on only what it generated itself
+    group, lengths = batch.group.tolist(), batch.lengths.tolist()
+    for i in torch.nonzero(own_rows).flatten().tolist():
+        g, n = group[i], lengths[i]
         if g not in groups:
             groups[g] = len(prompts)
             prompts.append(col.examples[i].prompt)
@@ -116,9 +116,6 @@ def export_experience(trainer, col, source: str) -> Experience:
             ("logprobs", lp), ("eos", ends), ("eos_logprob", eos_lp),
         ):  # fmt: skip
             rows[k].append(v)
-    own_rows = torch.ones(len(batch), dtype=torch.bool)
-    if col.roles is not None:
-        own_rows = col.roles == OWN
     return Experience(
         source=source,
         step=trainer.step,
@@ -172,11 +169,11 @@ def import_experience(trainer, col, peers: list[Experience]):
                 continue
             text = exp.texts[r]
             try:
-                ids = retokenize(text, tok)
+                mine = tokenize_exact(tok, text)  # one tokenisation: its ids and offsets
             except ValueError:
                 unaligned += 1
                 continue
-            mine = Tokenized(text, ids, tokenize(tok, text).offsets)
+            ids = mine.ids
             theirs = Tokenized(text, exp.ids[r], [tuple(o) for o in exp.offsets[r]])
             lp = carry_logprobs(mine, theirs, exp.logprobs[r]).tolist()
             if exp.eos[r]:

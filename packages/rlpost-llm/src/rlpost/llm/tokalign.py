@@ -39,17 +39,22 @@ def tokenize(tokenizer, text: str) -> Tokenized:
     return Tokenized(text, list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]])
 
 
-def retokenize(text: str, tokenizer) -> list[int]:
-    """``text``'s ids under ``tokenizer``; raises when decoding them does not give
-    ``text`` back (a tokenizer that normalises or drops characters cannot be aligned)."""
-    ids = tokenize(tokenizer, text).ids
-    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+def tokenize_exact(tokenizer, text: str) -> Tokenized:
+    """:func:`tokenize`, raising when decoding the ids does not give ``text`` back (a
+    tokenizer that normalises or drops characters cannot be aligned)."""
+    tok = tokenize(tokenizer, text)
+    back = tokenizer.decode(tok.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     if back != text:
         raise ValueError(
             f"retokenize: {type(tokenizer).__name__} does not round-trip {text!r} "
             f"(decodes to {back!r})"
         )
-    return ids
+    return tok
+
+
+def retokenize(text: str, tokenizer) -> list[int]:
+    """``text``'s ids under ``tokenizer`` (:func:`tokenize_exact`'s)."""
+    return tokenize_exact(tokenizer, text).ids
 
 
 @dataclass(frozen=True)
@@ -117,4 +122,12 @@ def block_sums(values: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
     return values.new_zeros(len(blocks)).index_add_(0, idx.to(values.device), values)
 
 
-__all__ = ["Alignment", "Tokenized", "align", "block_sums", "retokenize", "tokenize"]
+__all__ = [
+    "Alignment",
+    "Tokenized",
+    "align",
+    "block_sums",
+    "retokenize",
+    "tokenize",
+    "tokenize_exact",
+]
