@@ -136,6 +136,9 @@ def test_a_policy_trains_on_episodes_from_the_cli(fast_overrides, tmp_path):
     trained = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in trained] == [1, 2]
     assert all("env/turns" in r and 1 <= r["env/turns"] <= 3 for r in trained)
+    # the training forward sees each action in its sampling context (observations
+    # attended, not trained on): its log-probs of the sampled tokens are the engine's
+    assert all(r["mismatch/abs_max"] < 1e-3 for r in trained)
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
     # resume continues the episode seeds where they were
     assert cli(["train", "--config", "grpo_arithmetic", *over, "train.steps=3", "--resume"]) == 0

@@ -10,7 +10,8 @@ policy is trained on tokens it never produced. Here nothing is ever re-tokenised
 * each turn generates from that whole sequence (prompt + every earlier action and
   observation, as ids), so the context of every sampled token is the one it is trained in;
 * observation tokens have loss mask 0 and turn id -1; action tokens mask 1 and their turn
-  index (``Input.TURNS``).
+  index (``Input.TURNS``); every forward of the trainer still attends to the observations
+  (``RolloutBatch.context``), so the training context of each action is its sampling one.
 
 Episodes run batched: every turn, all live episodes generate together (one engine call),
 then their environments step, concurrently in ``workers`` threads (slow tools, e.g. a
@@ -119,7 +120,8 @@ def env_rollout(
     for i in range(N):
         m[i, : len(mask[i])] = torch.tensor(mask[i])
         t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
-    batch = replace(batch, mask=m, logprobs=batch.logprobs * m)  # observations: context only
+    # observations: attended (context), never trained on (mask)
+    batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
     turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
     solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
     return EnvRollout(batch, t, step_rewards.sum(1), step_rewards, turns, solved, infos)

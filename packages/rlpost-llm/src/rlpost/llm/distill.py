@@ -306,7 +306,7 @@ class Teachers:
                     ]
                     sb = make_seq_batch(
                         prompts, batch.completion_ids[idx], batch.mask[idx], batch.pad_id,
-                        pack=pack, layout=layout,
+                        pack=pack, layout=layout, attend=batch.attention[idx],
                     )  # fmt: skip
                     m = batch.mask[idx]
                     want: int | Tensor | None = topk

@@ -140,14 +140,16 @@ def make_seq_batch(
     pad_id: int,
     pack: bool = False,
     layout: str = "ragged",
+    attend: Tensor | None = None,
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
     :func:`rlpost.kernels.ops.shared_prompt.pack_groups`), which
     :func:`completion_logprobs` then uses instead: ``layout="ragged"`` keeps only each
-    response's real tokens (``mask``) and attends through the model's own attention with a
-    4D mask; ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op
-    (Triton on CUDA)."""
+    response's real tokens and attends through the model's own attention with a 4D mask;
+    ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (Triton
+    on CUDA). ``attend``: the completion tokens attended to where they are more than the
+    ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations)."""
     if layout not in ("ragged", "uniform"):
         raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
@@ -156,13 +158,14 @@ def make_seq_batch(
     ids = torch.cat([left.view(B, P), completion_ids.long()], 1)
     attn = torch.zeros(B, P + L, dtype=torch.long)
     attn[:, :P] = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids]).view(B, P)
-    attn[:, P:] = mask.long()
+    real = attend if attend is not None else mask
+    attn[:, P:] = real.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
     packed = None
     if pack:
         from rlpost.kernels.ops.shared_prompt import pack_groups
 
-        lengths = mask.sum(1).long() if layout == "ragged" else None
+        lengths = real.sum(1).long() if layout == "ragged" else None
         packed = pack_groups(prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS)
     return SeqBatch(ids, attn, pos, completion_ids, P, packed)
 

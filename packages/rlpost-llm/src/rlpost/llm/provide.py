@@ -55,8 +55,9 @@ def pooled_hidden(
     with eval_mode(model):
         for sl in _slices(len(batch), micro_batch):
             sb = make_seq_batch(
-                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
-            )
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
+                attend=batch.attention[sl],
+            )  # fmt: skip
             res = body(
                 input_ids=sb.input_ids.to(dev),
                 attention_mask=sb.attention_mask.to(dev),
@@ -97,8 +98,9 @@ def attention_token_entropy(
     with eval_mode(model), _eager_attention(model):
         for sl in _slices(len(batch), micro_batch):
             sb = make_seq_batch(
-                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id
-            )
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
+                attend=batch.attention[sl],
+            )  # fmt: skip
             res = model(
                 input_ids=sb.input_ids.to(dev),
                 attention_mask=sb.attention_mask.to(dev),

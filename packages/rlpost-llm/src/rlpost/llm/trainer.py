@@ -579,7 +579,7 @@ class Trainer:
             sl = slice(s, s + mbs)
             yield sl, make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
-                pack=pack, layout=self.cfg.model.pack_layout,
+                pack=pack, layout=self.cfg.model.pack_layout, attend=batch.attention[sl],
             )  # fmt: skip
 
     @torch.no_grad()
@@ -808,7 +808,10 @@ class Trainer:
                 idx = mine[s : s + mbs]
                 sub = batch.select(idx) if len(idx) != len(batch) else batch
                 if self.critic is not None:
-                    vsb = make_seq_batch(sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id)
+                    vsb = make_seq_batch(
+                        sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id,
+                        attend=sub.attention,
+                    )  # fmt: skip
                     vloss, vm = self.critic.loss(
                         vsb, old_values[idx], returns[idx], mask[idx], global_tokens
                     )
@@ -823,6 +826,7 @@ class Trainer:
                     batch.pad_id,
                     pack=cfg.model.pack_prompts,
                     layout=cfg.model.pack_layout,
+                    attend=sub.attention,
                 )
                 student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
                 res = completion_logprobs(

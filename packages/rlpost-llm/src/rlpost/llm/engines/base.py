@@ -45,7 +45,10 @@ class RolloutBatch:
     * ``logprobs``: ``[N, L]`` float32 engine log-probs of the sampled tokens (0 on padding);
     * ``mask``: ``[N, L]`` float32, 1 on generated tokens (including a final EOS);
     * ``finish_reasons``: "stop" (EOS or stop string) or "length" (hit max_new_tokens);
-    * ``group``: ``[N]`` int64 prompt index; ``policy_version``: weights version used.
+    * ``group``: ``[N]`` int64 prompt index; ``policy_version``: weights version used;
+    * ``context``: ``[N, L]`` 1 on every real completion token, where that differs from
+      ``mask`` (a multi-turn episode's observation tokens: attended, never trained on);
+      ``None``: ``mask``. :attr:`attention` is whichever applies.
     """
 
     prompt_ids: list[list[int]]
@@ -56,6 +59,12 @@ class RolloutBatch:
     group: Tensor
     pad_id: int
     policy_version: int = 0
+    context: Tensor | None = None
+
+    @property
+    def attention(self) -> Tensor:
+        """``[N, L]``: the completion tokens a forward attends to (``context`` or ``mask``)."""
+        return self.context if self.context is not None else self.mask
 
     @staticmethod
     def from_rows(
@@ -89,7 +98,7 @@ class RolloutBatch:
 
     @property
     def lengths(self) -> Tensor:
-        return self.mask.sum(1).long()
+        return self.attention.sum(1).long()
 
     def texts(self, tokenizer) -> list[str]:
         """The completions as text (special tokens such as EOS dropped), for verifiers."""
@@ -112,6 +121,7 @@ class RolloutBatch:
             group,
             self.pad_id,
             self.policy_version,
+            self.context[idx] if self.context is not None else None,
         )
 
     @staticmethod
@@ -138,6 +148,9 @@ class RolloutBatch:
             torch.cat(groups),
             first.pad_id,
             min(b.policy_version for b in batches),
+            torch.cat([pad(b.attention, 0.0) for b in batches])
+            if any(b.context is not None for b in batches)
+            else None,
         )
 
 
