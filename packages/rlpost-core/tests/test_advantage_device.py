@@ -29,10 +29,11 @@ def _input(name: str) -> AdvantageInput:
         mask,
         values=torch.randn(B, T, generator=g),
         logprobs=-torch.rand(B, T, generator=g) * mask,
-        turn_ids=torch.zeros(B, T, dtype=torch.long),
+        turn_ids=torch.where(mask > 0, torch.arange(T) // 2, -1),
+        teacher_logprobs=-torch.rand(B, T, generator=g) * mask,
         prompt_features=torch.randn(B, 4, generator=g),
         completion_features=torch.randn(B, 4, generator=g),
-        turn_rewards=torch.randn(B, 1, generator=g),
+        turn_rewards=torch.randn(B, 3, generator=g),
         dynamics=TrainingDynamics(progress=0.5, entropy=0.8, initial_entropy=1.0),
     )
 

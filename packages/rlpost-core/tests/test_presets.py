@@ -58,6 +58,9 @@ def step_inputs(preset: Preset, seed=0):
             token_rewards=tr,
             # the optional inputs some seed estimators read
             logprobs=old * mask,
+            teacher_logprobs=ref * mask,
+            turn_ids=torch.where(mask > 0, torch.arange(T) // 3, -1),
+            turn_rewards=torch.randn(B, T, generator=torch.Generator().manual_seed(5)),
             prompt_features=torch.randn(B, 4, generator=torch.Generator().manual_seed(seed)),
             completion_features=torch.randn(B, 4, generator=torch.Generator().manual_seed(7)),
             dynamics=DYN,

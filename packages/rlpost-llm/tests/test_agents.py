@@ -13,7 +13,8 @@ import torch
 
 from rlpost.llm.agents import env_rollout
 from rlpost.llm.config import ConfigError
-from rlpost.llm.engines.base import RolloutBatch, SamplingParams
+from rlpost.llm.engines.base import SamplingParams
+from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
 from rlpost.llm.envs.rewrite import audit
 
@@ -68,26 +69,6 @@ def test_the_environment_is_deterministic_and_its_reward_exact():
         make_env("nope")
 
 
-class ScriptedEngine:
-    """An engine that plays fixed action strings (its own tokenizer's ids), with made-up
-    log-probs, recording every context it was asked to continue."""
-
-    def __init__(self, tok, actions: list[list[str]]):
-        self.tok, self.actions, self.calls = tok, actions, []
-        self.turn = 0
-        self.pad_id = tok.pad_token_id
-
-    def generate(self, prompts, n, sampling):
-        self.calls.append([list(p) for p in prompts])
-        rows = []
-        for k, p in enumerate(prompts):
-            ids = self.tok.encode(self.actions[k][self.turn], add_special_tokens=False)
-            ids = [*ids, self.tok.eos_token_id]
-            rows.append((p, ids, [-0.1 * (j + 1) for j in range(len(ids))], "stop"))
-        self.turn += 1
-        return RolloutBatch.from_rows(rows, len(prompts), 1, self.pad_id, 3)
-
-
 def test_rollouts_are_token_in_token_out_with_observations_masked():
     from rlpost.llm import tiny
 
@@ -96,7 +77,7 @@ def test_rollouts_are_token_in_token_out_with_observations_masked():
     s = env.reset(11)[:-1]
     step1 = str((int(s[0]) + int(s[1])) % 10) + s[2:]
     # episode 0: a primitive step then the answer; episode 1: an invalid step, then solved
-    eng = ScriptedEngine(tok, [[step1, env.answer()], ["99", env.answer()]])
+    eng = ActionScriptEngine(tok, [[step1, env.answer()], ["99", env.answer()]])
     sp = SamplingParams(6, 1.0)
     ro = env_rollout(eng, tok, lambda: make_env("rewrite", min_len=4, max_len=4), [11], 2, sp, 4)
     b = ro.batch
@@ -178,7 +159,7 @@ def test_slow_environments_step_concurrently():
     from rlpost.llm import tiny
 
     tok = tiny.build_tokenizer()
-    eng = ScriptedEngine(tok, [["1"]] * 8)
+    eng = ActionScriptEngine(tok, [["1"]] * 8)
     t0 = time.perf_counter()
     ro = env_rollout(eng, tok, SlowEnv, [0, 1], 4, SamplingParams(4, 1.0), 2, workers=8)
     wall = time.perf_counter() - t0
@@ -196,7 +177,7 @@ def test_the_environment_base_is_trained_on_the_rollout_layout(tmp_path):
     env = make_env("rewrite", min_len=4, max_len=4)
     ids, labels = demonstration(tok, env, 5)
     env.reset(5)
-    eng = ScriptedEngine(tok, [env.demonstrate()])
+    eng = ActionScriptEngine(tok, [env.demonstrate()])
     ro = env_rollout(eng, tok, lambda: make_env("rewrite", min_len=4, max_len=4), [5], 1,
                      SamplingParams(6, 1.0), 4)  # fmt: skip
     b = ro.batch

@@ -49,9 +49,13 @@ def test_every_preset_trains_two_steps_from_the_cli(name, fast_overrides, tmp_pa
         f"algo.preset={name}",
         f"run.dir={tmp_path}",
     ]
+    needs = set(PRESETS[name].build().needs())
     teacher = {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
-    if teacher & set(PRESETS[name].build().needs()):  # a distillation preset: its teacher
+    if teacher & needs:  # a distillation preset: its teacher
         overrides.append("distill.teachers=[{path: tiny-random}]")
+    if Input.TURNS in needs:  # multi-turn episodes (the environment's reward alone)
+        overrides.remove(TWO_REWARDS)
+        overrides.append("data.env={name: household, params: {budget: 3}, max_turns: 3}")
     run = tmp_path
     if PRESETS[name].peers is not None:  # Mutual RL: a peer (in a thread, no Ray here)
         overrides += [

@@ -200,11 +200,13 @@ def _check_advantage(bound: Bound) -> None:
         "turn_ids": torch.zeros(B, T, dtype=torch.long),
         "turn_rewards": torch.randn(B, 1, generator=g),
         "dynamics": TrainingDynamics(progress=0.5, entropy=0.8, initial_entropy=1.0),
+        "teacher_logprobs": -torch.rand(B, T, generator=g) * m,
     }
     for masked in (True, False) if Input.MASK not in bound.needs else (True,):
         kw = {f: samples[f] for i in bound.reads for f in ADVANTAGES.inputs[i] if f in samples}
         if not masked:  # token-level inputs come with a mask
-            kw = {k: v for k, v in kw.items() if k not in ("values", "logprobs", "turn_ids")}
+            token_level = ("values", "logprobs", "turn_ids", "teacher_logprobs")
+            kw = {k: v for k, v in kw.items() if k not in token_level}
             if Input.TURNS in bound.reads:
                 kw.pop("turn_rewards", None)
         if any(

@@ -17,7 +17,9 @@ Episodes run batched: every turn, all live episodes generate together (one engin
 then their environments step, concurrently in ``workers`` threads (slow tools, e.g. a
 retriever or a sandboxed program, overlap). A group is ``n`` episodes of the same seed
 (the same task).
-The episode's reward is the sum of its step rewards; ``turn_rewards[b, u]`` keeps each.
+The episode's reward is the sum of its step rewards. ``turn_rewards[b, u]`` is each turn's
+own signal: the environment's ``info["gain"]`` where it reports one (progress made by the
+turn, the household world's; A²TGPO's per-turn signal), else the step's reward.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from rlpost.llm.envs.base import TextEnv
 @dataclass
 class EnvRollout:
     """Episodes as a :class:`RolloutBatch` (completion = actions and observations) with
-    ``turn_ids`` ``[N, L]``, ``rewards`` ``[N]``, ``turn_rewards`` ``[N, U]``, ``turns``
-    ``[N]`` (turns taken), ``solved`` ``[N]`` (the last step's ``info["solved"]``) and
-    each step's ``info`` per episode."""
+    ``turn_ids`` ``[N, L]``, ``rewards`` ``[N]``, ``turn_rewards`` ``[N, U]`` (each turn's
+    signal, see the module docstring), ``turns``
+    ``[N]`` (turns taken), ``solved`` ``[N]`` (the last step's ``info["solved"]``), each
+    step's ``info`` per episode and each episode's actions as text (as the environment
+    read them)."""
 
     batch: RolloutBatch
     turn_ids: Tensor
@@ -46,6 +50,7 @@ class EnvRollout:
     turns: Tensor
     solved: Tensor
     infos: list[list[dict]]
+    actions: list[list[str]]
 
 
 def encode_observation(tokenizer, text: str) -> list[int]:
@@ -76,7 +81,9 @@ def env_rollout(
     mask: list[list[float]] = [[] for _ in range(N)]
     turn: list[list[int]] = [[] for _ in range(N)]
     step_rewards = torch.zeros(N, max_turns)
+    signal = torch.zeros(N, max_turns)
     infos: list[list[dict]] = [[] for _ in range(N)]
+    said: list[list[str]] = [[] for _ in range(N)]
     done = [False] * N
     version = 0
     pool = ThreadPoolExecutor(workers, thread_name_prefix="env") if workers > 1 else None
@@ -101,7 +108,9 @@ def env_rollout(
             mask[i] += [1.0] * len(a_ids)
             turn[i] += [u] * len(a_ids)
             step_rewards[i, u] = res.reward
+            signal[i, u] = float(res.info.get("gain", res.reward))
             infos[i].append(res.info)
+            said[i].append(texts[r])
             if res.done:
                 done[i] = True
                 continue
@@ -124,7 +133,22 @@ def env_rollout(
     batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
     turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
     solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
-    return EnvRollout(batch, t, step_rewards.sum(1), step_rewards, turns, solved, infos)
+    return EnvRollout(batch, t, step_rewards.sum(1), signal, turns, solved, infos, said)
+
+
+def group_hindsight(ro: EnvRollout, n: int) -> list[str]:
+    """Each episode's hindsight hint (:func:`rlpost.llm.envs.pretrain.hint_text`): the
+    actions of the shortest solved episode of its group (``n`` episodes per seed), ``""``
+    where the group solved nothing (a teacher context for StepOPSD)."""
+    from rlpost.llm.envs.pretrain import hint_text
+
+    out = []
+    for g in range(len(ro.actions) // n):
+        rows = range(g * n, (g + 1) * n)
+        won = [i for i in rows if bool(ro.solved[i])]
+        best = min(won, key=lambda i: (len(ro.actions[i]), i)) if won else None
+        out += [hint_text(ro.actions[best]) if best is not None else ""] * n
+    return out
 
 
 def engine_pad(engine: RolloutEngine, tokenizer) -> int:
@@ -136,4 +160,4 @@ def engine_pad(engine: RolloutEngine, tokenizer) -> int:
     )
 
 
-__all__ = ["EnvRollout", "encode_observation", "env_rollout"]
+__all__ = ["EnvRollout", "encode_observation", "env_rollout", "group_hindsight"]

@@ -649,11 +649,16 @@ class Config(_Strict):
             raise ValueError("algo.stages > 1 (Mu-GRPO) and train.async_rollouts are exclusive")
         if preset.validation_reset and not self.run.eval_every:
             raise ValueError("validation_reset (REVA-PO's VAPR) needs run.eval_every > 0")
-        if self.distill.teachers and preset.distill is None and self.copd is None:
+        teacher_inputs = {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
+        if (
+            self.distill.teachers
+            and self.copd is None
+            and not teacher_inputs & set(preset.build().reads())
+        ):
             raise ValueError(
-                f"distill.teachers is set but preset {preset.name!r} has no distillation "
-                "estimator: use a distillation preset (opd, opd_rl, mopd, atod, opsd, sdpo) "
-                "or set algo.distill"
+                f"distill.teachers is set but nothing in preset {preset.name!r} reads a "
+                "teacher: use a distillation preset (opd, opd_rl, mopd, atod, opsd, sdpo), "
+                "step_opsd, or set algo.distill"
             )
         domains = {d.task for d in self.data.mixture}
         multi = [k for k in ("copd", "federated", "mutual") if getattr(self, k) is not None]

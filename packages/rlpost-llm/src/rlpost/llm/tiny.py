@@ -246,7 +246,9 @@ def build_bpe_tokenizer(task: Task, vocab_size: int = 160, seed: int = 0):
 # ----------------------------------------------------------------------------- model
 
 
-def tiny_config(tokenizer, size: str = "default", family: str = "qwen2"):
+def tiny_config(
+    tokenizer, size: str = "default", family: str = "qwen2", positions: int = MAX_POSITIONS
+):
     """A small Qwen2 (or, ``family="llama"``, Llama) configuration sized for
     ``tokenizer``'s vocabulary.
 
@@ -256,9 +258,10 @@ def tiny_config(tokenizer, size: str = "default", family: str = "qwen2"):
             4 layers, 4 heads, 2 KV heads, MLP 4x, tied embeddings).
         family: ``"qwen2"`` or ``"llama"`` (the BPE base's: transformers' Qwen2
             tokenizer class would rebuild a saved BPE without its merges).
+        positions: the context length (``max_position_embeddings``; default 64).
 
     Returns:
-        a ``transformers`` config with ``max_position_embeddings=64``.
+        a ``transformers`` config.
     """
     from transformers import LlamaConfig, Qwen2Config
 
@@ -271,7 +274,7 @@ def tiny_config(tokenizer, size: str = "default", family: str = "qwen2"):
     return families[family](
         vocab_size=len(tokenizer),
         intermediate_size=4 * dims["hidden_size"],
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=positions,
         tie_word_embeddings=True,
         rope_theta=10000.0,
         pad_token_id=tokenizer.pad_token_id,

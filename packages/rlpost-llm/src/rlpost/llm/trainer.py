@@ -477,8 +477,15 @@ class Trainer:
         self.env_next += P
         ro = self._env_rollout(seeds, G, self.sampling)
         b = ro.batch
+        from rlpost.llm.agents import group_hindsight
+
+        hints = group_hindsight(ro, G)
         examples = [
-            Example(self.tok.decode(b.prompt_ids[i]), "", {"seed": seeds[i // G]})
+            Example(
+                self.tok.decode(b.prompt_ids[i], skip_special_tokens=True),
+                "",
+                {"seed": seeds[i // G], "hindsight": hints[i]},
+            )
             for i in range(len(b))
         ]
         steps = [x for ep in ro.infos for x in ep]
@@ -725,7 +732,8 @@ class Trainer:
         if cfg.train.overlong_mask:
             mask[truncated] = 0.0
         want_dists = Input.TOKEN_DISTS in self.reads
-        need_old = cfg.optim.updates_per_batch > 1 or self.kl_in_reward or want_dists
+        rescored = Input.TEACHER_LOGPROBS in self.recipe.advantage.reads  # StepOPSD
+        need_old = cfg.optim.updates_per_batch > 1 or self.kl_in_reward or want_dists or rescored
         old = None
         if col.old_logp is not None and not want_dists:
             old = Forward(col.old_logp)
@@ -745,6 +753,14 @@ class Trainer:
             parts = [sb for _, sb in self._seq_batches(batch, pack=False)]
             old_values = self.critic.values(parts) * batch.mask
         extras = self._advantage_extras(model, batch)
+        teach, teacher_mask = self._teacher_scores(col, mask)
+        if rescored:  # the teacher's and the student's log-probs from the same forward code,
+            # so a context that tells the teacher nothing gives a gap of exactly 0
+            if teach is None:
+                raise ValueError(f"{self.recipe.advantage} needs distill.teachers")
+            scored = teacher_mask > 0  # unscored rows: the student's own (gap 0)
+            extras["logprobs"] = old_logp * batch.mask
+            extras["teacher_logprobs"] = torch.where(scored, teach.logp, old_logp) * batch.mask
         turns = {}
         if col.turn_ids is not None and Input.TURNS in self.reads:
             turns = {"turn_ids": col.turn_ids, "turn_rewards": col.turn_rewards}
@@ -766,7 +782,6 @@ class Trainer:
             att = attention_token_entropy(model, batch, cfg.optim.micro_batch_size)
             tw = self.token_weighting(TokenWeightInput(att, mask, dynamics))
             token_weights, tw_metrics = tw.weights, tw.metrics
-        teach, teacher_mask = self._teacher_scores(col, mask)
         returns = adv_out.returns if self.critic is not None else None
         if self.critic is not None and returns is None:
             raise ValueError(f"{self.recipe.advantage} returns no value targets for the critic")
@@ -978,6 +993,9 @@ class Trainer:
                 "time/update": time.perf_counter() - t0,
             }
         )
+        for k, v in adv_out.metrics.items():  # the estimator's own (turn groups, step credit)
+            if k not in ("reward_mean", "adv_abs_mean"):
+                metrics[f"adv/{k}"] = v
         return metrics
 
     # -------------------------------------------------------------------- loop

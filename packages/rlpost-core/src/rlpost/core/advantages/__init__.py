@@ -11,6 +11,7 @@ module             entries
 ``entropy``        entrocraft, fade
 ``vector``         vpo, rdpo
 ``turns``          a2tgpo
+``steps``          step_opsd
 =================  ===========================================================
 
 Importing this package registers every entry (each module registers its own).
@@ -22,6 +23,7 @@ from rlpost.core.advantages import (  # noqa: F401  (each module registers its e
     cross_prompt,
     entropy,
     shaping,
+    steps,
     turns,
     vector,
 )

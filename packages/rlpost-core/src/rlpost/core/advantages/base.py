@@ -26,6 +26,8 @@ Shapes: ``B`` responses, ``T`` response tokens, ``K`` reward components.
   policy token) and ``[B, U]`` per-turn intrinsic signals (A²TGPO's information gain).
 * ``dynamics``: optional :class:`TrainingDynamics` (progress, current and initial policy
   entropy) for schedule-driven estimators (Entrocraft, FADE).
+* ``teacher_logprobs``: optional ``[B, T]`` a teacher's log-probs of the sampled tokens
+  (StepOPSD's hindsight self-teacher; with ``logprobs``, the student's).
 """
 
 from __future__ import annotations
@@ -77,13 +79,14 @@ class AdvantageInput:
     turn_ids: Tensor | None = None
     turn_rewards: Tensor | None = None
     dynamics: TrainingDynamics | None = None
+    teacher_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
         r = self.rewards
         if r.dim() not in (1, 2):
             raise ValueError(f"rewards must be [B] or [B, K], got shape {tuple(r.shape)}")
         B = r.shape[0]
-        for name in ("mask", "values", "token_rewards", "logprobs", "turn_ids"):
+        for name in ("mask", "values", "token_rewards", "logprobs", "turn_ids", "teacher_logprobs"):
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != B):
                 raise ValueError(f"{name} must be [B={B}, T], got shape {tuple(t.shape)}")
@@ -132,6 +135,7 @@ ADVANTAGES: Registry[AdvantageInput, AdvantageOutput] = Registry(
         Input.COMPLETION_FEATURES: ("completion_features",),
         Input.TURNS: ("turn_ids", "turn_rewards"),
         Input.DYNAMICS: ("dynamics",),
+        Input.TEACHER_LOGPROBS: ("teacher_logprobs",),
     },
     # the mask is always passed (it sets the output's shape); an entry declares it only
     # when it cannot do without it
@@ -143,6 +147,7 @@ ADVANTAGES: Registry[AdvantageInput, AdvantageOutput] = Registry(
         Input.COMPLETION_FEATURES,
         Input.TURNS,
         Input.DYNAMICS,
+        Input.TEACHER_LOGPROBS,
     ),
     present={Input.VECTOR_REWARDS: lambda inp: inp.rewards.dim() == 2},
     describe={

@@ -193,3 +193,21 @@ register_preset(
         "gamma 1, outcome weight 1 and eps in [0.1, 0.3] are ours",
     )
 )
+
+register_preset(
+    Preset(
+        name="step_opsd",
+        paper="StepOPSD: step-level post-rollout preference self-distillation for multi-turn "
+        "agents (catalog 000-03)",
+        catalog_id="000-03",
+        advantage=Choice("step_opsd", {"alpha_clip": 0.2, "lambda_mix": 0.5}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        notes="GRPO whose trajectory advantage is redistributed over the agent's steps by a "
+        "hindsight self-teacher's log-prob gaps, never changing its sign; the trainer's "
+        "teacher is distill.teachers [{path: self, template: '{hindsight}{prompt}'}] (the "
+        "group's shortest solved episode as the hint). alpha_clip 0.2 (the abstract: small "
+        "is stabilising) and lambda_mix 0.5 (task-dependent) are ours",
+    )
+)

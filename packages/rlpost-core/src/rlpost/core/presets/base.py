@@ -277,7 +277,8 @@ class Recipe:
         """
         b, p = batch, self.preset
         for i, by in self.needs().items():
-            if i in BATCH_FIELDS and getattr(b, BATCH_FIELDS[i]) is None:
+            by = [x for x in by if x != str(self.advantage)]  # its inputs are not the loss's
+            if by and i in BATCH_FIELDS and getattr(b, BATCH_FIELDS[i]) is None:
                 raise ContractError(
                     f"preset {p.name!r}: {', '.join(by)} needs {i}: pass "
                     f"PolicyBatch.{BATCH_FIELDS[i]}"

@@ -30,3 +30,26 @@ class FakeEngine:
 
     def wake(self):
         pass
+
+
+class ActionScriptEngine:
+    """An engine that plays fixed action strings turn by turn (for testing environments
+    and the multi-turn rollout): ``actions[k][u]`` is what the ``k``-th live episode says
+    at turn ``u`` (each ended by EOS), with made-up log-probs ``-0.1, -0.2, ...``. Every
+    context it is asked to continue is kept in ``calls``. Episodes that end early leave the
+    live list, so script episodes that run equally long, or order them by length."""
+
+    def __init__(self, tok, actions: list[list[str]]):
+        self.tok, self.actions, self.calls = tok, actions, []
+        self.turn = 0
+        self.pad_id = tok.pad_token_id
+
+    def generate(self, prompts, n, sampling: SamplingParams) -> RolloutBatch:
+        self.calls.append([list(p) for p in prompts])
+        rows = []
+        for k, p in enumerate(prompts):
+            ids = self.tok.encode(self.actions[k][self.turn], add_special_tokens=False)
+            ids = [*ids, self.tok.eos_token_id]
+            rows.append((p, ids, [-0.1 * (j + 1) for j in range(len(ids))], "stop"))
+        self.turn += 1
+        return RolloutBatch.from_rows(rows, len(prompts), 1, self.pad_id, 3)

@@ -6,6 +6,11 @@ only, in exactly the transcript layout of :func:`rlpost.llm.agents.env_rollout`.
 ``model.path: tiny`` with ``data.env`` set loads it (built on first use). Parameters that
 only cap an episode (``budget``) do not change the demonstrations and are left out of the
 cache key, so one base serves every budget.
+
+An environment with a ``hints`` attribute (a share, e.g. the household world's 0.5) has
+that share of its SFT episodes start with a hindsight hint, the episode's own solution
+(:func:`hint_text`): the base then also reads a hint when one is given, as an instruction
+model reads its context, which is what a hindsight self-teacher (StepOPSD) relies on.
 """
 
 from __future__ import annotations
@@ -28,14 +33,23 @@ ENV_BASE_VERSION = 1
 _EPISODE_ONLY = ("budget",)  # parameters that do not change the demonstrations
 
 
-def demonstration(tok, env, seed: int) -> tuple[list[int], list[int]]:
+def hint_text(actions: list[str]) -> str:
+    """A hindsight hint: a solution's actions, space-separated, then ``:`` (what a teacher
+    context puts before the first observation, e.g. StepOPSD's)."""
+    return " ".join(actions) + ":"
+
+
+def demonstration(tok, env, seed: int, hint: bool = False) -> tuple[list[int], list[int]]:
     """``(ids, labels)`` of one demonstrated episode: labels on actions and their EOS,
-    ``-100`` on observations."""
+    ``-100`` on observations. ``hint``: the episode's prompt starts with its own solution
+    (:func:`hint_text`), so the base learns to follow a hindsight hint when it has one."""
     from rlpost.llm.agents import encode_observation
 
-    ids = encode_observation(tok, env.reset(seed))
+    first = env.reset(seed)
+    actions = env.demonstrate()
+    ids = encode_observation(tok, (hint_text(actions) if hint else "") + first)
     labels = [-100] * len(ids)
-    for action in env.demonstrate():
+    for action in actions:
         a = [*encode_observation(tok, action), tok.eos_token_id]
         ids += a
         labels += a
@@ -61,9 +75,13 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad: int) -> dict[str, torch
 
 
 def env_base_path(name: str, params: dict[str, Any], steps: int, seed: int, cache_dir=None) -> Path:
+    from rlpost.llm.envs.base import ENVIRONMENTS
+
     keyed = {k: v for k, v in params.items() if k not in _EPISODE_ONLY}
+    hints = getattr(ENVIRONMENTS.get(name), "hints", 0.0)
     key = json.dumps(
-        {"env": name, "params": keyed, "steps": steps, "seed": seed, "v": ENV_BASE_VERSION},
+        {"env": name, "params": keyed, "steps": steps, "seed": seed, "v": ENV_BASE_VERSION}
+        | ({"hints": hints} if hints else {}),
         sort_keys=True,
     )
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -99,11 +117,14 @@ def build_env_base(
         return target
     demo_params = {k: v for k, v in params.items() if k not in _EPISODE_ONLY}
     env = make_env(name, **demo_params)
+    hints = float(getattr(env, "hints", 0.0))
     t0 = time.perf_counter()
     tok = tiny.build_tokenizer()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(tiny.tiny_config(tok))
+        positions = getattr(env, "positions", tiny.MAX_POSITIONS)
+        model = Qwen2ForCausalLM(tiny.tiny_config(tok, positions=positions))
+    tok.model_max_length = positions
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -120,7 +141,10 @@ def build_env_base(
     model.train()
     bar = tqdm(range(steps), desc=f"sft {name}", disable=not progress, file=sys.stderr)
     for _ in bar:
-        rows = [demonstration(tok, env, rng.randrange(10**9)) for _ in range(batch_size)]
+        rows = [
+            demonstration(tok, env, rng.randrange(10**9), rng.random() < hints)
+            for _ in range(batch_size)
+        ]
         loss = model(**_batch(rows, tok.pad_token_id)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -132,11 +156,12 @@ def build_env_base(
     engine = make_local_engine("hf", model, tok)
     held = [10**9 + i for i in range(128)]  # the trainer's held-out seeds
     ro = env_rollout(
-        engine, tok, lambda: make_env(name, **demo_params), held, 1, SamplingParams(8, 0.0), 8
-    )
+        engine, tok, lambda: make_env(name, **demo_params), held, 1, SamplingParams(8, 0.0),
+        getattr(env, "budget", None) or 8,
+    )  # fmt: skip
     info = {
         "env": name, "params": demo_params, "steps": steps, "seed": seed,
-        "heldout_success": float(ro.solved.float().mean()),
+        "heldout_success": float(ro.solved.float().mean()), "hints": hints,
         "seconds": round(time.perf_counter() - t0, 1), "version": ENV_BASE_VERSION,
     }  # fmt: skip
 
