@@ -1,5 +1,5 @@
 """Multi-turn agents on CPU (issue 20): GRPO vs StepOPSD (000-03) vs A²TGPO (001-15) on the
-household text world, from its tiny base.
+household text world and the search environment, from each one's tiny base.
 
 The base (:func:`rlpost.llm.envs.pretrain.build_env_base`, cached) is SFT-trained on
 scripted demonstrations that search the house in a random order; half of them start with a
@@ -11,15 +11,23 @@ budget, looking at an object's home first is what RL can find. From the same bas
 * ``step_opsd``: the same advantage redistributed over the steps by the policy's own
   log-prob gap under a hindsight context (the group's shortest solved episode as a hint),
   never changing its sign;
-* ``a2tgpo``: turn-group-normalised per-turn progress (the world's ``gain``: sub-goals
-  completed by the turn) accumulated with variance rescaling, plus the outcome advantage,
-  with adaptive turn-level clip ranges.
+* ``sd_search`` (search only): GRPO plus the token-level JSD to the same hindsight
+  self-teacher at the search-query tokens only (000-16);
+* ``a2tgpo``: a turn-group-normalised per-turn signal accumulated with variance
+  rescaling, plus the outcome advantage, with adaptive turn-level clip ranges. On the
+  search environment the signal is the abstract's information gain (the change in the
+  policy's probability of the right answer across the turn); the household world has no
+  answer to predict, so there it is the world's progress (sub-goals completed by the turn).
+
+The search environment's episodes have ``slack: 0``: one precise query per hop and the
+answer fit, the base's vague queries (half of its demonstrations) do not.
 
 Prints held-out greedy success before and after per method (mean of seeds), writes the
 common JSON shape and a PNG of the curves.
 
-    uv run --frozen python tools/bench_agents.py            # about 25 min on 2 cores
-    uv run --frozen python tools/bench_agents.py --quick    # a smoke run
+    uv run --frozen python tools/bench_agents.py                # household, about 9 min
+    uv run --frozen python tools/bench_agents.py --env search   # search
+    uv run --frozen python tools/bench_agents.py --quick        # a smoke run
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import mean_std, plot_mean_curves, print_table, run_pool, write_result
 
+DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave room
+    "household": {"params": "{budget: 8}", "max_turns": 8, "max_new_tokens": 3, "steps": 100},
+    # the search base's vague queries are unlearned fast: compare how fast
+    "search": {"params": "{slack: 0}", "max_turns": 7, "max_new_tokens": 5, "steps": 24},
+}
 METHODS = {
     "grpo": ["algo.preset=grpo"],
     "step_opsd": [
@@ -42,7 +55,15 @@ METHODS = {
         "distill.teachers=[{path: self, template: '{hindsight}{prompt}'}]",
     ],
     "a2tgpo": ["algo.preset=a2tgpo"],
+    "sd_search": [  # the search environment only
+        "algo.preset=sd_search",
+        "distill.teachers=[{path: self, template: '{hindsight}{prompt}'}]",
+    ],
 }
+
+
+def methods(env: str) -> list[str]:
+    return [m for m in METHODS if m != "sd_search" or env == "search"]
 
 
 def job(spec: dict) -> dict[str, Any]:
@@ -54,19 +75,19 @@ def job(spec: dict) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     run_dir = Path(spec["root"]) / f"{spec['name']}-{spec['seed']}"
-    env = spec["env"]
+    signal = "ig" if spec["name"] == "a2tgpo" and spec["env"] == "search" else "env"
     cfg = load_config(
         None,
         [
             "model.path=tiny",
-            f"data.env={{name: {env}, params: {{budget: {spec['budget']}}}, "
-            f"max_turns: {spec['budget']}}}",
+            f"data.env={{name: {spec['env']}, params: {spec['params']}, "
+            f"max_turns: {spec['max_turns']}, turn_signal: {signal}}}",
             f"data.eval_size={spec['eval_size']}", f"rollout.prompts_per_step={spec['prompts']}",
-            f"rollout.group_size={spec['group_size']}", "rollout.max_new_tokens=3",
+            f"rollout.group_size={spec['group_size']}", f"rollout.max_new_tokens={spec['max_new_tokens']}",
             "rollout.temperature=1.0", f"optim.lr={spec['lr']}",
             f"optim.micro_batch_size={spec['group_size'] * spec['prompts']}",
             "algo.kl_coef=0.0", f"train.steps={spec['steps']}",
-            f"run.eval_every={max(1, spec['steps'] // 6)}", "run.save_every=0",
+            f"run.eval_every={spec['eval_every']}", "run.save_every=0",
             f"run.seed={spec['seed']}", "run.threads=1", "run.progress=false",
             "run.tensorboard=false", "reward.workers=0", f"run.dir={run_dir}",
             *METHODS[spec["name"]],
@@ -89,50 +110,56 @@ def job(spec: dict) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--env", default="household")
-    ap.add_argument("--budget", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--env", default="household", choices=sorted(DEFAULTS))
+    ap.add_argument("--steps", type=int, default=None, help="default: the world's")
+    ap.add_argument("--eval-every", type=int, default=None, help="default: steps / 6")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--eval-size", type=int, default=256)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="bench_results/llm_agents.json")
-    ap.add_argument("--plot", default="docs/img/agents_household.png")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None)
     a = ap.parse_args()
+    a.steps = a.steps or DEFAULTS[a.env]["steps"]
+    a.out = a.out or f"bench_results/llm_agents_{a.env}.json"
+    a.plot = a.plot or f"docs/img/agents_{a.env}.png"
     if a.quick:
         a.steps, a.prompts, a.group_size, a.eval_size, a.seeds = 2, 2, 4, 16, [0]
-        a.out, a.plot = "bench_results/llm_agents_quick.json", "/tmp/agents_quick.png"
+        a.out, a.plot = f"bench_results/llm_agents_{a.env}_quick.json", "/tmp/agents_quick.png"
+    a.eval_every = a.eval_every or max(1, a.steps // 6)
     from rlpost.llm.envs.pretrain import build_env_base
 
     t0 = time.perf_counter()
     base = build_env_base(a.env)  # cached; built once (about 8 min) before the jobs
     with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
         spec = {
-            "root": tmp, "env": a.env, "budget": a.budget, "eval_size": a.eval_size,
+            "root": tmp, "env": a.env, **DEFAULTS[a.env], "eval_size": a.eval_size,
             "prompts": a.prompts, "group_size": a.group_size, "lr": a.lr, "steps": a.steps,
+            "eval_every": a.eval_every,
         }  # fmt: skip
-        jobs = [{**spec, "name": n, "seed": s} for n in METHODS for s in a.seeds]
+        jobs = [{**spec, "name": n, "seed": s} for n in methods(a.env) for s in a.seeds]
         done = run_pool(
             job, jobs, 2, lambda r: f"{r['name']} seed {r['seed']}: {r['curve'][-1][1]:.3f}"
         )
     rows, curves = [], {}
-    for name in METHODS:
+    for name in methods(a.env):
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
         curves[name] = [r["curve"] for r in runs]
         row: dict[str, Any] = {"method": name}
         row["before"] = runs[0]["curve"][0][1]
         row["after"], row["after_std"] = mean_std(r["curve"][-1][1] for r in runs)
         row["best"], _ = mean_std(max(v for _, v in r["curve"]) for r in runs)
+        row["auc"], _ = mean_std(sum(v for _, v in r["curve"]) / len(r["curve"]) for r in runs)
         row["turns_first"], _ = mean_std(r["turns_first"] for r in runs)
         row["turns_last"], _ = mean_std(r["turns_last"] for r in runs)
         row["seconds"], _ = mean_std(r["seconds"] for r in runs)
         row["curves"] = curves[name]
         rows.append(row)
     print_table(
-        rows, ["method", "before", "after", "after_std", "best", "turns_first", "turns_last",
-               "seconds"],
+        rows, ["method", "before", "after", "after_std", "best", "auc", "turns_first",
+               "turns_last", "seconds"],
     )  # fmt: skip
     plot_mean_curves(
         curves,
@@ -140,13 +167,13 @@ def main() -> None:
         x=0,
         y=1,
         xlabel="step",
-        ylabel=f"held-out greedy success ({a.budget} turns)",
+        ylabel=f"held-out greedy success ({DEFAULTS[a.env]['params']})",
         title=f"multi-turn agents, tiny model, {a.env} world",
     )
     by = {r["method"]: r for r in rows}
     write_result(
         a.out,
-        name="llm_agents",
+        name=f"llm_agents_{a.env}",
         catalog_ids=["000-03", "001-15"],
         config={**vars(a), "base": str(base)},
         seeds=a.seeds,

@@ -20,6 +20,9 @@ retriever or a sandboxed program, overlap). A group is ``n`` episodes of the sam
 The episode's reward is the sum of its step rewards. ``turn_rewards[b, u]`` is each turn's
 own signal: the environment's ``info["gain"]`` where it reports one (progress made by the
 turn, the household world's; A²TGPO's per-turn signal), else the step's reward.
+:func:`information_gain` gives the abstract's own signal where the environment knows the
+right final action (``ground_truth()``): the change, across each turn, in the policy's
+probability of that action.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from rlpost.llm.chat import ChatFormat, parse_tool_call
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.envs.base import TextEnv
 
@@ -40,8 +44,10 @@ class EnvRollout:
     ``turn_ids`` ``[N, L]``, ``rewards`` ``[N]``, ``turn_rewards`` ``[N, U]`` (each turn's
     signal, see the module docstring), ``turns``
     ``[N]`` (turns taken), ``solved`` ``[N]`` (the last step's ``info["solved"]``), each
-    step's ``info`` per episode and each episode's actions as text (as the environment
-    read them)."""
+    step's ``info`` per episode, each episode's actions as text (as the environment
+    read them), its environment's ``ground_truth()`` (``None`` where it has none) and
+    ``query_mask`` ``[N, L]``: 1 on the action tokens of the turns whose ``info`` says
+    ``query`` (a search, SD-Search's query positions)."""
 
     batch: RolloutBatch
     turn_ids: Tensor
@@ -51,6 +57,20 @@ class EnvRollout:
     solved: Tensor
     infos: list[list[dict]]
     actions: list[list[str]]
+    truths: list[str | None]
+    query_mask: Tensor
+
+
+def as_action(env, text: str) -> tuple[str, bool]:
+    """``(the environment's action, whether it was a tool call)`` for the policy's ``text``:
+    a ``<tool_call>`` (:func:`rlpost.llm.chat.parse_tool_call`) becomes
+    ``env.tool_action(name, arguments)`` where the environment has tools; else the text."""
+    if not hasattr(env, "tool_action"):
+        return text, False
+    call = parse_tool_call(text)
+    if call is None:
+        return text, False
+    return env.tool_action(*call), True
 
 
 def encode_observation(tokenizer, text: str) -> list[int]:
@@ -67,19 +87,29 @@ def env_rollout(
     sampling: SamplingParams,
     max_turns: int,
     workers: int = 1,
+    chat: Callable[[], ChatFormat] | None = None,
 ) -> EnvRollout:
     """``n`` episodes per seed, at most ``max_turns`` turns each, the environments stepped
-    in ``workers`` threads (see the module docstring)."""
+    in ``workers`` threads (see the module docstring). ``chat``: a factory of
+    :class:`~rlpost.llm.chat.ChatFormat` (one per episode), for a chat model's own format;
+    an action that is a tool call reaches an environment with ``tool_action`` as its own
+    action."""
     from concurrent.futures import ThreadPoolExecutor
 
     N = len(seeds) * n
     envs = [make() for _ in range(N)]
     first = [envs[i].reset(seeds[i // n]) for i in range(N)]
-    prompts = [encode_observation(tokenizer, o) for o in first]
+    formats = [chat() for _ in range(N)] if chat is not None else None
+    if formats is not None:
+        prompts = [formats[i].prompt_ids(o) for i, o in enumerate(first)]
+    else:
+        prompts = [encode_observation(tokenizer, o) for o in first]
+    truths = [e.ground_truth() if hasattr(e, "ground_truth") else None for e in envs]
     ids: list[list[int]] = [[] for _ in range(N)]
     lps: list[list[float]] = [[] for _ in range(N)]
     mask: list[list[float]] = [[] for _ in range(N)]
     turn: list[list[int]] = [[] for _ in range(N)]
+    query: list[list[float]] = [[] for _ in range(N)]
     step_rewards = torch.zeros(N, max_turns)
     signal = torch.zeros(N, max_turns)
     infos: list[list[dict]] = [[] for _ in range(N)]
@@ -96,6 +126,8 @@ def env_rollout(
         lens = out.lengths.tolist()
         actions = [out.completion_ids[r, : lens[r]].tolist() for r in range(len(live))]
         texts = [tokenizer.decode(a, skip_special_tokens=True) for a in actions]
+        calls = [as_action(envs[i], t) for i, t in zip(live, texts, strict=True)]
+        texts = [c[0] for c in calls]
         steppers = [envs[i].step for i in live]
         if pool is not None:
             results = list(pool.map(lambda f, t: f(t), steppers, texts))
@@ -107,6 +139,7 @@ def env_rollout(
             lps[i] += out.logprobs[r, : lens[r]].tolist()
             mask[i] += [1.0] * len(a_ids)
             turn[i] += [u] * len(a_ids)
+            query[i] += [1.0 if res.info.get("query") else 0.0] * len(a_ids)
             step_rewards[i, u] = res.reward
             signal[i, u] = float(res.info.get("gain", res.reward))
             infos[i].append(res.info)
@@ -114,11 +147,15 @@ def env_rollout(
             if res.done:
                 done[i] = True
                 continue
-            o_ids = encode_observation(tokenizer, res.observation)
+            if formats is not None:
+                o_ids = formats[i].observation_ids(a_ids, res.observation, calls[r][1])
+            else:
+                o_ids = encode_observation(tokenizer, res.observation)
             ids[i] += o_ids
             lps[i] += [0.0] * len(o_ids)
             mask[i] += [0.0] * len(o_ids)
             turn[i] += [-1] * len(o_ids)
+            query[i] += [0.0] * len(o_ids)
     if pool is not None:
         pool.shutdown()
     rows = [(prompts[i], ids[i], lps[i], "stop" if done[i] else "length") for i in range(N)]
@@ -126,14 +163,64 @@ def env_rollout(
     L = batch.completion_ids.shape[1]
     m = torch.zeros(N, L)
     t = torch.full((N, L), -1, dtype=torch.long)
+    q = torch.zeros(N, L)
     for i in range(N):
         m[i, : len(mask[i])] = torch.tensor(mask[i])
         t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
+        q[i, : len(query[i])] = torch.tensor(query[i])
     # observations: attended (context), never trained on (mask)
     batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
     turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
     solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
-    return EnvRollout(batch, t, step_rewards.sum(1), signal, turns, solved, infos, said)
+    return EnvRollout(batch, t, step_rewards.sum(1), signal, turns, solved, infos, said, truths, q)
+
+
+@torch.no_grad()
+def information_gain(
+    model, tokenizer, ro: EnvRollout, temperature: float = 1.0, micro_batch: int = 64
+) -> Tensor:
+    """``[N, U]`` A²TGPO's information gain: for each turn ``u`` that is followed by an
+    observation, ``P(truth | context after u) - P(truth | context before u)``, the
+    probability of the episode's ``ground_truth()`` action (its ids and EOS) under
+    ``model`` with the whole sequence up to the turn's end (its observation included) as
+    context; the last turn of an episode gets 0 (nothing follows it to predict)."""
+    from rlpost.llm.policy import completion_logprobs, make_seq_batch
+    from rlpost.llm.provide import eval_mode
+
+    b = ro.batch
+    N, U = ro.turn_rewards.shape
+    if any(t is None for t in ro.truths):
+        raise ValueError("information gain needs an environment with ground_truth()")
+    contexts, owner = [], []  # (episode, turn boundary k): context after k turns
+    lens = b.lengths.tolist()
+    for i in range(N):
+        tid = ro.turn_ids[i, : lens[i]].tolist()
+        cut = [0]  # the boundaries: the start of each turn after the first
+        cut += [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
+        for k, c in enumerate(cut):
+            contexts.append(list(b.prompt_ids[i]) + b.completion_ids[i, :c].tolist())
+            owner.append((i, k))
+    ans = [[*encode_observation(tokenizer, ro.truths[i]), tokenizer.eos_token_id] for i, _ in owner]
+    width = max(len(a) for a in ans)
+    pad = b.pad_id
+    ids = torch.full((len(ans), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(ans), width)
+    for r, a in enumerate(ans):
+        ids[r, : len(a)] = torch.tensor(a)
+        mask[r, : len(a)] = 1.0
+    prob = torch.zeros(len(ans))
+    with eval_mode(model):
+        for s in range(0, len(ans), micro_batch):
+            sl = slice(s, s + micro_batch)
+            sb = make_seq_batch(contexts[sl], ids[sl], mask[sl], pad)
+            lp = completion_logprobs(model, sb, temperature)[0].float().cpu()
+            prob[sl] = (lp * mask[sl]).sum(1).exp()
+    ig = torch.zeros(N, U)
+    at = {key: float(p) for key, p in zip(owner, prob.tolist(), strict=True)}
+    for (i, k), p in at.items():
+        if k > 0:  # turn k-1 took the probability from at[(i, k-1)] to p
+            ig[i, k - 1] = p - at[(i, k - 1)]
+    return ig
 
 
 def group_hindsight(ro: EnvRollout, n: int) -> list[str]:
@@ -160,4 +247,10 @@ def engine_pad(engine: RolloutEngine, tokenizer) -> int:
     )
 
 
-__all__ = ["EnvRollout", "encode_observation", "env_rollout", "group_hindsight"]
+__all__ = [
+    "EnvRollout",
+    "encode_observation",
+    "env_rollout",
+    "group_hindsight",
+    "information_gain",
+]

@@ -89,15 +89,30 @@ class EnvConfig(_Strict):
     """Turns per episode at most (an environment may end sooner, e.g. at its budget)."""
     workers: int = Field(1, ge=1)
     """Threads that step the episodes' environments concurrently (slow tools overlap)."""
+    chat: bool = False
+    """Episodes in the model's chat template (``rlpost.llm.chat``): observations as user /
+    tool messages, actions as assistant turns, tool calls in the Hermes / Qwen format for
+    environments with tools. The template is checked for being append-only at start."""
+    system: str | None = None
+    """A system message for chat episodes."""
+    turn_signal: Literal["env", "ig"] = "env"
+    """Each turn's own signal (``Input.TURNS``' per-turn values, A²TGPO's): ``env``, the
+    environment's ``info["gain"]`` (else the step reward); ``ig``, the information gain,
+    the change in the policy's probability of the environment's ``ground_truth()``."""
 
     @model_validator(mode="after")
     def _exists(self) -> EnvConfig:
         from rlpost.llm.envs import make_env
 
         try:
-            make_env(self.name, **self.params)
+            env = make_env(self.name, **self.params)
         except TypeError as exc:
             raise ValueError(f"data.env.params: {exc}") from None
+        if self.turn_signal == "ig" and not hasattr(env, "ground_truth"):
+            raise ValueError(
+                f"data.env.turn_signal=ig: environment {self.name!r} has no ground truth "
+                "to measure information gain on (use turn_signal=env)"
+            )
         return self
 
 

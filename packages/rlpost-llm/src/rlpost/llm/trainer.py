@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,7 @@ class Collected:
     roles: Tensor | None = None
     turn_ids: Tensor | None = None  # [N, L] multi-turn episodes: each token's turn (-1: env)
     turn_rewards: Tensor | None = None  # [N, U] each turn's environment reward
+    query_mask: Tensor | None = None  # [N, L] the action tokens of search turns
 
     def own(self) -> Tensor:
         """``[N]`` bool: the rows this policy generated itself."""
@@ -295,6 +297,8 @@ class Trainer:
             self.reward_weights = cfg.reward.weight_of()
         self.reward_names = list(self.reward_weights)
         self.env_next = 0  # the next training episode seed (multi-turn environments)
+        if cfg.data.env is not None and cfg.data.env.chat:
+            self._check_chat_template()
         if self.main:
             if self.engine is None:
                 self.engine = self._make_engine()
@@ -456,15 +460,41 @@ class Trainer:
         k = self.reward_names.index("correct") if "correct" in self.reward_names else 0
         return (components[:, k] >= 1.0).float()
 
+    def _check_chat_template(self) -> None:
+        """Chat episodes need a chat template; warn once if it is not append-only."""
+        from rlpost.llm.chat import append_only_violations
+        from rlpost.llm.envs import make_env
+
+        env = self.cfg.data.env
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError(
+                "data.env.chat: the tokenizer has no chat template (use a chat model, or "
+                "set data.env.chat=false for plain-text episodes)"
+            )
+        tools = getattr(make_env(env.name, **env.params), "tools", None)
+        bad = append_only_violations(self.tok, tools)
+        if bad:
+            warnings.warn(
+                f"data.env.chat: the chat template is not append-only ({bad[0]}); turns "
+                "after such a re-rendering are aligned at the first difference",
+                stacklevel=2,
+            )
+
     def _env_rollout(self, seeds: list[int], n: int, sampling: SamplingParams):
         from rlpost.llm.agents import env_rollout
         from rlpost.llm.envs import make_env
 
         env = self.cfg.data.env
         assert env is not None
+        chat = None
+        if env.chat:
+            from rlpost.llm.chat import ChatFormat
+
+            tools = getattr(make_env(env.name, **env.params), "tools", None)
+            chat = lambda: ChatFormat(self.tok, env.system, tools)  # noqa: E731
         return env_rollout(
             self.engine, self.tok, lambda: make_env(env.name, **env.params), seeds, n,
-            sampling, env.max_turns, env.workers,
+            sampling, env.max_turns, env.workers, chat,
         )  # fmt: skip
 
     def _collect_env(self) -> Collected:
@@ -477,7 +507,7 @@ class Trainer:
         self.env_next += P
         ro = self._env_rollout(seeds, G, self.sampling)
         b = ro.batch
-        from rlpost.llm.agents import group_hindsight
+        from rlpost.llm.agents import group_hindsight, information_gain
 
         hints = group_hindsight(ro, G)
         examples = [
@@ -499,9 +529,16 @@ class Trainer:
         if steps and "composed" in steps[0]:
             metrics["env/composed_per_episode"] = sum(x.get("composed", 0) for x in steps) / len(b)
         acc = (ro.rewards >= 1.0).float()
+        turn_rewards = ro.turn_rewards
+        if self.cfg.data.env.turn_signal == "ig" and Input.TURNS in self.reads:
+            turn_rewards = information_gain(
+                self.model, self.tok, ro, self.sampling.temperature,
+                self.cfg.optim.micro_batch_size,
+            )  # fmt: skip
+            metrics["env/ig_abs_mean"] = float(turn_rewards.abs().mean())
         return Collected(
             b, examples, ro.rewards, ro.rewards[:, None], acc, metrics,
-            turn_ids=ro.turn_ids, turn_rewards=ro.turn_rewards,
+            turn_ids=ro.turn_ids, turn_rewards=turn_rewards, query_mask=ro.query_mask,
         )  # fmt: skip
 
     def collect(self) -> Collected:
@@ -706,7 +743,12 @@ class Trainer:
             impl=cfg.model.logprob_impl,
         )
         rows = teach.rows * self.recipe.distill_row_mask(col.accuracy)
-        return teach, rows[:, None] * torch.ones_like(mask)
+        tokens = torch.ones_like(mask)
+        if self.preset.distill_tokens == "queries":  # SD-Search: the search queries only
+            if col.query_mask is None:
+                raise ValueError("distill_tokens=queries needs multi-turn episodes (data.env)")
+            tokens = col.query_mask
+        return teach, rows[:, None] * tokens
 
     def _student_ids(self, teach: TeacherScores, idx: Tensor, sub: RolloutBatch) -> Tensor | None:
         """The ids the student's training forward scores differentiably: the vocabulary for

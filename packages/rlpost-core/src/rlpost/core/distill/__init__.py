@@ -4,7 +4,7 @@
 module             contents
 =================  ===========================================================
 ``base``           DistillInput / DistillOutput, TeacherDistributions, the surrogate
-``estimators``     full, topk, sampled (reverse KL to a teacher, per token)
+``estimators``     full, topk, sampled (reverse KL to a teacher, per token); jsd, jsd_topk
 ``schedule``       DistillSchedule: constant, anneal (ATOD's OPD -> RL schedule)
 ``rows``           which responses are distilled (OPSD's correct / incorrect filters)
 ``turns``          TurnReweight / turn_weights: ATOD's T-DUR

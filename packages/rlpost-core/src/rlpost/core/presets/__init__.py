@@ -10,7 +10,7 @@ module             presets
 ``objectives``     hard_pair_grpo, implicit_pessimism, ess_adaptive, up, up_gspo,
                    ripo, sao, mu_grpo, conspo, lpo
 ``regularized``    reva_po
-``distill``        opd, opd_rl, mopd, copd, atod, opsd, sdpo, resd, pmd
+``distill``        opd, opd_rl, mopd, copd, atod, opsd, sdpo, resd, pmd, sd_search
 ``mutual``         prp, xgrpo, sgt
 =================  ===========================================================
 

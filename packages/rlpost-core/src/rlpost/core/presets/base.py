@@ -157,6 +157,9 @@ BATCH_FIELDS: dict[Input, str] = {
 # produced inside the recipe itself: the advantages it passes to ratio / KL entries
 _INTERNAL = frozenset({Input.ADVANTAGES})
 
+#: ``Preset.distill_tokens``: every response token, or the actions of the search turns.
+DISTILL_TOKENS = ("all", "queries")
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -191,6 +194,9 @@ class Recipe:
     def entries(self) -> tuple[Bound, ...]:
         return (self.advantage, *self.loss_entries())
 
+    def _query_tokens_need(self) -> str:
+        return f"preset {self.preset.name!r}'s query-token distillation"
+
     def _declared(self, attr: str) -> dict[Input, list[str]]:
         out: dict[Input, list[str]] = {}
         for e in self.entries():
@@ -205,6 +211,8 @@ class Recipe:
             out.setdefault(Input.DYNAMICS, []).append(
                 f"preset {self.preset.name!r}'s distillation schedule"
             )
+        if self.distill is not None and self.preset.distill_tokens == "queries":
+            out.setdefault(Input.TURNS, []).append(self._query_tokens_need())
         if self.distill is not None and self.preset.distill_turns is not None:
             who = f"preset {self.preset.name!r}'s turn reweighting (T-DUR)"
             out.setdefault(Input.ENTROPY, []).append(who)
@@ -276,8 +284,11 @@ class Recipe:
         (checked against ``global_sequences`` when given).
         """
         b, p = batch, self.preset
+        # the advantage's inputs, and the query tokens the trainer masks with, are not the
+        # loss's own
+        trainer_side = {str(self.advantage), self._query_tokens_need()}
         for i, by in self.needs().items():
-            by = [x for x in by if x != str(self.advantage)]  # its inputs are not the loss's
+            by = [x for x in by if x not in trainer_side]
             if by and i in BATCH_FIELDS and getattr(b, BATCH_FIELDS[i]) is None:
                 raise ContractError(
                     f"preset {p.name!r}: {', '.join(by)} needs {i}: pass "
@@ -376,7 +387,10 @@ class Preset:
     own rollouts; the teacher is the trainer's), weighted against the objective by
     ``distill_schedule``; ``distill_rows``: the responses distilled (all, correct,
     incorrect: OPSD's filters, 001-16); ``distill_turns``: ATOD's turn-level
-    disagreement-uncertainty reweighting of the distillation term (004-27).
+    disagreement-uncertainty reweighting of the distillation term (004-27);
+    ``distill_tokens``: the tokens distilled, ``all`` or ``queries`` (the actions of the
+    turns that searched, SD-Search's query positions, 000-16; the trainer restricts
+    ``PolicyBatch.teacher_mask`` to them and needs multi-turn episodes, ``Input.TURNS``).
 
     ``peers``: the policy trains beside heterogeneous peers answering the same prompts
     and uses their responses as :class:`~rlpost.core.peers.PeerSharing` says (Mutual RL's
@@ -403,6 +417,7 @@ class Preset:
     distill_schedule: DistillSchedule = field(default_factory=DistillSchedule)
     distill_rows: str = "all"
     distill_turns: TurnReweight | None = None
+    distill_tokens: str = "all"
     peers: PeerSharing | None = None
     notes: str = ""
 
@@ -416,6 +431,10 @@ class Preset:
         if self.stages < 1:
             raise ValueError(f"preset {self.name!r}: stages must be >= 1")
         distill_rows(torch.zeros(1, dtype=torch.bool), self.distill_rows)  # validates
+        if self.distill_tokens not in DISTILL_TOKENS:
+            raise ValueError(
+                f"preset {self.name!r}: distill_tokens must be one of {', '.join(DISTILL_TOKENS)}"
+            )
 
     def replace(self, **changes: Any) -> Preset:
         return dataclasses.replace(self, **changes)

@@ -1,5 +1,5 @@
 """On-policy distillation: OPD alone, OPD with the verifier's reward, MOPD, CoPD, ATOD,
-OPSD, SDPO, RESD and PMD. The losses differ only in the weights of the two terms; who the teacher is (a
+OPSD, SDPO, RESD, PMD and SD-Search. The losses differ only in the weights of the two terms; who the teacher is (a
 frozen model, one per domain, the policy itself with a privileged context) is the
 trainer's configuration (``rlpost-llm``'s ``distill`` section)."""
 
@@ -148,6 +148,23 @@ register_preset(
         notes="each expert: GRPO on its own domain's verifier plus the reverse KL to its "
         "peers on theirs, the experts' weights exchanged every round (rlpost-llm's copd "
         "section runs them as Ray actors)",
+        **_PG,
+    )
+)
+
+register_preset(
+    Preset(
+        name="sd_search",
+        paper="SD-Search: on-policy hindsight self-distillation for search agents, catalog 000-16",
+        catalog_id="000-16",
+        distill=Choice("jsd_topk"),
+        distill_schedule=DistillSchedule(distill_start=1.0, rl_start=1.0),
+        distill_tokens="queries",
+        group_size=8,
+        notes="GRPO on the outcome plus the token-level Jensen-Shannon divergence to the "
+        "policy itself conditioned on a hindsight block of its group's rollouts (a self "
+        "teacher with template '{hindsight}{prompt}'), at search-query tokens only; weight "
+        "1 each (ours: the abstract gives none); jsd for the exact full-vocabulary form",
         **_PG,
     )
 )

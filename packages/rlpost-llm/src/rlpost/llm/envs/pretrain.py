@@ -4,7 +4,7 @@
 only, in exactly the transcript layout of :func:`rlpost.llm.agents.env_rollout`.
 
 ``model.path: tiny`` with ``data.env`` set loads it (built on first use). Parameters that
-only cap an episode (``budget``) do not change the demonstrations and are left out of the
+only cap an episode (``budget``, ``slack``) do not change the demonstrations and are left out of the
 cache key, so one base serves every budget.
 
 An environment with a ``hints`` attribute (a share, e.g. the household world's 0.5) has
@@ -30,7 +30,7 @@ from rlpost.core.io.cache import default_cache_dir, publish_directory
 from rlpost.llm.envs.base import make_env
 
 ENV_BASE_VERSION = 1
-_EPISODE_ONLY = ("budget",)  # parameters that do not change the demonstrations
+_EPISODE_ONLY = ("budget", "slack")  # parameters that do not change the demonstrations
 
 
 def hint_text(actions: list[str]) -> str:
@@ -157,7 +157,7 @@ def build_env_base(
     held = [10**9 + i for i in range(128)]  # the trainer's held-out seeds
     ro = env_rollout(
         engine, tok, lambda: make_env(name, **demo_params), held, 1, SamplingParams(8, 0.0),
-        getattr(env, "budget", None) or 8,
+        getattr(env, "budget", None) or 8,  # the search world's own limit applies anyway
     )  # fmt: skip
     info = {
         "env": name, "params": demo_params, "steps": steps, "seed": seed,

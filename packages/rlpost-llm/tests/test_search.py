@@ -1,0 +1,193 @@
+"""The search environment (BM25 over our corpus) and A²TGPO's information gain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlpost.llm.agents import env_rollout, information_gain
+from rlpost.llm.engines.base import SamplingParams
+from rlpost.llm.engines.fake import ActionScriptEngine
+from rlpost.llm.envs import make_env
+from rlpost.llm.envs.search import build_corpus, main, parse_fact, words
+
+
+def _play(env, actions):
+    out = []
+    for a in actions:
+        out.append(env.step(a))
+        if out[-1].done:
+            break
+    return out
+
+
+def test_the_corpus_and_the_bm25_words():
+    docs = build_corpus(0)
+    assert docs == build_corpus(0) and docs != build_corpus(1)
+    assert len(docs) == 90 * 3 and all(parse_fact(d) for d in docs)
+    assert words("17*42") == ["17", "17*", "42"] and words("17") == ["17"]
+
+
+def test_deterministic_under_a_seed_and_every_demonstration_solves():
+    a, b = make_env("search"), make_env("search")
+    hops = set()
+    for seed in range(200):
+        assert a.reset(seed) == b.reset(seed) and a.demonstrate() == b.demonstrate()
+        hops.add(len(a.rels))
+        res = _play(a, a.demonstrate())
+        assert all(r.info["valid"] for r in res)
+        assert res[-1].done and res[-1].reward == 1.0 and res[-1].info["solved"]
+        # progress: every chain fact retrieved once, then the answer
+        assert sum(r.info["gain"] for r in res) == len(a.rels) + 1
+    assert hops == {1, 2}
+
+
+def test_retrieval_and_the_verifier_are_exact():
+    env = make_env("search", min_hops=2, max_hops=2)
+    env.reset(4)
+    e, (r1, r2) = env.start, env.rels
+    mid, end = env.chain[1], env.chain[2]
+    res = env.step(f":{e}{r1}")  # the precise query ranks its fact first
+    assert res.observation.split(" ")[0] == f"{e}{r1}{mid}" and res.info["gain"] == 1.0
+    vague = env.step(f":{e}")  # the entity alone: documents that mention it
+    assert all(str(e) in d for d in vague.observation[:-1].split(" "))
+    wrong = env.step(f"={mid}")  # the first hop is not the answer
+    assert wrong.done and wrong.reward == 0.0
+    env.reset(4)
+    _play(env, [f":{e}{r1}", f":{mid}{r2}"])
+    assert env.step(f"={end}").reward == 1.0
+    env.reset(4)
+    bad = env.step("hello")
+    assert not bad.info["valid"] and bad.observation == "()>"
+    env.reset(4)
+    out = _play(env, [":"] * 10)  # no word: invalid; the budget ends the episode
+    assert out[-1].done and out[-1].reward == 0.0 and len(out) == env.limit
+
+
+def test_a_user_corpus_and_the_corpus_script(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    assert main(["--out", str(path), "--seed", "3"]) == 0
+    docs = [json.loads(x)["text"] for x in path.read_text().splitlines()]
+    assert docs == build_corpus(3)
+    env = make_env("search", corpus=str(path))
+    env.reset(0)
+    assert _play(env, env.demonstrate())[-1].reward == 1.0
+    with pytest.raises(ValueError, match="does not exist"):
+        make_env("search", corpus=str(tmp_path / "none.jsonl"))
+
+
+def test_information_gain_is_the_change_in_the_truths_probability():
+    """Against a one-sequence-at-a-time formulation: P(truth | context) from a plain
+    forward of each context followed by the truth, no padding, no batching."""
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny.tiny_config(tok)).eval()
+    make = lambda: make_env("search", min_hops=1, max_hops=1)  # noqa: E731
+    envs = [make() for _ in range(2)]
+    for e, seed in zip(envs, (2, 5), strict=True):
+        e.reset(seed)
+    scripts = [[":11*", f":{e.start}{e.rels[0]}", e.ground_truth()] for e in envs]
+    eng = ActionScriptEngine(tok, scripts)
+    ro = env_rollout(eng, tok, make, [2, 5], 1, SamplingParams(6, 1.0), 3)
+    assert ro.truths == [e.ground_truth() for e in envs] and ro.solved.all()
+    ig = information_gain(model, tok, ro, micro_batch=3)
+    for i in range(2):
+        truth = [*tok.encode(ro.truths[i], add_special_tokens=False), tok.eos_token_id]
+        tid = ro.turn_ids[i].tolist()
+        starts = [0] + [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
+        probs = []
+        for c in starts:
+            ctx = list(ro.batch.prompt_ids[i]) + ro.batch.completion_ids[i, :c].tolist()
+            seq = torch.tensor([ctx + truth])
+            with torch.no_grad():
+                logp = model(seq).logits.log_softmax(-1)[0]
+            probs.append(sum(float(logp[len(ctx) - 1 + j, t]) for j, t in enumerate(truth)))
+        want = [float(torch.tensor(probs[k + 1]).exp() - torch.tensor(probs[k]).exp())
+                for k in range(len(starts) - 1)]  # fmt: skip
+        assert len(starts) == 3  # turns 0, 1 and the answer
+        torch.testing.assert_close(ig[i, :2], torch.tensor(want), rtol=1e-3, atol=1e-12)
+        assert ig[i, 2] == 0.0  # the answer turn: nothing follows it
+
+
+def test_a2tgpo_trains_on_information_gain_from_the_cli(fast_overrides, fast_cfg, tmp_path):
+    from rlpost.apps.llm.cli import main as cli
+    from rlpost.llm.config import ConfigError
+
+    run = tmp_path / "ig"
+    over = [
+        *fast_overrides, "data.env={name: search, params: {slack: 0}, turn_signal: ig, max_turns: 4}",
+        "algo.preset=a2tgpo", "rollout.max_new_tokens=4", f"run.dir={run}", "train.steps=1",
+    ]  # fmt: skip
+    assert cli(["train", "--config", "grpo_arithmetic", *over]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if r["step"] == 1]
+    assert row["env/ig_abs_mean"] > 0 and row["adv/turn_groups"] > 0
+    with pytest.raises(ConfigError, match="no ground truth"):
+        fast_cfg("data.env={name: household, turn_signal: ig}")
+
+
+def test_the_query_mask_marks_exactly_the_search_actions():
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    env = make_env("search", min_hops=1, max_hops=1)
+    env.reset(3)
+    make = lambda: make_env("search", min_hops=1, max_hops=1)  # noqa: E731
+    script = [[f":{env.start}{env.rels[0]}", "hi", env.ground_truth()]]
+    ro = env_rollout(ActionScriptEngine(tok, script), tok, make, [3], 1, SamplingParams(6, 1.0), 3)
+    q, tid, m = ro.query_mask[0], ro.turn_ids[0], ro.batch.mask[0]
+    assert ((q > 0) == (tid == 0)).all()  # the query's tokens (and its EOS), nothing else
+    assert (q <= m).all() and m[tid == 1].sum() > 0 and m[tid == 2].sum() > 0
+
+
+def test_sd_search_distils_only_query_tokens(fast_overrides, tmp_path, monkeypatch):
+    """The JSD term's token mask is the rollout's query mask; with it, the distillation
+    gradient of every other token is exactly 0."""
+    from rlpost.core import get_preset
+    from rlpost.core.distill import TeacherDistributions
+    from rlpost.core.presets import PolicyBatch
+    from rlpost.llm.config import load_config
+    from rlpost.llm.trainer import Trainer
+
+    cfg = load_config(None, [
+        *fast_overrides, "data.env={name: search, max_turns: 4}", "algo.preset=sd_search",
+        "distill.teachers=[{path: self, template: ':17* =42:{prompt}'}]",
+        "rollout.max_new_tokens=5", "rollout.group_size=8", f"run.dir={tmp_path / 'sd'}",
+        "train.steps=1",
+    ])  # fmt: skip
+    tr = Trainer(cfg)
+    seen = []
+    real = tr._teacher_scores
+
+    def spy(col, mask):
+        teach, tmask = real(col, mask)
+        seen.append((col.query_mask.clone(), tmask.clone()))
+        return teach, tmask
+
+    monkeypatch.setattr(tr, "_teacher_scores", spy)
+    tr.train()
+    ((query, tmask),) = seen
+    assert torch.equal(tmask, query * tmask.amax(1, keepdim=True))  # rows x query tokens
+    # the loss: distillation gradients only where the teacher mask is 1
+    recipe = get_preset("sd_search").build()
+    B, T, K = 2, 5, 4
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, T, K, generator=g, requires_grad=True)
+    student = logits.log_softmax(-1)
+    teacher = torch.randn(B, T, K, generator=g).log_softmax(-1)
+    mask = torch.ones(B, T)
+    qmask = torch.tensor([[0, 1, 1, 0, 0], [1, 0, 0, 0, 1]], dtype=torch.float)
+    lp = student[..., 0]
+    out = recipe.policy_loss(PolicyBatch(
+        lp, lp.detach(), torch.zeros(B), mask, teacher_logp=teacher[..., 0],
+        teacher_topk=TeacherDistributions(student, teacher, torch.zeros(B, T, dtype=torch.long)),
+        teacher_mask=qmask, turn_ids=torch.zeros(B, T, dtype=torch.long),
+    ))  # fmt: skip
+    (grad,) = torch.autograd.grad(out.loss, logits)
+    assert (grad[qmask == 0] == 0).all() and (grad[qmask == 1].abs().sum(-1) > 0).all()
