@@ -47,7 +47,7 @@ def _random_model(seed: int, tok):
 def test_distillation_presets_need_a_teacher_and_teachers_need_such_a_preset(fast_cfg):
     with pytest.raises(ConfigError, match=r"needs teacher_logprobs \(set distill.teachers"):
         fast_cfg("algo.preset=opd")
-    with pytest.raises(ConfigError, match="nothing in preset .grpo. reads a teacher"):
+    with pytest.raises(ConfigError, match="nothing in preset 'grpo' reads a teacher"):
         fast_cfg("distill.teachers=[{path: tiny-random}]")
     with pytest.raises(ConfigError, match=r"domains: \['countdown'\] not among the data"):
         fast_cfg("algo.preset=mopd", "distill.teachers=[{path: self, domains: [countdown]}]")
