@@ -61,6 +61,37 @@ def evaluate_config(
     return out
 
 
+def monitor_config(cfg: Config, contexts: dict[str, str], samples: int = 8, checkpoint=None):
+    """``rlpost-llm monitor``: the exploration-hacking report
+    (:func:`rlpost.llm.hacking.exploration_hacking_report`) of the policy of ``cfg.model``
+    (or a checkpoint's weights) on the held-out prompts, ``samples`` per problem at the
+    rollout temperature, the verifier out of process."""
+    from rlpost.llm.hacking import exploration_hacking_report
+
+    model, tok = load_policy(cfg, progress=cfg.run.progress)
+    if checkpoint is not None:
+        from safetensors.torch import load_model
+
+        load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
+    source = make_prompt_source(
+        cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
+    )
+    fn = source.task.score if cfg.data.path is None else math_verify_reward
+    engine = make_local_engine(
+        cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
+    )
+    r = cfg.rollout
+    sp = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop))
+    torch.manual_seed(cfg.run.seed)
+    with RewardPool(
+        {"correct": fn}, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
+    ) as pool:
+        return exploration_hacking_report(
+            engine, tok, source.eval_examples,
+            lambda texts, exs: pool.score(texts, exs).rewards.tolist(), contexts, samples, sp,
+        )  # fmt: skip
+
+
 def export_checkpoint(cfg: Config, checkpoint: str | Path, out: str | Path) -> Path:
     """``rlpost-llm export``: the policy of ``cfg.model`` with a checkpoint's weights, LoRA
     adapters merged, written to ``out`` as a standalone Hugging Face model folder (loads

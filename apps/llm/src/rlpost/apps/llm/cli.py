@@ -114,6 +114,25 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _monitor(args: argparse.Namespace) -> int:
+    from rlpost.llm.evaluate import monitor_config
+
+    contexts = {"plain": "{prompt}"}
+    for c in args.context:
+        name, sep, template = c.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--context wants name=template, got {c!r}")
+        contexts[name] = template
+    report = monitor_config(_config(args), contexts, args.samples, args.checkpoint)
+    print(report.table())
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from rlpost.llm.evaluate import export_checkpoint
 
@@ -155,6 +174,19 @@ def build_app() -> App:
     )
     e.add_argument("--checkpoint", default=None)
     e.add_argument("--samples", type=int, default=0, help="also pass@k with k sampled answers")
+    m = app.command(
+        "monitor",
+        _monitor,
+        "exploration-hacking monitor: pass rate and entropy across prompt contexts",
+        config="grpo_arithmetic",
+    )
+    m.add_argument(
+        "--context", action="append", default=[], metavar="NAME=TEMPLATE",
+        help="a context to compare with the plain prompt, e.g. 'training=RL episode: {prompt}'",
+    )  # fmt: skip
+    m.add_argument("--samples", type=int, default=8, help="samples per problem (k)")
+    m.add_argument("--checkpoint", default=None)
+    m.add_argument("--out", default=None, help="write the report as JSON")
     x = app.command(
         "export",
         _export,
