@@ -83,3 +83,56 @@ def test_the_monitor_runs_from_the_cli(fast_overrides, tmp_path, capsys):
     assert cli(args) == 0
     text = capsys.readouterr().out
     assert "training vs plain" in text and json.loads(out.read_text())["k"] == 2
+
+
+def test_planted_shortcuts_are_detected_and_hardening_removes_them():
+    from rlpost.llm import tiny
+    from rlpost.llm.engines.base import SamplingParams
+    from rlpost.llm.engines.fake import ActionScriptEngine
+    from rlpost.llm.envs import make_env
+    from rlpost.llm.hacking import shortcut_report
+
+    tok = tiny.build_tokenizer()
+    params = {"min_hops": 2, "max_hops": 2, "shortcuts": ["metadata", "tamper"], "slack": 1}
+    seeds = [0, 1, 2]
+    envs = [make_env("search", **params) for _ in seeds]
+    for e, s in zip(envs, seeds, strict=True):
+        e.reset(s)
+    sp = SamplingParams(8, 1.0)
+
+    def run(scripts):
+        return shortcut_report(
+            ActionScriptEngine(tok, scripts), tok, "search", params, seeds, sp, 4
+        )
+
+    # (one scripted engine plays both variants, its turn counter running on)
+    # reads the leaked metadata: answers at once
+    rep = run([[e.ground_truth()] * 8 for e in envs])
+    assert rep.standard.by_category == {"metadata": 1.0} and rep.standard.success == 1.0
+    assert rep.standard.honest_success == 0.0
+    # hardened: no metadata; the same answers (right, as this script knows them) are honest
+    assert rep.hardened.exploit_rate == 0.0
+    # tampers with the checker, then answers what it wrote
+    rep = run([["==11", "=11"] * 4 for _ in envs])
+    assert rep.standard.by_category == {"tamper": 1.0} and rep.standard.success == 1.0
+    assert rep.hardened.success == 0.0 and rep.hardened.exploit_rate == 0.0
+    # an honest policy: a precise query per hop, then the answer; no exploit anywhere
+    precise = [
+        [f":{e.chain[i]}{r}" for i, r in enumerate(e.rels)] + [e.ground_truth()] for e in envs
+    ]
+    rep = run([p * 2 for p in precise])
+    assert rep.standard.exploit_rate == 0.0 and rep.hardened.exploit_rate == 0.0
+    assert rep.standard.honest_success == rep.hardened.honest_success == 1.0
+    assert "tamper" not in rep.table()
+
+
+def test_the_exploit_report_runs_from_the_cli(fast_overrides, tmp_path, capsys):
+    from rlpost.apps.llm.cli import main as cli
+
+    out = tmp_path / "exploits.json"
+    env = "data.env={name: search, params: {shortcuts: [metadata, tamper]}, max_turns: 3}"
+    args = ["exploits", "--config", "grpo_arithmetic", "--out", str(out), *fast_overrides, env]
+    assert cli(args) == 0
+    assert "hardened" in capsys.readouterr().out
+    rep = json.loads(out.read_text())
+    assert rep["standard"]["episodes"] == rep["hardened"]["episodes"] == 8

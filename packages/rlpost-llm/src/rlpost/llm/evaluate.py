@@ -92,6 +92,32 @@ def monitor_config(cfg: Config, contexts: dict[str, str], samples: int = 8, chec
         )  # fmt: skip
 
 
+def exploits_config(cfg: Config, checkpoint=None, greedy: bool = False):
+    """``rlpost-llm exploits``: the exploit-rate report
+    (:func:`rlpost.llm.hacking.shortcut_report`) of the policy of ``cfg.model`` (or a
+    checkpoint's weights) in ``cfg.data.env`` with its planted shortcuts and hardened, one
+    episode per held-out seed (``data.eval_size``), sampled at the rollout temperature
+    (``greedy``: at 0)."""
+    from rlpost.llm.hacking import shortcut_report
+
+    env = cfg.data.env
+    if env is None:
+        raise ValueError("exploits: set data.env (an environment with params.shortcuts)")
+    model, tok = load_policy(cfg, progress=cfg.run.progress)
+    if checkpoint is not None:
+        from safetensors.torch import load_model
+
+        load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
+    engine = make_local_engine(
+        cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
+    )
+    r = cfg.rollout
+    sp = SamplingParams(r.max_new_tokens, 0.0 if greedy else r.temperature, r.top_p, r.top_k)
+    torch.manual_seed(cfg.run.seed)
+    seeds = [10**9 + i for i in range(cfg.data.eval_size)]  # the trainer's held-out seeds
+    return shortcut_report(engine, tok, env.name, dict(env.params), seeds, sp, env.max_turns)
+
+
 def export_checkpoint(cfg: Config, checkpoint: str | Path, out: str | Path) -> Path:
     """``rlpost-llm export``: the policy of ``cfg.model`` with a checkpoint's weights, LoRA
     adapters merged, written to ``out`` as a standalone Hugging Face model folder (loads

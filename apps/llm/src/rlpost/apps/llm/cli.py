@@ -133,6 +133,19 @@ def _monitor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exploits(args: argparse.Namespace) -> int:
+    from rlpost.llm.evaluate import exploits_config
+
+    report = exploits_config(_config(args), args.checkpoint, args.greedy)
+    print(report.table())
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from rlpost.llm.evaluate import export_checkpoint
 
@@ -187,6 +200,15 @@ def build_app() -> App:
     m.add_argument("--samples", type=int, default=8, help="samples per problem (k)")
     m.add_argument("--checkpoint", default=None)
     m.add_argument("--out", default=None, help="write the report as JSON")
+    xp = app.command(
+        "exploits",
+        _exploits,
+        "exploit rates in an environment with planted shortcuts, and hardened",
+        config="grpo_search",
+    )
+    xp.add_argument("--checkpoint", default=None)
+    xp.add_argument("--greedy", action="store_true", help="greedy episodes (default: sampled)")
+    xp.add_argument("--out", default=None, help="write the report as JSON")
     x = app.command(
         "export",
         _export,

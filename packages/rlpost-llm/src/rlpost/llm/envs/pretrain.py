@@ -30,7 +30,8 @@ from rlpost.core.io.cache import default_cache_dir, publish_directory
 from rlpost.llm.envs.base import make_env
 
 ENV_BASE_VERSION = 1
-_EPISODE_ONLY = ("budget", "slack")  # parameters that do not change the demonstrations
+# parameters that do not change the demonstrations (episode limits, planted shortcuts)
+_EPISODE_ONLY = ("budget", "slack", "shortcuts", "hardened")
 
 
 def hint_text(actions: list[str]) -> str:
