@@ -32,6 +32,7 @@ __all__ = [
     "ArithmeticTask",
     "CountdownTask",
     "Example",
+    "PDETask",
     "Task",
     "extract_answer",
     "format_reward",
@@ -327,10 +328,51 @@ class CountdownTask(Task):
         return feedback if feedback == "()" else feedback[-1:]
 
 
+# ----------------------------------------------------------------------------- pde
+
+
+@dataclass(frozen=True)
+class PDETask(Task):
+    """RLVP's multi-PDE solver generation (catalog 004-07; :mod:`rlpost.llm.pde`): a prompt
+    asks for a Python ``solve()``, scored by the hybrid physics verifier (sandboxed
+    validity, accuracy, residual). ``families``: those drawn; ``w_acc``: the accuracy's
+    weight against the residual's. Prompts are English, for a code model (the tiny
+    character model cannot write Python)."""
+
+    name: ClassVar[str] = "pde"
+    families: tuple[str, ...] = ("elliptic", "parabolic", "hyperbolic")
+    w_acc: float = 0.5
+
+    def __post_init__(self) -> None:
+        from rlpost.llm.pde import FAMILIES
+
+        bad = [f for f in self.families if f not in FAMILIES]
+        if not self.families or bad:
+            raise ValueError(f"pde: families must be among {', '.join(FAMILIES)}, got {bad}")
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        from rlpost.llm.pde import describe, problem
+
+        out = []
+        for _ in range(n):
+            p = problem(rng.choice(self.families), rng)
+            out.append(Example(describe(p) + "\n", "", {"pde": p}))
+        return out
+
+    def score(self, completion: str, example: Example) -> float:
+        from rlpost.llm.pde import extract_code, verify
+
+        return verify(extract_code(completion), example.meta["pde"], self.w_acc).reward
+
+
 # ----------------------------------------------------------------------------- registry
 
 #: Built-in task classes by name.
-TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, "countdown": CountdownTask}
+TASKS: dict[str, type[Task]] = {
+    "arithmetic": ArithmeticTask,
+    "countdown": CountdownTask,
+    "pde": PDETask,
+}
 
 
 def make_task(name: str, **params: Any) -> Task:
