@@ -178,7 +178,7 @@ def test_countdown_samples_score_one_and_use_every_number_once():
 
 
 def test_make_task_and_registry():
-    assert set(TASKS) == {"arithmetic", "countdown", "pde"}
+    assert set(TASKS) == {"arithmetic", "countdown", "knapsack", "pde"}
     task = make_task("arithmetic", digits=2)
     assert isinstance(task, ArithmeticTask) and isinstance(task, Task) and task.digits == 2
     assert task.name == "arithmetic" and task.params() == {"digits": 2, "ops": "+"}
@@ -194,3 +194,25 @@ def test_tasks_and_scores_pickle():
         assert task2 == task and ex2 == ex
         assert task2.score(ex.answer, ex2) == 1.0
         assert pickle.loads(pickle.dumps(task.score))(ex.answer, ex) == 1.0
+
+
+def test_knapsack_scores_raw_values_without_reading_the_answer():
+    from rlpost.llm.tasks import KnapsackTask
+
+    task = make_task("knapsack")
+    assert isinstance(task, KnapsackTask)
+    exs = task.sample(200, random.Random(0))
+    assert {e.meta["scale"] for e in exs} == {1, 10, 100}  # instance score ranges differ
+    e = Example("2*3 3*40 4*5(5)>", "01", {"w": [2, 3, 4], "v": [3, 40, 5], "cap": 5})
+    assert task.score("01", e) == 43.0 and task.score("1", e) == 40.0
+    assert task.score("12", e) == 0.0  # over capacity
+    assert task.score("11", e) == 0.0 and task.score("7", e) == 0.0 and task.score("x", e) == 0.0
+    blind = Example(e.prompt, "", e.meta)  # no reference answer: the same scores
+    assert task.score("01", blind) == 43.0
+    assert task.accuracy("01", blind) == 1.0 and task.accuracy("1", blind) == 0.0
+    for ex in exs[:50]:  # the logged best subset is feasible and no subset beats it
+        best = task.score(ex.answer, ex)
+        n = len(ex.meta["w"])
+        for c in range(1 << n):
+            pick = "".join(str(i) for i in range(n) if c >> i & 1)
+            assert task.score(pick, ex) <= best

@@ -56,7 +56,7 @@ class ModelConfig(_Strict):
     through the shared-prompt op (Triton on CUDA)."""
 
 
-TaskName = Literal["arithmetic", "countdown", "pde"]
+TaskName = Literal["arithmetic", "countdown", "knapsack", "pde"]
 
 
 class TaskStage(_Strict):

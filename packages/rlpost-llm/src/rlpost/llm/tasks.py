@@ -32,6 +32,7 @@ __all__ = [
     "ArithmeticTask",
     "CountdownTask",
     "Example",
+    "KnapsackTask",
     "PDETask",
     "Task",
     "extract_answer",
@@ -100,6 +101,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def score(self, completion: str, example: Example) -> float:
         """Reward in ``[0, 1]`` for ``completion`` (text after the prompt) on ``example``."""
+
+    def accuracy(self, completion: str, example: Example) -> float:
+        """Whether ``completion`` solves ``example``, in ``[0, 1]``: the score, for tasks
+        whose score is right / wrong (a score-based task says what solving means)."""
+        return self.score(completion, example)
 
     def feedback(self, completion: str, example: Example) -> str:
         """The environment's diagnosis of a wrong ``completion`` (``""``: nothing to say,
@@ -328,6 +334,75 @@ class CountdownTask(Task):
         return feedback if feedback == "()" else feedback[-1:]
 
 
+# ----------------------------------------------------------------------------- knapsack
+
+
+@dataclass(frozen=True)
+class KnapsackTask(Task):
+    """A score-based optimisation task without ground truth (RiVER's setting, catalog
+    004-29): pick items under a weight capacity; the reward is the picked value, a raw
+    continuous score, never a match with a reference.
+
+    Prompt ``"3*40 5*60 2*10 4*30(7)>"``: items ``weight*value`` (numbered from 0 in
+    order) and the capacity in parentheses. A completion lists item numbers, e.g.
+    ``"02"``: items 0 and 2. Its score is their total value when their total weight fits
+    (each item at most once), else 0. Each instance's values are multiplied by its own
+    ``scale`` (1, 10 or 100), so raw scores differ in range across instances: the *scale
+    dominance* RiVER's instance-wise ranking removes. ``example.answer`` is the best
+    subset (brute force), for logging only: the score never reads it.
+    """
+
+    name: ClassVar[str] = "knapsack"
+    items: int = 4
+    scales: tuple[int, ...] = (1, 10, 100)
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.items <= 8:
+            raise ValueError(f"knapsack: items must be in 2..8, got {self.items}")
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            scale = rng.choice(self.scales)
+            ws = [rng.randint(1, 5) for _ in range(self.items)]
+            vs = [rng.randint(1, 9) * scale for _ in range(self.items)]
+            cap = rng.randint(max(ws), sum(ws) - 1) if sum(ws) > max(ws) else max(ws)
+            best = max(
+                (c for c in range(1 << self.items) if _weight(c, ws) <= cap),
+                key=lambda c: _value(c, vs),
+            )
+            prompt = " ".join(f"{w}*{v}" for w, v in zip(ws, vs, strict=True)) + f"({cap})>"
+            answer = "".join(str(i) for i in range(self.items) if best >> i & 1)
+            out.append(Example(prompt, answer, {"w": ws, "v": vs, "cap": cap, "scale": scale}))
+        return out
+
+    def score(self, completion: str, example: Example) -> float:
+        picked = extract_answer(completion)
+        m = example.meta
+        if not picked.isdigit() or len(set(picked)) != len(picked):
+            return 0.0
+        idx = [int(c) for c in picked]
+        if any(i >= len(m["w"]) for i in idx) or sum(m["w"][i] for i in idx) > m["cap"]:
+            return 0.0
+        return float(sum(m["v"][i] for i in idx))
+
+    def accuracy(self, completion: str, example: Example) -> float:
+        """1 when the pick is optimal (the brute-force best value), else 0."""
+        m = example.meta
+        best = max(
+            _value(c, m["v"]) for c in range(1 << len(m["w"])) if _weight(c, m["w"]) <= m["cap"]
+        )
+        return float(self.score(completion, example) == best)
+
+
+def _weight(mask: int, ws: list[int]) -> int:
+    return sum(w for i, w in enumerate(ws) if mask >> i & 1)
+
+
+def _value(mask: int, vs: list[int]) -> int:
+    return sum(v for i, v in enumerate(vs) if mask >> i & 1)
+
+
 # ----------------------------------------------------------------------------- pde
 
 
@@ -371,6 +446,7 @@ class PDETask(Task):
 TASKS: dict[str, type[Task]] = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
+    "knapsack": KnapsackTask,
     "pde": PDETask,
 }
 

@@ -433,7 +433,8 @@ def greedy_accuracy(
     batch_size: int = 256,
     max_new_tokens: int | None = None,
 ) -> float:
-    """Mean ``task.score`` of greedy completions of ``examples``' prompts.
+    """Mean ``task.accuracy`` of greedy completions of ``examples``' prompts (the score,
+    for tasks whose score is right / wrong).
 
     Prompts are left-padded into batches of ``batch_size`` (with an attention
     mask) and completed with ``model.generate(do_sample=False)``; only the new
@@ -477,7 +478,7 @@ def greedy_accuracy(
             texts = tokenizer.batch_decode(
                 out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
             )
-            total += sum(task.score(t, e) for t, e in zip(texts, chunk, strict=True))
+            total += sum(task.accuracy(t, e) for t, e in zip(texts, chunk, strict=True))
     finally:
         tokenizer.padding_side = old_side
         model.train(was_training)

@@ -86,7 +86,7 @@ from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_dis
 from rlpost.llm.rewards import RewardPool, as_verifier, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
-from rlpost.llm.tasks import Example, format_reward, make_task
+from rlpost.llm.tasks import Example, Task, format_reward, make_task
 
 
 @dataclass
@@ -1045,6 +1045,13 @@ class Trainer:
         prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
         greedy = SamplingParams(self.sampling.max_new_tokens, 0.0, stop=self.sampling.stop)
         batch = self.engine.generate(prompts, 1, greedy)
+        task = getattr(self.source, "task", None)
+        if task is not None and type(task).accuracy is not Task.accuracy:
+            # a score-based task says what solving means (e.g. an optimal knapsack pick)
+            texts = batch.texts(self.tok)
+            return sum(task.accuracy(t, e) for t, e in zip(texts, examples, strict=True)) / max(
+                len(examples), 1
+            )
         return float(self._accuracy(self._score(batch, examples).components).mean())
 
     def evaluate(self, examples: list[Example] | None = None) -> float:
