@@ -13,8 +13,9 @@ from rlpost.llm.agents import env_rollout, group_hindsight
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
+from rlpost.llm.envs.base import hint_text
 from rlpost.llm.envs.household import KINDS, HouseholdEnv
-from rlpost.llm.envs.pretrain import demonstration, hint_text
+from rlpost.llm.envs.pretrain import demonstration
 
 
 def _play(env, actions):

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from rlpost.llm.agents import env_rollout, information_gain
+from rlpost.llm.agents import env_rollout
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
 from rlpost.llm.envs.search import build_corpus, main, parse_fact, words
+from rlpost.llm.provide import information_gain
 
 
 def _play(env, actions):

@@ -20,7 +20,7 @@ retriever or a sandboxed program, overlap). A group is ``n`` episodes of the sam
 The episode's reward is the sum of its step rewards. ``turn_rewards[b, u]`` is each turn's
 own signal: the environment's ``info["gain"]`` where it reports one (progress made by the
 turn, the household world's; A²TGPO's per-turn signal), else the step's reward.
-:func:`information_gain` gives the abstract's own signal where the environment knows the
+:func:`rlpost.llm.provide.information_gain` gives the abstract's own signal where the environment knows the
 right final action (``ground_truth()``): the change, across each turn, in the policy's
 probability of that action.
 """
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rlpost.llm.chat import ChatFormat, parse_tool_call
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
-from rlpost.llm.envs.base import TextEnv
+from rlpost.llm.envs.base import TextEnv, encode_observation, hint_text
 
 
 @dataclass
@@ -71,11 +71,6 @@ def as_action(env, text: str) -> tuple[str, bool]:
     if call is None:
         return text, False
     return env.tool_action(*call), True
-
-
-def encode_observation(tokenizer, text: str) -> list[int]:
-    """An observation's ids, appended after the sequence so far (no special tokens)."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
 def env_rollout(
@@ -175,60 +170,10 @@ def env_rollout(
     return EnvRollout(batch, t, step_rewards.sum(1), signal, turns, solved, infos, said, truths, q)
 
 
-@torch.no_grad()
-def information_gain(
-    model, tokenizer, ro: EnvRollout, temperature: float = 1.0, micro_batch: int = 64
-) -> Tensor:
-    """``[N, U]`` A²TGPO's information gain: for each turn ``u`` that is followed by an
-    observation, ``P(truth | context after u) - P(truth | context before u)``, the
-    probability of the episode's ``ground_truth()`` action (its ids and EOS) under
-    ``model`` with the whole sequence up to the turn's end (its observation included) as
-    context; the last turn of an episode gets 0 (nothing follows it to predict)."""
-    from rlpost.llm.policy import completion_logprobs, make_seq_batch
-    from rlpost.llm.provide import eval_mode
-
-    b = ro.batch
-    N, U = ro.turn_rewards.shape
-    if any(t is None for t in ro.truths):
-        raise ValueError("information gain needs an environment with ground_truth()")
-    contexts, owner = [], []  # (episode, turn boundary k): context after k turns
-    lens = b.lengths.tolist()
-    for i in range(N):
-        tid = ro.turn_ids[i, : lens[i]].tolist()
-        cut = [0]  # the boundaries: the start of each turn after the first
-        cut += [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
-        for k, c in enumerate(cut):
-            contexts.append(list(b.prompt_ids[i]) + b.completion_ids[i, :c].tolist())
-            owner.append((i, k))
-    ans = [[*encode_observation(tokenizer, ro.truths[i]), tokenizer.eos_token_id] for i, _ in owner]
-    width = max(len(a) for a in ans)
-    pad = b.pad_id
-    ids = torch.full((len(ans), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(ans), width)
-    for r, a in enumerate(ans):
-        ids[r, : len(a)] = torch.tensor(a)
-        mask[r, : len(a)] = 1.0
-    prob = torch.zeros(len(ans))
-    with eval_mode(model):
-        for s in range(0, len(ans), micro_batch):
-            sl = slice(s, s + micro_batch)
-            sb = make_seq_batch(contexts[sl], ids[sl], mask[sl], pad)
-            lp = completion_logprobs(model, sb, temperature)[0].float().cpu()
-            prob[sl] = (lp * mask[sl]).sum(1).exp()
-    ig = torch.zeros(N, U)
-    at = {key: float(p) for key, p in zip(owner, prob.tolist(), strict=True)}
-    for (i, k), p in at.items():
-        if k > 0:  # turn k-1 took the probability from at[(i, k-1)] to p
-            ig[i, k - 1] = p - at[(i, k - 1)]
-    return ig
-
-
 def group_hindsight(ro: EnvRollout, n: int) -> list[str]:
-    """Each episode's hindsight hint (:func:`rlpost.llm.envs.pretrain.hint_text`): the
+    """Each episode's hindsight hint (:func:`rlpost.llm.envs.base.hint_text`): the
     actions of the shortest solved episode of its group (``n`` episodes per seed), ``""``
     where the group solved nothing (a teacher context for StepOPSD)."""
-    from rlpost.llm.envs.pretrain import hint_text
-
     out = []
     for g in range(len(ro.actions) // n):
         rows = range(g * n, (g + 1) * n)
@@ -252,5 +197,4 @@ __all__ = [
     "encode_observation",
     "env_rollout",
     "group_hindsight",
-    "information_gain",
 ]

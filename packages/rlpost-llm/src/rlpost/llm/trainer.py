@@ -507,7 +507,8 @@ class Trainer:
         self.env_next += P
         ro = self._env_rollout(seeds, G, self.sampling)
         b = ro.batch
-        from rlpost.llm.agents import group_hindsight, information_gain
+        from rlpost.llm.agents import group_hindsight
+        from rlpost.llm.provide import information_gain
 
         hints = group_hindsight(ro, G)
         examples = [

@@ -44,6 +44,17 @@ def register_env(cls: type) -> type:
     return cls
 
 
+def encode_observation(tokenizer, text: str) -> list[int]:
+    """An observation's ids, appended after the sequence so far (no special tokens)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def hint_text(actions: list[str]) -> str:
+    """A hindsight hint: a solution's actions, space-separated, then ``:`` (what a teacher
+    context puts before the first observation, e.g. StepOPSD's)."""
+    return " ".join(actions) + ":"
+
+
 def make_env(name: str, **params: Any) -> TextEnv:
     """A new environment ``name`` with ``params`` (a one-line error for a wrong name)."""
     if name not in ENVIRONMENTS:
@@ -51,4 +62,12 @@ def make_env(name: str, **params: Any) -> TextEnv:
     return ENVIRONMENTS[name](**params)
 
 
-__all__ = ["ENVIRONMENTS", "StepResult", "TextEnv", "make_env", "register_env"]
+__all__ = [
+    "ENVIRONMENTS",
+    "StepResult",
+    "TextEnv",
+    "encode_observation",
+    "hint_text",
+    "make_env",
+    "register_env",
+]

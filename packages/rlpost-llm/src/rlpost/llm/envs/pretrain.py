@@ -27,25 +27,17 @@ from typing import Any
 import torch
 
 from rlpost.core.io.cache import default_cache_dir, publish_directory
-from rlpost.llm.envs.base import make_env
+from rlpost.llm.envs.base import encode_observation, hint_text, make_env
 
 ENV_BASE_VERSION = 1
 # parameters that do not change the demonstrations (episode limits, planted shortcuts)
 _EPISODE_ONLY = ("budget", "slack", "shortcuts", "hardened")
 
 
-def hint_text(actions: list[str]) -> str:
-    """A hindsight hint: a solution's actions, space-separated, then ``:`` (what a teacher
-    context puts before the first observation, e.g. StepOPSD's)."""
-    return " ".join(actions) + ":"
-
-
 def demonstration(tok, env, seed: int, hint: bool = False) -> tuple[list[int], list[int]]:
     """``(ids, labels)`` of one demonstrated episode: labels on actions and their EOS,
     ``-100`` on observations. ``hint``: the episode's prompt starts with its own solution
     (:func:`hint_text`), so the base learns to follow a hindsight hint when it has one."""
-    from rlpost.llm.agents import encode_observation
-
     first = env.reset(seed)
     actions = env.demonstrate()
     ids = encode_observation(tok, (hint_text(actions) if hint else "") + first)
