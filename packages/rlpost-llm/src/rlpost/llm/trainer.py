@@ -101,7 +101,7 @@ class Collected:
     # [N] Mutual RL: rlpost.core.peers' OWN / TRAIN / BASELINE per row (None: all own)
     roles: Tensor | None = None
     turn_ids: Tensor | None = None  # [N, L] multi-turn episodes: each token's turn (-1: env)
-    turn_rewards: Tensor | None = None  # [N, U] each turn's environment reward
+    turn_rewards: Tensor | None = None  # [N, U] each turn's signal (data.env.turn_signal)
     query_mask: Tensor | None = None  # [N, L] the action tokens of search turns
 
     def own(self) -> Tensor:
