@@ -11,7 +11,8 @@ from rlpost.llm.agents import env_rollout
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
-from rlpost.llm.envs.search import build_corpus, main, parse_fact, words
+from rlpost.llm.envs.search import build_corpus, parse_fact, words
+from rlpost.llm.envs.search_corpus import main
 from rlpost.llm.provide import information_gain
 
 

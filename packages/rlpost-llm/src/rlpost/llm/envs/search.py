@@ -1,8 +1,8 @@
 """A search environment: single- and multi-hop questions over a local corpus, retrieved
 with BM25 (the ``bm25s`` library). Deterministic under its seed, with an exact verifier.
 
-**The corpus** (:func:`build_corpus`, ours, seeded; ``python -m rlpost.llm.envs.search
---out corpus.jsonl`` writes it) is a small knowledge base over the character tokenizer's
+**The corpus** (:func:`build_corpus`, ours, seeded; ``python -m
+rlpost.llm.envs.search_corpus --out corpus.jsonl`` writes it) is a small knowledge base over the character tokenizer's
 alphabet: entities are the numbers ``10``-``99``, relations ``+``, ``*`` and ``-``; each
 entity has one fact per relation, a document ``"17*42"`` (entity 17's ``*`` is 42). A user
 corpus is a JSONL file of ``{"text": ...}`` documents of that shape (``corpus: path``).
@@ -288,25 +288,6 @@ class SearchEnv:
                     continue
             out.append(f":{e}{r}")
         return [*out, self.ground_truth()]
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="write the search environment's corpus (JSONL)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    docs = build_corpus(a.seed)
-    Path(a.out).write_text(
-        "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs))
-    )
-    print(f"wrote {len(docs)} documents to {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 __all__ = ["Retriever", "SearchEnv", "build_corpus", "parse_fact", "words"]
