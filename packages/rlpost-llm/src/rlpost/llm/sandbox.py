@@ -83,7 +83,10 @@ for line in open("/proc/self/mounts"):
         points.append(p)
 for p in sorted(points, key=len):
     # keep each mount's own nosuid / nodev / noexec flags (required when remounting)
-    st = os.statvfs(p) if os.path.exists(p) else None
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        st = None
     keep = 0
     if st is not None:
         keep |= MS_NOSUID if st.f_flag & os.ST_NOSUID else 0
