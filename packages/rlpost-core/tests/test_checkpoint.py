@@ -29,8 +29,6 @@ def test_roundtrip_restores_model_optimizer_scheduler_rng(tmp_path):
     for _ in range(3):
         _step(m, o, s)
     save_checkpoint(tmp_path, 3, m, o, s, {"data": {"pos": 7}})
-    torch.manual_seed(123)  # the saved RNG state must come back
-    expected_next = torch.rand(3)
     m2, o2, s2 = _setup(seed=99)
     state = load_checkpoint(latest_checkpoint(tmp_path), m2, o2, s2)
     assert state["step"] == 3 and state["data"] == {"pos": 7}
@@ -44,7 +42,6 @@ def test_roundtrip_restores_model_optimizer_scheduler_rng(tmp_path):
     _step(m2, o2, s2)
     for a, b in zip(m.parameters(), m2.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert not torch.equal(expected_next, torch.rand(3)) or True  # RNG consumed deterministically
 
 
 def test_rng_state_is_restored(tmp_path):
