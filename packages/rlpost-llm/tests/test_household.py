@@ -13,18 +13,9 @@ from rlpost.llm.agents import env_rollout, group_hindsight
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
-from rlpost.llm.envs.base import hint_text
+from rlpost.llm.envs.base import hint_text, play
 from rlpost.llm.envs.household import KINDS, HouseholdEnv
 from rlpost.llm.envs.pretrain import demonstration
-
-
-def _play(env, actions):
-    out = []
-    for a in actions:
-        out.append(env.step(a))
-        if out[-1].done:
-            break
-    return out
 
 
 def test_deterministic_under_a_seed_and_every_demonstration_solves():
@@ -34,7 +25,7 @@ def test_deterministic_under_a_seed_and_every_demonstration_solves():
         assert a.reset(seed) == b.reset(seed)
         assert a.where == b.where and a.demonstrate() == b.demonstrate()
         kinds.add(a.kind)
-        res = _play(a, a.demonstrate())
+        res = play(a, a.demonstrate())
         assert all(r.info["valid"] for r in res)
         assert res[-1].done and res[-1].reward == 1.0 and res[-1].info["solved"]
         # the progress signal adds up to the goal's sub-steps
@@ -53,27 +44,27 @@ def test_the_verifier_is_exact():
     # heat: putting the object in place without heating it is not the goal
     env = _episode("heat")
     o, r = env.targets[0], env.goal_place
-    res = _play(env, [str(env.home(o)), f"+{o}", str(r), "="])
+    res = play(env, [str(env.home(o)), f"+{o}", str(r), "="])
     assert not any(x.done for x in res) and not env.solved()
-    res = _play(env, [f"+{o}", "7", "*", str(r), "="])
+    res = play(env, [f"+{o}", "7", "*", str(r), "="])
     assert res[-1].done and res[-1].reward == 1.0
     # clean needs the sink; heating is not cleaning
     env = _episode("clean")
     o, r = env.targets[0], env.goal_place
-    res = _play(env, [str(env.home(o)), f"+{o}", "7", "*", str(r), "="])
+    res = play(env, [str(env.home(o)), f"+{o}", "7", "*", str(r), "="])
     assert not env.solved() and [x.info["valid"] for x in res] == [True] * 6
     # picktwo needs both objects in place
     env = _episode("picktwo")
     (o, q), r = env.targets, env.goal_place
-    _play(env, [str(env.home(o)), f"+{o}", str(r), "="])
+    play(env, [str(env.home(o)), f"+{o}", str(r), "="])
     assert not env.solved()
-    res = _play(env, [str(env.home(q)), f"+{q}", str(r), "="])
+    res = play(env, [str(env.home(q)), f"+{q}", str(r), "="])
     assert res[-1].reward == 1.0
     # the wrong place is not the goal
     env = _episode("pick")
     o, r = env.targets[0], env.goal_place
     wrong = next(p for p in range(1, 7) if p not in (r, env.home(o)))
-    _play(env, [str(env.home(o)), f"+{o}", str(wrong), "="])
+    play(env, [str(env.home(o)), f"+{o}", str(wrong), "="])
     assert not env.solved()
 
 
@@ -92,7 +83,7 @@ def test_invalid_actions_change_nothing():
 def test_the_budget_ends_an_episode_unsolved():
     env = make_env("household", kinds=["pick"], budget=2)
     env.reset(0)
-    res = _play(env, ["1", "2", "3"])
+    res = play(env, ["1", "2", "3"])
     assert len(res) == 2 and res[-1].done and res[-1].reward == 0.0
 
 

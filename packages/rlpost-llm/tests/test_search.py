@@ -11,18 +11,10 @@ from rlpost.llm.agents import env_rollout
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.fake import ActionScriptEngine
 from rlpost.llm.envs import make_env
+from rlpost.llm.envs.base import play
 from rlpost.llm.envs.search import build_corpus, parse_fact, words
 from rlpost.llm.envs.search_corpus import main
 from rlpost.llm.provide import information_gain
-
-
-def _play(env, actions):
-    out = []
-    for a in actions:
-        out.append(env.step(a))
-        if out[-1].done:
-            break
-    return out
 
 
 def test_the_corpus_and_the_bm25_words():
@@ -38,7 +30,7 @@ def test_deterministic_under_a_seed_and_every_demonstration_solves():
     for seed in range(200):
         assert a.reset(seed) == b.reset(seed) and a.demonstrate() == b.demonstrate()
         hops.add(len(a.rels))
-        res = _play(a, a.demonstrate())
+        res = play(a, a.demonstrate())
         assert all(r.info["valid"] for r in res)
         assert res[-1].done and res[-1].reward == 1.0 and res[-1].info["solved"]
         # progress: every chain fact retrieved once, then the answer
@@ -58,13 +50,13 @@ def test_retrieval_and_the_verifier_are_exact():
     wrong = env.step(f"={mid}")  # the first hop is not the answer
     assert wrong.done and wrong.reward == 0.0
     env.reset(4)
-    _play(env, [f":{e}{r1}", f":{mid}{r2}"])
+    play(env, [f":{e}{r1}", f":{mid}{r2}"])
     assert env.step(f"={end}").reward == 1.0
     env.reset(4)
     bad = env.step("hello")
     assert not bad.info["valid"] and bad.observation == "()>"
     env.reset(4)
-    out = _play(env, [":"] * 10)  # no word: invalid; the budget ends the episode
+    out = play(env, [":"] * 10)  # no word: invalid; the budget ends the episode
     assert out[-1].done and out[-1].reward == 0.0 and len(out) == env.limit
 
 
@@ -75,7 +67,7 @@ def test_a_user_corpus_and_the_corpus_script(tmp_path):
     assert docs == build_corpus(3)
     env = make_env("search", corpus=str(path))
     env.reset(0)
-    assert _play(env, env.demonstrate())[-1].reward == 1.0
+    assert play(env, env.demonstrate())[-1].reward == 1.0
     with pytest.raises(ValueError, match="does not exist"):
         make_env("search", corpus=str(tmp_path / "none.jsonl"))
 

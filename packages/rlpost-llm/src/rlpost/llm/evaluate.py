@@ -14,23 +14,35 @@ from rlpost.llm.policy import load_policy
 from rlpost.llm.rewards import RewardPool, math_verify_reward
 
 
-def evaluate_config(
-    cfg: Config, checkpoint: str | None = None, samples: int = 0
-) -> dict[str, float | int]:
-    """Greedy accuracy on the held-out set; with ``samples=k`` also mean sampled accuracy
-    and pass@k (any of k samples at the rollout temperature is correct)."""
+def _policy_engine(cfg: Config, checkpoint=None):
+    """The tokenizer and an in-process engine on the policy of ``cfg.model`` (a
+    checkpoint's weights over it when given)."""
     model, tok = load_policy(cfg, progress=cfg.run.progress)
     if checkpoint is not None:
         from safetensors.torch import load_model
 
         load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
-    source = make_prompt_source(
-        cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
-    )
-    fn = source.task.score if cfg.data.path is None else math_verify_reward
     engine = make_local_engine(
         cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
     )
+    return tok, engine
+
+
+def _heldout(cfg: Config):
+    """The held-out prompt source and its verifier (the task's, else math-verify)."""
+    source = make_prompt_source(
+        cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
+    )
+    return source, (source.task.score if cfg.data.path is None else math_verify_reward)
+
+
+def evaluate_config(
+    cfg: Config, checkpoint: str | None = None, samples: int = 0
+) -> dict[str, float | int]:
+    """Greedy accuracy on the held-out set; with ``samples=k`` also mean sampled accuracy
+    and pass@k (any of k samples at the rollout temperature is correct)."""
+    tok, engine = _policy_engine(cfg, checkpoint)
+    source, fn = _heldout(cfg)
     exs = source.eval_examples
     prompts = [encode_prompt(tok, e.prompt) for e in exs]
     r = cfg.rollout
@@ -68,18 +80,8 @@ def monitor_config(cfg: Config, contexts: dict[str, str], samples: int = 8, chec
     rollout temperature, the verifier out of process."""
     from rlpost.llm.hacking import exploration_hacking_report
 
-    model, tok = load_policy(cfg, progress=cfg.run.progress)
-    if checkpoint is not None:
-        from safetensors.torch import load_model
-
-        load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
-    source = make_prompt_source(
-        cfg.data.task, dict(cfg.data.task_params), cfg.data.path, cfg.data.eval_size, cfg.data.seed
-    )
-    fn = source.task.score if cfg.data.path is None else math_verify_reward
-    engine = make_local_engine(
-        cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
-    )
+    tok, engine = _policy_engine(cfg, checkpoint)
+    source, fn = _heldout(cfg)
     r = cfg.rollout
     sp = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop))
     torch.manual_seed(cfg.run.seed)
@@ -103,14 +105,7 @@ def exploits_config(cfg: Config, checkpoint=None, greedy: bool = False):
     env = cfg.data.env
     if env is None:
         raise ValueError("exploits: set data.env (an environment with params.shortcuts)")
-    model, tok = load_policy(cfg, progress=cfg.run.progress)
-    if checkpoint is not None:
-        from safetensors.torch import load_model
-
-        load_model(model, str(Path(checkpoint) / "model.safetensors"), strict=True)
-    engine = make_local_engine(
-        cfg.rollout.engine if cfg.rollout.engine != "vllm" else "auto", model, tok
-    )
+    tok, engine = _policy_engine(cfg, checkpoint)
     r = cfg.rollout
     sp = SamplingParams(r.max_new_tokens, 0.0 if greedy else r.temperature, r.top_p, r.top_k)
     torch.manual_seed(cfg.run.seed)

@@ -471,8 +471,8 @@ class Trainer:
                 "data.env.chat: the tokenizer has no chat template (use a chat model, or "
                 "set data.env.chat=false for plain-text episodes)"
             )
-        tools = getattr(make_env(env.name, **env.params), "tools", None)
-        bad = append_only_violations(self.tok, tools)
+        self._chat_tools = getattr(make_env(env.name, **env.params), "tools", None)
+        bad = append_only_violations(self.tok, self._chat_tools)
         if bad:
             warnings.warn(
                 f"data.env.chat: the chat template is not append-only ({bad[0]}); turns "
@@ -490,8 +490,7 @@ class Trainer:
         if env.chat:
             from rlpost.llm.chat import ChatFormat
 
-            tools = getattr(make_env(env.name, **env.params), "tools", None)
-            chat = lambda: ChatFormat(self.tok, env.system, tools)  # noqa: E731
+            chat = lambda: ChatFormat(self.tok, env.system, self._chat_tools)  # noqa: E731
         return env_rollout(
             self.engine, self.tok, lambda: make_env(env.name, **env.params), seeds, n,
             sampling, env.max_turns, env.workers, chat,

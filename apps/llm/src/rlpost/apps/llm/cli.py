@@ -114,6 +114,17 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(report, out: str | None) -> int:
+    """Print a hacking report's table; with ``out``, also write it as JSON."""
+    print(report.table())
+    if out:
+        import json
+        from pathlib import Path
+
+        Path(out).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0
+
+
 def _monitor(args: argparse.Namespace) -> int:
     from rlpost.llm.evaluate import monitor_config
 
@@ -124,26 +135,14 @@ def _monitor(args: argparse.Namespace) -> int:
             raise ValueError(f"--context wants name=template, got {c!r}")
         contexts[name] = template
     report = monitor_config(_config(args), contexts, args.samples, args.checkpoint)
-    print(report.table())
-    if args.out:
-        import json
-        from pathlib import Path
-
-        Path(args.out).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    return 0
+    return _show(report, args.out)
 
 
 def _exploits(args: argparse.Namespace) -> int:
     from rlpost.llm.evaluate import exploits_config
 
     report = exploits_config(_config(args), args.checkpoint, args.greedy)
-    print(report.table())
-    if args.out:
-        import json
-        from pathlib import Path
-
-        Path(args.out).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    return 0
+    return _show(report, args.out)
 
 
 def _export(args: argparse.Namespace) -> int:

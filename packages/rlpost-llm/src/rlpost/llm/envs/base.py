@@ -55,6 +55,17 @@ def hint_text(actions: list[str]) -> str:
     return " ".join(actions) + ":"
 
 
+def play(env: TextEnv, actions: list[str]) -> list[StepResult]:
+    """Step ``env`` through scripted ``actions`` until the episode ends (after a
+    ``reset``): each step's result (for testing an environment or a demonstration)."""
+    out = []
+    for a in actions:
+        out.append(env.step(a))
+        if out[-1].done:
+            break
+    return out
+
+
 def make_env(name: str, **params: Any) -> TextEnv:
     """A new environment ``name`` with ``params`` (a one-line error for a wrong name)."""
     if name not in ENVIRONMENTS:
@@ -69,5 +80,6 @@ __all__ = [
     "encode_observation",
     "hint_text",
     "make_env",
+    "play",
     "register_env",
 ]
