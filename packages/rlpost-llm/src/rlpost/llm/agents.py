@@ -102,9 +102,7 @@ def env_rollout(
     truths = [e.ground_truth() if hasattr(e, "ground_truth") else None for e in envs]
     ids: list[list[int]] = [[] for _ in range(N)]
     lps: list[list[float]] = [[] for _ in range(N)]
-    mask: list[list[float]] = [[] for _ in range(N)]
-    turn: list[list[int]] = [[] for _ in range(N)]
-    query: list[list[float]] = [[] for _ in range(N)]
+    turn: list[list[int]] = [[] for _ in range(N)]  # each token's turn, -1: observation
     step_rewards = torch.zeros(N, max_turns)
     signal = torch.zeros(N, max_turns)
     infos: list[list[dict]] = [[] for _ in range(N)]
@@ -132,9 +130,7 @@ def env_rollout(
             a_ids, res = actions[r], results[r]
             ids[i] += a_ids
             lps[i] += out.logprobs[r, : lens[r]].tolist()
-            mask[i] += [1.0] * len(a_ids)
             turn[i] += [u] * len(a_ids)
-            query[i] += [1.0 if res.info.get("query") else 0.0] * len(a_ids)
             step_rewards[i, u] = res.reward
             signal[i, u] = float(res.info.get("gain", res.reward))
             infos[i].append(res.info)
@@ -148,21 +144,20 @@ def env_rollout(
                 o_ids = encode_observation(tokenizer, res.observation)
             ids[i] += o_ids
             lps[i] += [0.0] * len(o_ids)
-            mask[i] += [0.0] * len(o_ids)
             turn[i] += [-1] * len(o_ids)
-            query[i] += [0.0] * len(o_ids)
     if pool is not None:
         pool.shutdown()
     rows = [(prompts[i], ids[i], lps[i], "stop" if done[i] else "length") for i in range(N)]
     batch = RolloutBatch.from_rows(rows, len(seeds), n, engine_pad(engine, tokenizer), version)
     L = batch.completion_ids.shape[1]
-    m = torch.zeros(N, L)
     t = torch.full((N, L), -1, dtype=torch.long)
-    q = torch.zeros(N, L)
     for i in range(N):
-        m[i, : len(mask[i])] = torch.tensor(mask[i])
         t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
-        q[i, : len(query[i])] = torch.tensor(query[i])
+    m = (t >= 0).float()  # actions are trained on, observations and padding are not
+    searched = torch.tensor(
+        [[bool(x.get("query")) for x in ep] + [False] * (max_turns - len(ep)) for ep in infos]
+    ).reshape(N, max_turns)
+    q = searched.gather(1, t.clamp_min(0)).float() * m  # the action tokens of search turns
     # observations: attended (context), never trained on (mask)
     batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
     turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
