@@ -1,6 +1,6 @@
 """``rlpost-llm``: RL post-training of language models from the command line.
 
-rlpost-llm demo                                 # tiny model, GRPO on 3-digit addition
+rlpost-llm demo                                 # tiny model, GRPO on 2-digit addition
 rlpost-llm train --config grpo_arithmetic optim.lr=1e-4 train.steps=100
 rlpost-llm train --config my.yaml --resume      # continue the run in run.dir exactly
 rlpost-llm train --config my.yaml --overwrite   # replace the run in run.dir
@@ -10,6 +10,9 @@ rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference
 rlpost-llm train --config copd_mixture          # CoPD: experts as Ray actors, then one model
 rlpost-llm train --config federated_arithmetic  # clients' compressed, asynchronous updates
 rlpost-llm train --config mutual_arithmetic     # Mutual RL: two tokenizers share experience
+rlpost-llm train --config step_opsd_household   # multi-turn agents (also grpo_search, ...)
+rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}"
+rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
