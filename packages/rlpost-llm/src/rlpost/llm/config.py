@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from rlpost.core.contract import Coupling, Input
 from rlpost.core.distill import DistillSchedule
+from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, import_object, load_validated
 from rlpost.core.io.schema import Strict as _Strict
@@ -36,6 +37,8 @@ class ModelConfig(_Strict):
     path: str = "tiny"
     """"tiny": the embedded default pretrained on the task (built and cached on first use);
     "tiny-bpe": the same built with a BPE tokenizer and a Llama (another model family);
+    "tiny-feedback": the same, half its pre-training problems shown after a wrong attempt's
+    verifier feedback (a base that can read feedback, for FBOS-RL);
     with ``data.env``, "tiny" is that environment's base (SFT on its demonstrations);
     "tiny-random": the character architecture, untrained (tests); else a local path or hub
     id."""
@@ -306,6 +309,10 @@ class AlgoConfig(_Strict):
     (``rlpost.core.distill.DistillSchedule`` fields, e.g. ``{kind: anneal, horizon: 0.5}``;
     None: the preset's)."""
 
+    feedback: dict[str, Any] | None = None
+    """FBOS-RL's guided round (``rlpost.core.feedback.FeedbackExploration`` fields: share,
+    epa, ecc, template; merged over the preset's; None: the preset's)."""
+
     def build_preset(self, group_size: int | None = None) -> Preset:
         p = get_preset(self.preset)
         changes: dict[str, Any] = {}
@@ -318,6 +325,15 @@ class AlgoConfig(_Strict):
         if self.distill_schedule is not None:
             base = dataclasses.asdict(p.distill_schedule)
             changes["distill_schedule"] = DistillSchedule(**{**base, **self.distill_schedule})
+        if self.feedback is not None:
+            if p.feedback is None:
+                raise ValueError(
+                    f"algo.feedback: preset {p.name!r} has no feedback-guided round (use "
+                    "fbos, fbos_epa or fbos_ecc)"
+                )
+            changes["feedback"] = FeedbackExploration(
+                **{**dataclasses.asdict(p.feedback), **self.feedback}
+            )
         keys = ("kl_coef", "entropy_coef", "dynamic_sampling", "stages", "validation_reset")
         for key in (*keys, "distill_rows"):
             if getattr(self, key) is not None:
@@ -614,6 +630,8 @@ class Config(_Strict):
                 "cross-prompt baseline)"
             )
         rows = self.rollout.prompts_per_step * n
+        if preset.feedback is not None:  # FBOS-RL: up to m EPA copies per prompt on top
+            rows += self.rollout.prompts_per_step * preset.feedback.split(n)[1]
         coupling = recipe.coupling()
         who = ", ".join(str(e) for e in recipe.loss_entries() if e.coupling == coupling)
         if coupling == Coupling.BATCH and self.optim.micro_batch_size < rows:
@@ -680,6 +698,7 @@ class Config(_Strict):
         if len(multi) > 1:
             raise ValueError(f"{' and '.join(multi)} are exclusive")
         self._check_mutual(preset)
+        self._check_feedback(preset)
         if self.copd is not None:
             experts = self.copd.experts or sorted(domains)
             if len(experts) < 2 or not set(experts) <= domains:
@@ -724,6 +743,29 @@ class Config(_Strict):
                     f"distill.teachers[{i}].domains: {unknown} not among the data domains "
                     f"({', '.join(sorted(domains)) or 'none: set data.mixture'})"
                 )
+
+    def _check_feedback(self, preset: Preset) -> None:
+        """FBOS-RL's guided round needs a built-in task's verifier feedback and
+        synchronous, ungated groups."""
+        if preset.feedback is None:
+            return
+        why = None
+        if self.data.env is not None:
+            why = "data.env (multi-turn episodes get their feedback as observations)"
+        elif self.data.path is not None:
+            why = "data.path (no verifier feedback; use data.task or data.mixture)"
+        elif preset.dynamic_sampling:
+            why = "dynamic sampling (the guided round is what rescues all-equal groups)"
+        elif preset.stages > 1:
+            why = "algo.stages > 1"
+        elif any(getattr(self, k) is not None for k in ("mutual", "copd", "federated")):
+            why = "mutual, copd or federated runs"
+        elif preset.build().coupling() == Coupling.GROUP:
+            why = "a loss that couples a group's rows (EPA makes groups uneven)"
+        if why:
+            raise ValueError(
+                f"preset {preset.name!r} (feedback-guided re-rollouts) does not support {why}"
+            )
 
     def _check_mutual(self, preset: Preset) -> None:
         m = self.mutual

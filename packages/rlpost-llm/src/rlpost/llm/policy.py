@@ -36,10 +36,11 @@ def load_policy(cfg: Config, progress: bool = True):
 
         env = cfg.data.env
         model, tok = tiny.load_base(build_env_base(env.name, env.params, progress=progress))
-    elif path in ("tiny", "tiny-bpe"):
+    elif path in ("tiny", "tiny-bpe", "tiny-feedback"):
         kind = "bpe" if path == "tiny-bpe" else "char"
+        fb = 0.5 if path == "tiny-feedback" else None
         base = tiny.build_base(
-            cfg.data.task, progress=progress, tokenizer=kind, **cfg.data.task_params
+            cfg.data.task, progress=progress, tokenizer=kind, feedback=fb, **cfg.data.task_params
         )
         model, tok = tiny.load_base(base)
     elif path == "tiny-random":

@@ -118,6 +118,12 @@ class Task(abc.ABC):
         (a playbook entry); default: the diagnosis with its digits masked."""
         return re.sub(r"\d+", "0", feedback)
 
+    def wrong_attempt(self, example: Example, rng: random.Random) -> str | None:
+        """A plausible wrong completion of ``example`` that :meth:`feedback` can diagnose
+        (``None``: the task has none): what a feedback-aware base is shown in
+        pre-training, a failed attempt with its diagnosis before the problem."""
+        return None
+
     def params(self) -> dict[str, Any]:
         """The constructor parameters, JSON-serialisable (used for cache keys and logs)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
@@ -196,6 +202,16 @@ class ArithmeticTask(Task):
         """The error's direction and place (``"+10"``), without the attempt."""
         m = re.fullmatch(r"-?\d+([+-]\d+)", feedback)
         return m.group(1) if m else ""
+
+    def wrong_attempt(self, example: Example, rng: random.Random) -> str | None:
+        """The answer off by ``d * 10**k`` (``d`` in 1..9, ``k`` below the answer's
+        length), kept non-negative: the slips of carries and single digits."""
+        ans = int(example.answer)
+        while True:
+            delta = rng.randint(1, 9) * 10 ** rng.randrange(len(str(ans)))
+            wrong = ans + rng.choice((-1, 1)) * delta
+            if wrong >= 0:
+                return str(wrong)
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -332,6 +348,18 @@ class CountdownTask(Task):
     def lesson(self, feedback: str) -> str:
         """The kind of miss: ``"()"`` (not a valid use of the numbers), ``"+"`` / ``"-"``."""
         return feedback if feedback == "()" else feedback[-1:]
+
+    def wrong_attempt(self, example: Example, rng: random.Random) -> str | None:
+        """Another expression over the given numbers that misses the target (``None``
+        when 20 draws all hit it)."""
+        numbers = list(example.meta["numbers"])
+        for _ in range(20):
+            rng.shuffle(numbers)
+            expression = _render(self._random_tree(numbers, rng))
+            result = safe_eval(expression)
+            if result is not None and result[0] != example.meta["target"]:
+                return expression
+        return None
 
 
 # ----------------------------------------------------------------------------- knapsack

@@ -116,6 +116,7 @@ _TRAIN_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "size": "default",
     "tokenizer": "char",
+    "feedback": 0.0,
 }
 
 #: Tokenizers of :func:`build_base`: ``char`` (one token per character, Qwen2) and
@@ -332,8 +333,10 @@ class _SFTRun:
         rng_seed: int,
         exclude_prompts: frozenset[str] = frozenset(),
         weight_decay: float = 0.01,
+        feedback: float = 0.0,
     ):
         self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.feedback = feedback
         self.batch_size = batch_size
         self.rng = random.Random(rng_seed)
         self.exclude = exclude_prompts
@@ -362,7 +365,20 @@ class _SFTRun:
             out += [e for e in self.task.sample(n, self.rng) if e.prompt not in self.exclude]
         else:  # (almost) every prompt is held out: a tiny task space, train on it anyway
             out += self.task.sample(n - len(out), self.rng)
-        return out[:n]
+        return [self._with_feedback(e) for e in out[:n]]
+
+    def _with_feedback(self, e: Example) -> Example:
+        """With probability ``feedback``: the problem prefixed by a wrong attempt's
+        diagnosis in FBOS-RL's guided format (``"57+10>12+34="``), the answer unchanged."""
+        if not self.feedback or self.rng.random() >= self.feedback:
+            return e
+        wrong = self.task.wrong_attempt(e, self.rng)
+        diagnosis = self.task.feedback(wrong, e) if wrong is not None else ""
+        if not diagnosis:
+            return e
+        from rlpost.core.feedback import FeedbackExploration
+
+        return Example(FeedbackExploration().prompt(e.prompt, wrong, diagnosis), e.answer, e.meta)
 
     def train(self, steps: int, progress: bool = True, desc: str = "sft") -> list[float]:
         """Run ``steps`` optimizer steps; returns the per-step training losses."""
@@ -518,6 +534,8 @@ def base_path(
     keyed = dict(tr)
     if keyed["tokenizer"] == "char":  # the original bases keep their cache folders
         del keyed["tokenizer"]
+    if not keyed["feedback"]:
+        del keyed["feedback"]
     key = json.dumps(
         {"task": task_name, "params": tp, "train": keyed, "version": BASE_VERSION},
         sort_keys=True,
@@ -550,6 +568,7 @@ def build_base(
     seed: int | None = None,
     size: str | None = None,
     tokenizer: str | None = None,
+    feedback: float | None = None,
     **task_params: Any,
 ) -> Path:
     """Build (or find in the cache) a partly-trained tiny base model for a task.
@@ -579,6 +598,10 @@ def build_base(
             default.
         tokenizer: ``"char"`` (default: the character tokenizer and a Qwen2) or
             ``"bpe"`` (:func:`build_bpe_tokenizer` and a Llama of the same size).
+        feedback: the fraction of SFT examples shown after a wrong attempt's diagnosis
+            (:meth:`Task.wrong_attempt`, FBOS-RL's guided format): a base that can read
+            feedback, as a pretrained LLM can (default 0: none). The band is measured
+            on the bare problems.
         **task_params: task constructor parameters (default: the recipe's).
 
     Returns:
@@ -594,6 +617,7 @@ def build_base(
         "seed": seed,
         "size": size,
         "tokenizer": tokenizer,
+        "feedback": feedback,
     }
     tp, tr = _resolve(task_name, task_params, train)
     target = base_path(task_name, cache_dir, train=tr, **tp)
@@ -631,6 +655,7 @@ def build_base(
         tr["lr"],
         rng_seed=tr["seed"],
         exclude_prompts=frozenset(e.prompt for e in heldout_set),
+        feedback=tr["feedback"],
     )
     lo, hi = tr["band"]
 

@@ -379,16 +379,7 @@ class Trainer:
     def _make_memory(self) -> TeacherMemory:
         """RESD's / PMD's memory, with each domain's task for the feedback reflector and
         the policy's greedy generation for the policy reflector."""
-        cfg = self.cfg
-        if cfg.data.mixture:
-            tasks = {d.task: make_task(d.task, **d.task_params) for d in cfg.data.mixture}
-        elif cfg.data.curriculum:
-            tasks = {
-                "": make_task(cfg.data.curriculum[0].task, **cfg.data.curriculum[0].task_params)
-            }
-        else:
-            tasks = {"": make_task(cfg.data.task, **cfg.data.task_params)}
-        mc = cfg.distill.memory
+        mc = self.cfg.distill.memory
         assert mc is not None
 
         def generate(prompts: list[str]) -> list[str]:
@@ -396,7 +387,18 @@ class Trainer:
             greedy = SamplingParams(mc.reflect_tokens, 0.0, stop=self.sampling.stop)
             return self.engine.generate(ids, 1, greedy).texts(self.tok)
 
-        return TeacherMemory(mc, tasks, generate)
+        return TeacherMemory(mc, self._tasks(), generate)
+
+    def _tasks(self) -> dict[str, Task]:
+        """The built-in task of each domain (``""``: the run's single task): the verifier
+        feedback RESD's / PMD's reflector and FBOS-RL's guided round read."""
+        cfg = self.cfg
+        if cfg.data.mixture:
+            return {d.task: make_task(d.task, **d.task_params) for d in cfg.data.mixture}
+        if cfg.data.curriculum:
+            c = cfg.data.curriculum[0]
+            return {"": make_task(c.task, **c.task_params)}
+        return {"": make_task(cfg.data.task, **cfg.data.task_params)}
 
     def _extras(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
         return {"critic": (self.critic.module, self.critic.optimizer)} if self.critic else {}
@@ -541,10 +543,74 @@ class Trainer:
             turn_ids=ro.turn_ids, turn_rewards=turn_rewards, query_mask=ro.query_mask,
         )  # fmt: skip
 
+    def _generate(self, prompts: list[list[int]], n: int) -> RolloutBatch:
+        batch = self.engine.generate(prompts, n, self.sampling)
+        if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
+            raise NonFiniteError(
+                "the engine's log-probs of the sampled tokens are not finite: the "
+                "policy's weights have diverged"
+            )
+        return batch
+
+    def _collect_feedback(self) -> Collected:
+        """FBOS-RL (000-15): a plain round of ``G - m`` rollouts per prompt, a second round
+        of ``m`` conditioned on a diagnosed failure (plain where there is none), assembled
+        into EPA's and ECC's rows (:mod:`rlpost.llm.feedback`)."""
+        from rlpost.core.feedback import rescued
+        from rlpost.llm.feedback import assemble, guided_contexts
+
+        fb = self.preset.feedback
+        assert fb is not None
+        t0 = time.perf_counter()
+        P = self.cfg.rollout.prompts_per_step
+        n, m = fb.split(self.preset.group_size)
+        examples = self.source.next_batch(P)
+        prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
+        plain = self._generate(prompts, n)
+        res1 = self._score(plain, examples)
+        acc1 = self._accuracy(res1.components)
+        tasks = self._tasks()
+
+        def feedback(text: str, e: Example) -> str:
+            task = tasks.get(e.meta.get("domain", ""), tasks.get(""))
+            return task.feedback(text, e) if task is not None else ""
+
+        ctx = guided_contexts(fb, examples, plain.texts(self.tok), acc1 > 0, feedback)
+        guided = torch.tensor([c is not None for c in ctx])
+        second_prompts = [
+            encode_prompt(self.tok, c) if c is not None else prompts[i] for i, c in enumerate(ctx)
+        ]
+        second = self._generate(second_prompts, m)
+        res2 = self._score(second, examples)  # verified against the original problem
+        acc2 = self._accuracy(res2.components)
+        out = assemble(fb, plain, second, prompts, guided, acc2 > 0)
+        rewards = torch.cat([res1.rewards, res2.rewards])[out.source]
+        comps = torch.cat([res1.components, res2.components])[out.source]
+        metrics = dict(res1.metrics)
+        for k, v in res2.metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v if k.endswith(("timeouts", "errors")) else v
+        g2 = guided[:, None].expand(P, m).flatten()
+        metrics.update(
+            {
+                "fbos/plain_accuracy": float(acc1.mean()),
+                "fbos/guided_prompts": float(guided.float().mean()),
+                "fbos/guided_accuracy": float(acc2[g2].mean()) if bool(g2.any()) else 0.0,
+                "fbos/epa_rows": float(out.layout.epa.sum()),
+                "fbos/rescued": float(rescued(acc1.view(P, n) > 0, out.layout, m).sum()),
+                "time/rollout": time.perf_counter() - t0,
+            }
+        )
+        return Collected(
+            out.batch, [examples[i] for i in out.example], rewards, comps,
+            self._accuracy(comps), metrics, roles=out.roles,
+        )  # fmt: skip
+
     def collect(self) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""
         if self.cfg.data.env is not None:
             return self._collect_env()
+        if self.preset.feedback is not None:
+            return self._collect_feedback()
         p, want = self.preset, self.cfg.rollout.prompts_per_step
         if self.curriculum is not None:
             self.curriculum.set_step(self.step)
@@ -554,12 +620,7 @@ class Trainer:
         while True:
             examples = self.source.next_batch(want - kept if rounds else want)
             prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
-            batch = self.engine.generate(prompts, p.group_size, self.sampling)
-            if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
-                raise NonFiniteError(
-                    "the engine's log-probs of the sampled tokens are not finite: the "
-                    "policy's weights have diverged"
-                )
+            batch = self._generate(prompts, p.group_size)
             res = self._score(batch, examples)
             rewards = res.rewards
             for k, v in res.metrics.items():

@@ -12,6 +12,7 @@ module             presets
 ``regularized``    reva_po
 ``distill``        opd, opd_rl, mopd, copd, atod, opsd, sdpo, resd, pmd, sd_search
 ``mutual``         prp, xgrpo, sgt
+``exploration``    fbos, fbos_epa, fbos_ecc
 =================  ===========================================================
 
 The classes (:class:`Preset`, :class:`Recipe`, :class:`PolicyBatch`) live in :mod:`.base`;
@@ -21,6 +22,7 @@ importing this package registers every preset (each family module registers its 
 from rlpost.core.presets import (  # noqa: F401  (each module registers its presets)
     advantages,
     distill,
+    exploration,
     mutual,
     objectives,
     ratios,

@@ -47,6 +47,7 @@ from rlpost.core.distill import (
     distill_rows,
     turn_weights,
 )
+from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
@@ -395,6 +396,10 @@ class Preset:
     ``peers``: the policy trains beside heterogeneous peers answering the same prompts
     and uses their responses as :class:`~rlpost.core.peers.PeerSharing` says (Mutual RL's
     PRP, XGRPO, SGT; 001-11); the trainer supplies them.
+
+    ``feedback``: part of each group is re-rolled conditioned on a failed attempt and the
+    environment's feedback on it, and trained with EPA and ECC (FBOS-RL, 000-15;
+    :mod:`rlpost.core.feedback`); the trainer generates the guided rollouts.
     """
 
     name: str
@@ -419,6 +424,7 @@ class Preset:
     distill_turns: TurnReweight | None = None
     distill_tokens: str = "all"
     peers: PeerSharing | None = None
+    feedback: FeedbackExploration | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -430,6 +436,11 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: group_size must be >= 1")
         if self.stages < 1:
             raise ValueError(f"preset {self.name!r}: stages must be >= 1")
+        if self.feedback is not None:
+            try:
+                self.feedback.split(self.group_size)
+            except ValueError as exc:
+                raise ValueError(f"preset {self.name!r}: {exc}") from None
         distill_rows(torch.zeros(1, dtype=torch.bool), self.distill_rows)  # validates
         if self.distill_tokens not in DISTILL_TOKENS:
             raise ValueError(

@@ -1,0 +1,103 @@
+"""Feedback-guided exploration (FBOS-RL, catalog 000-15).
+
+GRPO samples every rollout of a group from the same prompt, so on a prompt beyond the
+policy's reach the whole group fails and the step has no gradient there. FBOS-RL spends
+part of each group's rollout budget differently: ``G - m`` rollouts of the prompt as
+usual, then, where one of them failed and the environment said why, ``m`` re-rollouts
+conditioned on that failed attempt and its feedback (the *guided* context). A prompt with
+no diagnosed failure spends its ``m`` on the plain prompt, so every group costs exactly
+``G`` rollouts, as GRPO's does. Two objectives are trained on the result:
+
+EPA (exploitation-oriented policy alignment)
+    every guided re-rollout the verifier accepts is placed, token for token, under the
+    *original* prompt and joins that prompt's group: the policy on the bare prompt is
+    aligned toward the solution feedback found. A prompt whose plain rollouts all failed,
+    which gives GRPO nothing, now has a positive example and a baseline to compare it to.
+    These rows are off-context (sampled with the feedback in view): their importance
+    ratio is taken against the current policy on the bare prompt.
+ECC (exploration-oriented capability cultivation)
+    the guided re-rollouts, in their guided context, form a group of their own with its
+    own baseline: the policy learns to turn feedback into a correction, which makes the
+    next step's guided exploration find more solutions for EPA (the flywheel).
+
+:func:`fbos_layout` is the row-level decision; the trainer generates, verifies and
+assembles (``rlpost.llm.feedback``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class FeedbackExploration:
+    """FBOS-RL's settings (see the module docstring).
+
+    ``share``: the fraction of each group's rollouts spent on guided re-rollouts
+    (``m = round(share * G)``, at least 1, and at least one plain rollout left);
+    ``epa`` / ``ecc``: train the two objectives (both: FBOS-RL; one: its ablation);
+    ``template``: the guided prompt, over ``{prompt}``, ``{response}`` (the failed
+    attempt) and ``{feedback}`` (the environment's diagnosis of it)."""
+
+    share: float = 0.5
+    epa: bool = True
+    ecc: bool = True
+    template: str = "{feedback}>{prompt}"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"feedback share must be in (0, 1), got {self.share}")
+        if not (self.epa or self.ecc):
+            raise ValueError("feedback exploration needs epa or ecc (or both) switched on")
+        if "{prompt}" not in self.template or "{feedback}" not in self.template:
+            raise ValueError(
+                f"feedback template must contain {{prompt}} and {{feedback}}, got {self.template!r}"
+            )
+
+    def split(self, group_size: int) -> tuple[int, int]:
+        """``(plain, guided)`` rollouts per group: they sum to ``group_size``."""
+        if group_size < 2:
+            raise ValueError(f"feedback exploration needs group_size >= 2, got {group_size}")
+        m = min(max(1, round(self.share * group_size)), group_size - 1)
+        return group_size - m, m
+
+    def prompt(self, prompt: str, response: str, feedback: str) -> str:
+        return self.template.format(prompt=prompt, response=response, feedback=feedback)
+
+
+class FBOSLayout(NamedTuple):
+    """Per second-round row (``[P * m]``, prompt-major): ``plain`` rows were sampled
+    from the original prompt (a prompt without a diagnosed failure) and join its group
+    as ordinary rollouts; ``ecc`` rows are trained in their guided context, in a group of
+    their own; ``epa`` rows are copied under the original prompt into its group."""
+
+    plain: Tensor
+    ecc: Tensor
+    epa: Tensor
+
+
+def fbos_layout(fb: FeedbackExploration, guided: Tensor, correct: Tensor) -> FBOSLayout:
+    """``guided`` ``[P]`` bool: whether prompt i's second round was guided;
+    ``correct`` ``[P, m]`` bool: the verifier's verdict on each second-round rollout."""
+    if correct.dim() != 2 or correct.shape[0] != guided.shape[0]:
+        raise ValueError(
+            f"correct must be [P, m] with P = len(guided) = {guided.shape[0]}, "
+            f"got {tuple(correct.shape)}"
+        )
+    g = guided.bool()[:, None].expand_as(correct)
+    plain = ~g
+    ecc = g & fb.ecc
+    epa = g & correct.bool() & fb.epa
+    return FBOSLayout(plain.flatten(), ecc.flatten(), epa.flatten())
+
+
+def rescued(first_correct: Tensor, layout: FBOSLayout, m: int) -> Tensor:
+    """``[P]`` bool: the prompts whose plain rollouts all failed and that EPA gives a
+    verified solution (groups GRPO could not learn from)."""
+    return ~first_correct.bool().any(1) & layout.epa.view(-1, m).any(1)
+
+
+__all__ = ["FBOSLayout", "FeedbackExploration", "fbos_layout", "rescued"]

@@ -1,0 +1,65 @@
+"""FBOS-RL's row-level decision (000-15): who is re-rolled with feedback, what EPA copies
+under the bare prompt and what ECC trains in the guided context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlpost.core.feedback import FeedbackExploration, fbos_layout, rescued
+from rlpost.core.presets import get_preset
+
+
+def test_the_split_keeps_the_group_budget_and_at_least_one_plain_rollout():
+    fb = FeedbackExploration(share=0.5)
+    assert [fb.split(g) for g in (2, 3, 8)] == [(1, 1), (1, 2), (4, 4)]
+    assert FeedbackExploration(share=0.9).split(4) == (1, 3)
+    assert FeedbackExploration(share=0.01).split(8) == (7, 1)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        fb.split(1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"share": 0.0}, "share"),
+        ({"share": 1.0}, "share"),
+        ({"epa": False, "ecc": False}, "epa or ecc"),
+        ({"template": "{prompt}"}, "template"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FeedbackExploration(**kwargs)
+
+
+def test_epa_copies_only_verified_guided_solutions_and_ecc_only_guided_rollouts():
+    guided = torch.tensor([True, False, True])
+    correct = torch.tensor([[True, False], [True, True], [False, False]])
+    lay = fbos_layout(FeedbackExploration(), guided, correct)
+    assert lay.plain.tolist() == [False, False, True, True, False, False]
+    assert lay.ecc.tolist() == [True, True, False, False, True, True]
+    # prompt 1's successes were sampled from the bare prompt: ordinary rows, not EPA's
+    assert lay.epa.tolist() == [True, False, False, False, False, False]
+    only_epa = fbos_layout(FeedbackExploration(ecc=False), guided, correct)
+    assert not only_epa.ecc.any() and only_epa.epa.tolist() == lay.epa.tolist()
+    only_ecc = fbos_layout(FeedbackExploration(epa=False), guided, correct)
+    assert not only_ecc.epa.any() and only_ecc.ecc.tolist() == lay.ecc.tolist()
+    with pytest.raises(ValueError, match=r"\[P, m\]"):
+        fbos_layout(FeedbackExploration(), guided, correct.flatten())
+
+
+def test_rescued_counts_prompts_with_no_plain_success_and_an_epa_solution():
+    guided = torch.tensor([True, True, True])
+    second = torch.tensor([[True], [True], [False]])
+    lay = fbos_layout(FeedbackExploration(), guided, second)
+    first = torch.tensor([[False, False], [True, False], [False, False]])
+    assert rescued(first, lay, 1).tolist() == [True, False, False]
+
+
+def test_the_presets_declare_the_guided_round_and_validate_it_against_the_group():
+    p = get_preset("fbos")
+    assert p.feedback is not None and p.feedback.epa and p.feedback.ecc
+    assert not get_preset("fbos_epa").feedback.ecc and not get_preset("fbos_ecc").feedback.epa
+    with pytest.raises(ValueError, match=r"preset 'fbos': .*group_size >= 2"):
+        p.replace(group_size=1)

@@ -1,0 +1,176 @@
+"""FBOS-RL's guided round in the trainer (000-15): guided prompts from diagnosed failures,
+EPA's copies token for token under the bare prompt, ECC's groups, the same rollout budget
+as GRPO, and the update EPA gives a prompt GRPO could not learn from."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from rlpost.core.feedback import FeedbackExploration
+from rlpost.core.peers import OWN, TRAIN
+from rlpost.llm.config import ConfigError
+from rlpost.llm.engines.base import RolloutBatch
+from rlpost.llm.engines.fake import FakeEngine
+from rlpost.llm.feedback import assemble, guided_contexts
+from rlpost.llm.tasks import Example, make_task
+from rlpost.llm.tiny import build_tokenizer
+from rlpost.llm.trainer import Trainer
+
+ARITH = make_task("arithmetic", digits=2)
+
+
+def _ex(a: int, b: int) -> Example:
+    return Example(f"{a}+{b}=", str(a + b), {"a": a, "b": b, "op": "+"})
+
+
+def test_the_guided_prompt_comes_from_the_first_failure_the_verifier_can_diagnose():
+    fb = FeedbackExploration()
+    exs = [_ex(28, 35), _ex(1, 1), _ex(2, 2)]
+    texts = ["x", "53", "63", "2", "2", "2", "9", "9", "4"]  # 3 plain rollouts each
+    correct = torch.tensor([ARITH.score(t, exs[i // 3]) > 0 for i, t in enumerate(texts)])
+    ctx = guided_contexts(fb, exs, texts, correct, ARITH.feedback)
+    # "x" is wrong but says nothing the verifier can diagnose: the next failure is used
+    assert ctx == ["53+10>28+35=", None, "9-1>2+2="]
+    with pytest.raises(ValueError, match="text prompts"):
+        guided_contexts(
+            fb, [Example([{"role": "user"}], "1", {})], ["1"], correct[:1], ARITH.feedback
+        )
+
+
+def _batch(prompts: list[list[int]], completions: list[list[int]], n: int) -> RolloutBatch:
+    rows = [(prompts[i // n], c, [-0.5] * len(c), "stop") for i, c in enumerate(completions)]
+    return RolloutBatch.from_rows(rows, len(prompts), n, pad_id=0)
+
+
+def test_assembly_keeps_the_budget_and_copies_guided_solutions_token_for_token():
+    fb = FeedbackExploration()
+    prompts = [[10, 11], [20, 21]]
+    plain = _batch(prompts, [[1], [2], [3], [4]], 2)  # 2 plain rollouts per prompt
+    guided_prompt = [99, 10, 11]
+    second = _batch([guided_prompt, prompts[1]], [[5, 6], [7], [8], [9]], 2)
+    guided = torch.tensor([True, False])
+    correct = torch.tensor([True, False, True, True])  # prompt 0's first guided one solves
+    out = assemble(fb, plain, second, prompts, guided, correct)
+    b = out.batch
+    # prompt 0's group: its two plain rows and EPA's copy of the guided solution [5, 6]
+    # under the bare prompt; prompt 1's group: its plain rows and its unguided second round
+    assert b.group.tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert b.prompt_ids[:3] == [prompts[0]] * 3 and b.prompt_ids[3:7] == [prompts[1]] * 4
+    assert b.completion_ids[2, :2].tolist() == [5, 6] and b.mask[2].tolist() == [1.0, 1.0]
+    assert out.roles.tolist() == [OWN, OWN, TRAIN, OWN, OWN, OWN, OWN, OWN, OWN]
+    # ECC: both guided rollouts of prompt 0, in the guided context, a group of their own
+    assert b.prompt_ids[7:] == [guided_prompt] * 2
+    assert b.completion_ids[7:, :2].tolist() == [[5, 6], [7, 0]]
+    assert out.example == [0, 0, 0, 1, 1, 1, 1, 0, 0]
+    # every rollout generated is in the batch once as itself: 4 per prompt, as GRPO's 4
+    own = out.source[out.roles == OWN].tolist()
+    assert sorted(own) == list(range(len(plain) + len(second)))
+
+
+def _script(tok):
+    """Bare prompts get a wrong answer (0); prompts carrying feedback get the right one."""
+
+    def script(prompt_ids, n):
+        text = tok.decode(prompt_ids, skip_special_tokens=True)
+        problem = text.split(">")[-1]
+        a, b = problem.rstrip("=").split("+")
+        answer = str(int(a) + int(b)) if ">" in text else "0"
+        ids = [*tok.encode(answer, add_special_tokens=False), tok.eos_token_id]
+        return [(ids, [-1.0] * len(ids), "stop")] * n
+
+    return script
+
+
+def _logp(model, tok, prompt: str, answer: str) -> float:
+    p = tok.encode(prompt, add_special_tokens=False)
+    a = [*tok.encode(answer, add_special_tokens=False), tok.eos_token_id]
+    ids = torch.tensor([p + a])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(p) - 1 : -1].log_softmax(-1)
+    return float(logits.gather(1, torch.tensor(a)[:, None]).sum())
+
+
+@pytest.mark.parametrize("preset", ["fbos", "fbos_ecc"])
+def test_epa_trains_the_bare_prompt_toward_the_solution_feedback_found(fast_cfg, preset):
+    cfg = fast_cfg(
+        f"algo.preset={preset}", "data.task_params={digits: 2}", "optim.lr=1e-3",
+        "optim.micro_batch_size=64",
+    )  # fmt: skip
+    tr = Trainer(cfg)
+    try:
+        tok = tr.tok
+        tr.engine = FakeEngine(_script(tok), pad_id=tok.pad_token_id)
+        col = tr.collect()
+        P, G = 4, 4
+        assert col.metrics["fbos/plain_accuracy"] == 0.0
+        assert col.metrics["fbos/guided_prompts"] == 1.0
+        assert col.metrics["fbos/guided_accuracy"] == 1.0
+        epa = col.roles == TRAIN
+        assert int(epa.sum()) == (P * G // 2 if preset == "fbos" else 0)
+        assert col.metrics["fbos/rescued"] == (P if preset == "fbos" else 0)
+        assert bool((col.rewards[epa] == 1.0).all())
+        e = col.examples[0]
+        before = _logp(tr.model, tok, e.prompt, e.answer)
+        tr.update(col)
+        gain = _logp(tr.model, tok, e.prompt, e.answer) - before
+        if preset == "fbos":
+            assert gain > 0.5  # the bare prompt learned the guided solution
+        else:  # no EPA: every group is all-wrong or all-right, so no gradient at all
+            assert abs(gain) < 1e-6
+    finally:
+        tr.close()
+
+
+def test_a_feedback_aware_base_reads_a_diagnosis_pretrained_in_the_guided_format():
+    task = make_task("arithmetic", digits=2)
+    rng = random.Random(0)
+    e = _ex(28, 35)
+    w = task.wrong_attempt(e, rng)
+    assert w is not None and w != "63" and task.feedback(w, e)
+    cd = make_task("countdown")
+    c = cd.sample(1, rng)[0]
+    w = cd.wrong_attempt(c, rng)
+    assert w is not None and cd.score(w, c) == 0.0 and cd.feedback(w, c) not in ("", "()")
+    assert make_task("knapsack").wrong_attempt(c, rng) is None
+    from rlpost.llm.tiny import _SFTRun
+
+    run = _SFTRun(torch.nn.Linear(1, 1), build_tokenizer(), task, 1, 64, 1e-3, 0, feedback=1.0)
+    shown = run._examples()
+    for x in shown:  # "<attempt><+|-><place>><problem>", the answer unchanged
+        diagnosis, problem = x.prompt.split(">")
+        e = _ex(x.meta["a"], x.meta["b"])
+        assert problem == e.prompt and x.answer == e.answer
+        attempt = re.fullmatch(r"(\d+)[+-]\d+", diagnosis).group(1)
+        assert attempt != e.answer and task.feedback(attempt, e) == diagnosis
+    plain = _SFTRun(torch.nn.Linear(1, 1), build_tokenizer(), task, 1, 64, 1e-3, 0)
+    assert not any(">" in x.prompt for x in plain._examples())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["data.path=x.jsonl"], "data.path"),
+        (["algo.dynamic_sampling=true"], "dynamic sampling"),
+        (["algo.feedback={share: 2.0}"], "share"),
+        (["algo.feedback={colour: red}"], "colour"),
+        (["algo.preset=grpo", "algo.feedback={share: 0.5}"], "no feedback-guided round"),
+    ],
+)
+def test_fbos_config_errors_name_the_problem(fast_cfg, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        fast_cfg("algo.preset=fbos", *overrides)
+
+
+def test_fbos_trains_with_its_settings_overridden(fast_cfg):
+    cfg = fast_cfg("algo.preset=fbos", "algo.feedback={share: 0.25, ecc: false}")
+    assert cfg.preset().feedback == FeedbackExploration(share=0.25, ecc=False)
+    tr = Trainer(cfg)
+    try:
+        tr.train()
+    finally:
+        tr.close()
+    assert tr.step == 2
