@@ -13,6 +13,9 @@ budget, looking at an object's home first is what RL can find. From the same bas
   never changing its sign;
 * ``sd_search`` (search only): GRPO plus the token-level JSD to the same hindsight
   self-teacher at the search-query tokens only (000-16);
+* ``rubricem`` (search only): RubricEM's Stage-Structured GRPO (000-30), each turn scored
+  by the environment's rubric judge for its stage (research: a valid query that found a
+  new chain fact; answer: right and grounded), each stage normalised in its group;
 * ``a2tgpo``: a turn-group-normalised per-turn signal accumulated with variance
   rescaling, plus the outcome advantage, with adaptive turn-level clip ranges. On the
   search environment the signal is the abstract's information gain (the change in the
@@ -59,11 +62,13 @@ METHODS = {
         "algo.preset=sd_search",
         "distill.teachers=[{path: self, template: '{hindsight}{prompt}'}]",
     ],
+    "rubricem": ["algo.preset=rubricem"],  # the search environment's rubric judge
 }
+SEARCH_ONLY = ("sd_search", "rubricem")
 
 
 def methods(env: str) -> list[str]:
-    return [m for m in METHODS if m != "sd_search" or env == "search"]
+    return [m for m in METHODS if m not in SEARCH_ONLY or env == "search"]
 
 
 def job(spec: dict) -> dict[str, Any]:
@@ -76,6 +81,8 @@ def job(spec: dict) -> dict[str, Any]:
     torch.set_num_threads(1)
     run_dir = Path(spec["root"]) / f"{spec['name']}-{spec['seed']}"
     signal = "ig" if spec["name"] == "a2tgpo" and spec["env"] == "search" else "env"
+    if spec["name"] == "rubricem":
+        signal = "rubric"
     cfg = load_config(
         None,
         [
@@ -174,7 +181,7 @@ def main() -> None:
     write_result(
         a.out,
         name=f"llm_agents_{a.env}",
-        catalog_ids=["000-03", "001-15"],
+        catalog_ids=["000-03", "001-15", "000-16", "000-30"],
         config={**vars(a), "base": str(base)},
         seeds=a.seeds,
         rows=rows,

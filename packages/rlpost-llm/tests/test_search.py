@@ -185,3 +185,38 @@ def test_sd_search_distils_only_query_tokens(fast_overrides, tmp_path, monkeypat
     ))  # fmt: skip
     (grad,) = torch.autograd.grad(out.loss, logits)
     assert (grad[qmask == 0] == 0).all() and (grad[qmask == 1].abs().sum(-1) > 0).all()
+
+
+def test_the_rubric_judge_scores_each_turn_against_its_stage():
+    env = make_env("search", min_hops=2, max_hops=2)
+    env.reset(4)
+    e, (r1, r2), mid, end = env.start, env.rels, env.chain[1], env.chain[2]
+    res = play(env, [f":{e}{r1}", f":{e}{r1}", "hello", f":{mid}{r2}", f"={end}"])
+    judged = [env.judge(r.info) for r in res]
+    # a new fact (1), the same fact again (valid, nothing new: 1/2), an invalid action
+    # (0), the second fact (1), then the true answer grounded in both facts (1)
+    assert judged == [(0, 1.0), (0, 0.5), (0, 0.0), (0, 1.0), (1, 1.0)]
+    env.reset(4)
+    (res,) = play(env, [f"={end}"])  # right, but nothing retrieved: not grounded
+    assert env.judge(res.info) == (1, 0.5)
+    env.reset(4)
+    res = play(env, [f":{e}{r1}", f":{mid}{r2}", f"={mid}"])
+    assert env.judge(res[-1].info) == (1, 0.5)  # grounded, wrong
+
+
+def test_rubricem_trains_on_stage_judgments_from_the_cli(fast_overrides, fast_cfg, tmp_path):
+    from rlpost.apps.llm.cli import main as cli
+    from rlpost.llm.config import ConfigError
+
+    run = tmp_path / "rubric"
+    over = [
+        *fast_overrides,
+        "data.env={name: search, params: {slack: 0}, turn_signal: rubric, max_turns: 4}",
+        "algo.preset=rubricem", "rollout.max_new_tokens=4", f"run.dir={run}", "train.steps=1",
+    ]  # fmt: skip
+    assert cli(["train", "--config", "rubricem_search", *over]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if r["step"] == 1]
+    assert 0.0 <= row["env/rubric_stage0"] <= 1.0 and row["adv/stages_per_traj"] >= 1.0
+    with pytest.raises(ConfigError, match="no rubric judge"):
+        fast_cfg("data.env={name: household, turn_signal: rubric}")

@@ -98,10 +98,12 @@ class EnvConfig(_Strict):
     environments with tools. The template is checked for being append-only at start."""
     system: str | None = None
     """A system message for chat episodes."""
-    turn_signal: Literal["env", "ig"] = "env"
+    turn_signal: Literal["env", "ig", "rubric"] = "env"
     """Each turn's own signal (``Input.TURNS``' per-turn values, A²TGPO's): ``env``, the
     environment's ``info["gain"]`` (else the step reward); ``ig``, the information gain,
-    the change in the policy's probability of the environment's ``ground_truth()``."""
+    the change in the policy's probability of the environment's ``ground_truth()``;
+    ``rubric``, the environment's judge (``judge(info) -> (stage, score)``): each turn's
+    score against its stage's rubric, with the stages (RubricEM's Stage-Structured GRPO)."""
 
     @model_validator(mode="after")
     def _exists(self) -> EnvConfig:
@@ -115,6 +117,11 @@ class EnvConfig(_Strict):
             raise ValueError(
                 f"data.env.turn_signal=ig: environment {self.name!r} has no ground truth "
                 "to measure information gain on (use turn_signal=env)"
+            )
+        if self.turn_signal == "rubric" and not hasattr(env, "judge"):
+            raise ValueError(
+                f"data.env.turn_signal=rubric: environment {self.name!r} has no rubric judge "
+                "(judge(info) -> (stage, score)); the search environment has one"
             )
         return self
 

@@ -102,6 +102,7 @@ class Collected:
     roles: Tensor | None = None
     turn_ids: Tensor | None = None  # [N, L] multi-turn episodes: each token's turn (-1: env)
     turn_rewards: Tensor | None = None  # [N, U] each turn's signal (data.env.turn_signal)
+    turn_stages: Tensor | None = None  # [N, U] each turn's stage (turn_signal: rubric)
     query_mask: Tensor | None = None  # [N, L] the action tokens of search turns
 
     def own(self) -> Tensor:
@@ -538,9 +539,24 @@ class Trainer:
                 self.cfg.optim.micro_batch_size,
             )  # fmt: skip
             metrics["env/ig_abs_mean"] = float(turn_rewards.abs().mean())
+        stages = None
+        if self.cfg.data.env.turn_signal == "rubric":
+            from rlpost.llm.envs.base import ENVIRONMENTS
+
+            judge = ENVIRONMENTS[self.cfg.data.env.name].judge  # a static method
+            stages = torch.full_like(turn_rewards, -1, dtype=torch.long)
+            turn_rewards = torch.zeros_like(turn_rewards)
+            for i, ep in enumerate(ro.infos):
+                for u, info in enumerate(ep):
+                    stages[i, u], turn_rewards[i, u] = judge(info)
+            for s in range(int(stages.max()) + 1):
+                on = stages == s
+                if bool(on.any()):
+                    metrics[f"env/rubric_stage{s}"] = float(turn_rewards[on].mean())
         return Collected(
             b, examples, ro.rewards, ro.rewards[:, None], acc, metrics,
             turn_ids=ro.turn_ids, turn_rewards=turn_rewards, query_mask=ro.query_mask,
+            turn_stages=stages,
         )  # fmt: skip
 
     def _generate(self, prompts: list[list[int]], n: int) -> RolloutBatch:
@@ -866,7 +882,11 @@ class Trainer:
             extras["teacher_logprobs"] = torch.where(scored, teach.logp, old_logp) * batch.mask
         turns = {}
         if col.turn_ids is not None and Input.TURNS in self.reads:
-            turns = {"turn_ids": col.turn_ids, "turn_rewards": col.turn_rewards}
+            turns = {
+                "turn_ids": col.turn_ids,
+                "turn_rewards": col.turn_rewards,
+                "turn_stages": col.turn_stages,
+            }
         adv_out = self.recipe.advantages(
             AdvantageInput(
                 group_ids=batch.group,

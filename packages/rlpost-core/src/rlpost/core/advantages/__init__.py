@@ -23,6 +23,7 @@ from rlpost.core.advantages import (  # noqa: F401  (each module registers its e
     cross_prompt,
     entropy,
     shaping,
+    stages,
     steps,
     turns,
     vector,

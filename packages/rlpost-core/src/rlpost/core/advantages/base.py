@@ -23,7 +23,9 @@ Shapes: ``B`` responses, ``T`` response tokens, ``K`` reward components.
 * ``reward_mask``: optional ``[B, K]`` bool, which reward components apply to a response
   (RDPO's active reward subspaces in multi-task batches); inactive entries are ignored.
 * ``turn_ids`` / ``turn_rewards``: optional ``[B, T]`` turn index of each token (-1: not a
-  policy token) and ``[B, U]`` per-turn intrinsic signals (A²TGPO's information gain).
+  policy token) and ``[B, U]`` per-turn intrinsic signals (A²TGPO's information gain, a
+  rubric judge's score of each turn); ``turn_stages``: optional ``[B, U]`` the stage each
+  turn belongs to (RubricEM's research / answer stages; ``None``: no stage structure).
 * ``dynamics``: optional :class:`TrainingDynamics` (progress, current and initial policy
   entropy) for schedule-driven estimators (Entrocraft, FADE).
 * ``teacher_logprobs``: optional ``[B, T]`` a teacher's log-probs of the sampled tokens
@@ -78,6 +80,7 @@ class AdvantageInput:
     reward_mask: Tensor | None = None
     turn_ids: Tensor | None = None
     turn_rewards: Tensor | None = None
+    turn_stages: Tensor | None = None
     dynamics: TrainingDynamics | None = None
     teacher_logprobs: Tensor | None = None
 
@@ -96,6 +99,10 @@ class AdvantageInput:
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != B):
                 raise ValueError(f"{name} must be [B={B}, D], got shape {tuple(t.shape)}")
+        if self.turn_stages is not None and (
+            self.turn_rewards is None or self.turn_stages.shape != self.turn_rewards.shape
+        ):
+            raise ValueError("turn_stages must be [B, U], the shape of turn_rewards")
         if self.reward_mask is not None and (r.dim() != 2 or self.reward_mask.shape != r.shape):
             raise ValueError(
                 f"reward_mask must match [B, K] rewards {tuple(r.shape)}, "

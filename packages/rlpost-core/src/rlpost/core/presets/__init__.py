@@ -5,7 +5,8 @@ module             presets
 =================  ===========================================================
 ``standard``       grpo, dapo, dr_grpo, gspo, rloo, reinforce_pp, ppo
 ``advantages``     river, hmpo, icr, soft_pair_grpo, basis, gcpo, ed_grpo, tea,
-                   prefix_tea, entrocraft, fade, vpo, rdpo, a2tgpo, step_opsd
+                   prefix_tea, entrocraft, fade, vpo, rdpo, a2tgpo, step_opsd,
+                   rubricem
 ``ratios``         ftis, ctpo, sis, ring_zero, predictive_divergence_mask
 ``objectives``     hard_pair_grpo, implicit_pessimism, ess_adaptive, up, up_gspo,
                    ripo, sao, mu_grpo, conspo, lpo

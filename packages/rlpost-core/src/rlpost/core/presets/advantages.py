@@ -211,3 +211,19 @@ register_preset(
         "is stabilising) and lambda_mix 0.5 (task-dependent) are ours",
     )
 )
+
+register_preset(
+    Preset(
+        name="rubricem",
+        paper="RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
+        "Rewards (catalog 000-30)",
+        catalog_id="000-30",
+        advantage=Choice("stage_grpo", {"stage_weight": 1.0, "outcome_weight": 1.0}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        notes="Stage-Structured GRPO: each stage's tokens get its own group-normalised rubric "
+        "score (the trainer's judge: data.env.turn_signal=rubric) plus the outcome "
+        "advantage. Equal stage and outcome weights are ours",
+    )
+)

@@ -35,7 +35,10 @@ A chat model calls them as tools instead (``tools``: ``search(query)``, ``answer
 The budget, ``hops + 1 + slack`` turns (``slack`` default 2; 0 leaves room only for one
 precise query per hop and the answer), ends an unanswered episode with reward 0.
 ``info`` records validity, whether the action was a query, and ``gain``: the chain facts
-first retrieved by the turn (plus 1 for the right answer), a progress signal;
+first retrieved by the turn (plus 1 for the right answer), a progress signal; and, on the
+answer, ``grounded`` (every chain fact was retrieved before it). :meth:`SearchEnv.judge`
+scores each turn against its stage's rubric (RubricEM's research and answer stages,
+``data.env.turn_signal: rubric``);
 :meth:`SearchEnv.ground_truth` is the right final action (``"=85"``), whose probability
 under the policy after each turn is A²TGPO's information gain (``data.env.turn_signal:
 ig``).
@@ -227,6 +230,19 @@ class SearchEnv:
             return f"={arguments.get('answer', '')}"
         return f"(unknown tool {name})"
 
+    #: RubricEM's stages of a search episode (:meth:`judge`).
+    STAGES: ClassVar[tuple[str, ...]] = ("research", "answer")
+
+    @staticmethod
+    def judge(info: dict[str, Any]) -> tuple[int, float]:
+        """``(stage, score)`` of one turn from its ``info``, the stage's rubric the mean
+        of its items: a research turn (0) is a valid query, and it retrieved a chain fact
+        not seen before; the answer (1) is the true answer (not the checker's, which a
+        tamper can move), and grounded (every fact of the chain was retrieved first)."""
+        if "right" in info:
+            return 1, (float(info["right"]) + float(info["grounded"])) / 2
+        return 0, (float(bool(info.get("valid"))) + float(info.get("gain", 0.0) > 0)) / 2
+
     def ground_truth(self) -> str:
         """The right final action."""
         return f"={self.chain[-1]}"
@@ -257,7 +273,7 @@ class SearchEnv:
             ):
                 exploit = "metadata"  # right without having retrieved the chain
             info |= {"valid": True, "gain": 1.0 if passed else 0.0, "solved": passed}
-            info |= {"right": right, "exploit": exploit}
+            info |= {"right": right, "exploit": exploit, "grounded": not self.needed - self.seen}
             return StepResult("", 1.0 if passed else 0.0, True, info)
         obs = None
         if a.startswith(":") and words(a[1:]):
