@@ -35,7 +35,7 @@ from rlpost.core.guard import UpdateGuard, all_finite
 from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.methods import LossInput, Needs
@@ -462,9 +462,7 @@ class Trainer:
                     m = {**b.metrics, "skipped": 1.0}
                     self._failed = self._skip(b.skip, b.diverged)
                 self.step += 1
-                if cfg.run.eval_every and (
-                    self.step % cfg.run.eval_every == 0 or self.step == cfg.train.steps
-                ):
+                if due(cfg.run.eval_every, self.step, cfg.train.steps):
                     last = self.step == cfg.train.steps
                     m.update(self.evaluate(self.run_dir / "samples_after.png" if last else None))
                 m["time/elapsed_s"] = time.perf_counter() - t0
@@ -473,9 +471,7 @@ class Trainer:
                     self.guard.record(False, self._failed)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward/mean']:.3f}")
-                if cfg.run.save_every and (
-                    self.step % cfg.run.save_every == 0 or self.step == cfg.train.steps
-                ):
+                if due(cfg.run.save_every, self.step, cfg.train.steps):
                     save_checkpoint(
                         self.ckpt_dir,
                         self.step,

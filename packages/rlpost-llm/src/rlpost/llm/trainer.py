@@ -59,7 +59,7 @@ from rlpost.core.io.checkpoint import (
 )
 from rlpost.core.io.config import import_object
 from rlpost.core.io.curves import write_summary
-from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
 from rlpost.core.peers import BASELINE, OWN
@@ -1287,14 +1287,10 @@ class Trainer:
                         "policy_version": float(self.version),
                     }
                 )
-                if cfg.run.eval_every and (
-                    self.step % cfg.run.eval_every == 0 or self.step == total
-                ):
+                if due(cfg.run.eval_every, self.step, total):
                     metrics.update(self._eval_metrics())
                 self.logger.log(self.step, metrics)
-                if cfg.run.save_every and (
-                    self.step % cfg.run.save_every == 0 or self.step == total
-                ):
+                if due(cfg.run.save_every, self.step, total):
                     self.save()
                 if bar is not None:
                     bar.update(1)

@@ -43,6 +43,12 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (locked, or holds a run)."""
 
 
+def due(every: int, step: int, total: int) -> bool:
+    """Whether a periodic action (evaluate, save) falls on ``step``: every ``every`` steps
+    and at the last one (``total``); ``every = 0`` never."""
+    return bool(every) and (step % every == 0 or step == total)
+
+
 def notice(message: str) -> None:
     """Tell the user about a decision the run took, in one line on stderr."""
     print(f"rlpost: {message}", file=sys.stderr, flush=True)

@@ -49,7 +49,7 @@ from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
 from rlpost.llm.data import PromptSource, make_prompt_source
 from rlpost.llm.engines.base import RolloutEngine, SamplingParams
@@ -536,16 +536,12 @@ class PreferenceTrainer:
                 self._bad = None
                 metrics = self.train_step()
                 self.step += 1
-                if cfg.run.eval_every and (
-                    self.step % cfg.run.eval_every == 0 or self.step == self.total
-                ):
+                if due(cfg.run.eval_every, self.step, self.total):
                     metrics.update(self.evaluate())
                 metrics["time/step"] = time.perf_counter() - t0
                 self.logger.log(self.step, metrics)
                 self.guard.record(self._bad is None, self._bad or "")  # may stop the run
-                if cfg.run.save_every and (
-                    self.step % cfg.run.save_every == 0 or self.step == self.total
-                ):
+                if due(cfg.run.save_every, self.step, self.total):
                     self.save()
                 if bar is not None:
                     bar.update(1)
