@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, plot_mean_curves, print_table, run_pool, write_result
+from benchlib import curve_row, mean_std, plot_mean_curves, print_table, run_pool, write_result
 
 DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave room
     "household": {"params": "{budget: 8}", "max_turns": 8, "max_new_tokens": 3, "steps": 100},
@@ -153,16 +153,10 @@ def main() -> None:
     rows, curves = [], {}
     for name in methods(a.env):
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
-        curves[name] = [r["curve"] for r in runs]
-        row: dict[str, Any] = {"method": name}
-        row["before"] = runs[0]["curve"][0][1]
-        row["after"], row["after_std"] = mean_std(r["curve"][-1][1] for r in runs)
-        row["best"], _ = mean_std(max(v for _, v in r["curve"]) for r in runs)
-        row["auc"], _ = mean_std(sum(v for _, v in r["curve"]) / len(r["curve"]) for r in runs)
-        row["turns_first"], _ = mean_std(r["turns_first"] for r in runs)
-        row["turns_last"], _ = mean_std(r["turns_last"] for r in runs)
-        row["seconds"], _ = mean_std(r["seconds"] for r in runs)
-        row["curves"] = curves[name]
+        row = curve_row(name, runs)
+        curves[name] = row["curves"]
+        for k in ("turns_first", "turns_last", "seconds"):
+            row[k], _ = mean_std(r[k] for r in runs)
         rows.append(row)
     print_table(
         rows, ["method", "before", "after", "after_std", "best", "auc", "turns_first",

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, plot_mean_curves, print_table, run_pool, write_result
+from benchlib import curve_row, mean_std, plot_mean_curves, print_table, run_pool, write_result
 
 METHODS = ("grpo", "fbos", "fbos_epa", "fbos_ecc")
 
@@ -126,15 +126,11 @@ def main() -> None:
     rows, curves = [], {}
     for name in METHODS:
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
-        curves[name] = [r["curve"] for r in runs]
-        row: dict[str, Any] = {"method": name}
-        row["before"] = runs[0]["curve"][0][1]
-        row["after"], row["after_std"] = mean_std(r["curve"][-1][1] for r in runs)
-        row["auc"], _ = mean_std(sum(v for _, v in r["curve"]) / len(r["curve"]) for r in runs)
+        row = curve_row(name, runs)
+        curves[name] = row["curves"]
         for k in ("plain_accuracy", "guided_accuracy", "rescued_per_step", "entropy",
                   "grad_norm", "seconds"):  # fmt: skip
             row[k], _ = mean_std(r[k] for r in runs)
-        row["curves"] = curves[name]
         rows.append(row)
     print_table(
         rows, ["method", "before", "after", "after_std", "auc", "plain_accuracy",

@@ -203,6 +203,19 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     return float(a.mean()), std
 
 
+def curve_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's row from its runs (each with ``curve``: ``[(step, value), ...]``):
+    the first run's value at the start, the mean and spread of the last value over runs,
+    the mean best value, the mean area under the curve (mean value), and the curves."""
+    curves = [r["curve"] for r in runs]
+    row: dict[str, Any] = {"method": name, "before": curves[0][0][1]}
+    row["after"], row["after_std"] = mean_std(c[-1][1] for c in curves)
+    row["best"], _ = mean_std(max(v for _, v in c) for c in curves)
+    row["auc"], _ = mean_std(sum(v for _, v in c) / len(c) for c in curves)
+    row["curves"] = curves
+    return row
+
+
 def proc_status_mib(key: str) -> float | None:
     """A kB field of /proc/self/status (``VmHWM`` peak RSS, ``VmRSS``) in MiB; None off Linux.
 
