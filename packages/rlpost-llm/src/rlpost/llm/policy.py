@@ -31,10 +31,10 @@ def load_policy(cfg: Config, progress: bool = True):
 
     path = cfg.model.path
     torch.manual_seed(cfg.run.seed)
-    if path == "tiny" and cfg.data.env is not None:  # the environment's own tiny base
+    env = getattr(cfg.data, "env", None)  # (the preference and DLR configs have none)
+    if path == "tiny" and env is not None:  # the environment's own tiny base
         from rlpost.llm.envs.pretrain import build_env_base
 
-        env = cfg.data.env
         model, tok = tiny.load_base(build_env_base(env.name, env.params, progress=progress))
     elif path in ("tiny", "tiny-bpe", "tiny-feedback"):
         kind = "bpe" if path == "tiny-bpe" else "char"

@@ -7,6 +7,7 @@ rlpost-llm train --config my.yaml --overwrite   # replace the run in run.dir
 rlpost-llm eval --config grpo_arithmetic --checkpoint runs/x/checkpoints/step-000060
 rlpost-llm export --config my.yaml --checkpoint runs/x/checkpoints/step-000060 --out hf-model
 rlpost-llm dpo --config dpo_arithmetic loss.name=simpo [--resume]   # preference training
+rlpost-llm dlr --config dlr_arithmetic latent.codes=0   # DLR's latent codes (0 codes: SFT)
 rlpost-llm train --config copd_mixture          # CoPD: experts as Ray actors, then one model
 rlpost-llm train --config federated_arithmetic  # clients' compressed, asynchronous updates
 rlpost-llm train --config mutual_arithmetic     # Mutual RL: two tokenizers share experience
@@ -108,6 +109,15 @@ def _dpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dlr(args: argparse.Namespace) -> int:
+    from rlpost.llm.latent import DLRTrainer, load_dlr_config
+
+    path = recipe_path(args.config) if args.config else None
+    cfg = load_dlr_config(path, args.overrides)
+    _report(DLRTrainer(cfg, resume=args.resume, overwrite=args.overwrite).train())
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rlpost.llm.evaluate import evaluate_config
 
@@ -182,6 +192,13 @@ def build_app() -> App:
         _dpo,
         "preference training with any preference loss (loss.name=...)",
         config="dpo_arithmetic",
+        run=True,
+    )
+    app.command(
+        "dlr",
+        _dlr,
+        "Dynamic Latent Routing: discrete codes + router by search-select-update (0 codes: SFT)",
+        config="dlr_arithmetic",
         run=True,
     )
     e = app.command(
