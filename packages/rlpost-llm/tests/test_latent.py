@@ -92,8 +92,8 @@ def test_the_update_is_the_answer_nll_plus_the_router_cross_entropy(tmp_path, co
             nll = sum(-float(lp_y[b, z[b]]) for b in range(4)) / sum(map(len, answers))
             ce = -float(lp_z[torch.arange(4), z].mean())
             want = nll + 0.5 * ce
-            assert all(len(p) == len(tok) - 1 for p, tok in
-                       zip(prompts, (tr.tok.encode(e.prompt, add_special_tokens=False) for e in exs), strict=True))  # fmt: skip
+            full = [tr.tok.encode(e.prompt, add_special_tokens=False) for e in exs]
+            assert prompts == [f[:-1] for f in full]  # the code stands in the delimiter's place
         else:  # plain SFT: the answer tokens' mean NLL after the whole prompt
             want = sum(
                 -_logp_of(tr.model, [*p, *a], len(p)) for p, a in zip(prompts, answers, strict=True)
