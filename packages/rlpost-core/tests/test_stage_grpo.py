@@ -85,7 +85,7 @@ def test_inputs_are_checked():
         AdvantageInput(
             torch.zeros(2), turn_rewards=torch.zeros(2, 3), turn_stages=torch.zeros(2, 2)
         )
-    with pytest.raises(ValueError, match="judge"):
+    with pytest.raises(ValueError, match="needs turns"):
         ADVANTAGES.build("stage_grpo")(AdvantageInput(torch.zeros(2), mask=torch.ones(2, 3)))
     with pytest.raises(ValueError, match=">= 0"):
         ADVANTAGES.build("stage_grpo", stage_weight=-1.0)

@@ -45,11 +45,17 @@ def test_dr_grpo_normaliser_is_the_generation_budget_the_trainer_provides():
 def test_every_shipped_recipe_validates(name):
     import yaml
 
+    from rlpost.llm.latent import load_dlr_config
     from rlpost.llm.preference import load_preference_config
 
-    # preference recipes (a top-level `loss:` section) load with the preference schema
+    # preference recipes (a top-level `loss:` section) load with the preference schema,
+    # DLR's (a `latent:` section) with rlpost-llm dlr's
     raw = yaml.safe_load(recipe_path(name).read_text())
-    load = load_preference_config if "loss" in raw else load_config
+    load = load_config
+    if "loss" in raw:
+        load = load_preference_config
+    elif "latent" in raw:
+        load = load_dlr_config
     cfg = load(recipe_path(name))
     assert cfg.run.dir.startswith("runs/")
 
