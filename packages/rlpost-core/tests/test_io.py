@@ -130,3 +130,30 @@ def test_recipe_lookup_run_dir_and_summary(tmp_path):
     ]
     assert summary_table([], ["reward"]) == "(no steps)"
     assert plot_curves(run, [("reward", ("reward", "eval/reward"))]).is_file()
+
+
+def test_cache_lock_serialises_builders_of_one_entry(tmp_path):
+    import threading
+    import time
+
+    from rlpost.core.io.cache import cache_lock
+
+    target = tmp_path / "llm" / "tiny-x"
+    order: list[str] = []
+    held = threading.Event()
+
+    def first():
+        with cache_lock(target):
+            held.set()
+            time.sleep(0.3)
+            order.append("first done")
+
+    t = threading.Thread(target=first)
+    t.start()
+    held.wait()
+    with cache_lock(target):  # waits for the first builder
+        order.append("second in")
+    t.join()
+    assert order == ["first done", "second in"]
+    assert [p.name for p in (tmp_path / ".locks").iterdir()] == ["llm-tiny-x.lock"]
+    assert not (tmp_path / "llm").exists()  # nothing inside the domain folder

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlpost.core.io.cache import default_cache_dir, publish_directory
+from rlpost.core.io.cache import cache_lock, default_cache_dir, publish_directory
 from rlpost.llm.tasks import CHARSET, Example, Task, make_task
 
 __all__ = [
@@ -624,7 +624,20 @@ def build_base(
     if _is_complete(target) and not force:
         log.info("using cached base %s", target)
         return target
+    with cache_lock(target):  # one builder per entry; the others wait and reuse it
+        if _is_complete(target) and not force:
+            return target
+        return _build(task_name, tp, tr, target, force, progress)
 
+
+def _build(
+    task_name: str,
+    tp: dict[str, Any],
+    tr: dict[str, Any],
+    target: Path,
+    force: bool,
+    progress: bool,
+) -> Path:
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     def say(msg: str) -> None:

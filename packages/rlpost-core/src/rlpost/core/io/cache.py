@@ -3,20 +3,28 @@
 ``default_cache_dir()``: ``$RLPOST_CACHE`` if set, else the user cache directory
 (``$XDG_CACHE_HOME/rlpost`` or ``~/.cache/rlpost``; ``~/Library/Caches/rlpost`` on macOS).
 ``publish_directory`` builds a cache entry in a temporary sibling folder and renames it
-into place, so an interrupted build never leaves a half-written entry.
+into place, so an interrupted build never leaves a half-written entry; ``cache_lock``
+serialises builders of the same entry (pytest-xdist workers, parallel jobs), so it is built
+once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not serialised (publish_directory stays atomic)
+    fcntl = None  # type: ignore[assignment]
 
 
 def default_cache_dir() -> Path:
@@ -26,6 +34,24 @@ def default_cache_dir() -> Path:
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "rlpost"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlpost"
+
+
+@contextlib.contextmanager
+def cache_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on building cache entry ``target`` (another process that asks
+    for the same entry waits, then finds it complete, instead of building it twice). The
+    lock file lives in ``<root>/.locks``, beside the domain folders, never inside them."""
+    if fcntl is None:
+        yield
+        return
+    locks = target.parent.parent / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{target.parent.name}-{target.name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def publish_directory(
