@@ -174,3 +174,32 @@ def test_fbos_trains_with_its_settings_overridden(fast_cfg):
     finally:
         tr.close()
     assert tr.step == 2
+
+
+def test_each_domain_of_a_mixture_gets_its_own_verifiers_feedback(fast_cfg):
+    cfg = fast_cfg("algo.preset=fbos", "data.mixture=[{task: arithmetic}, {task: countdown}]")
+    tr = Trainer(cfg)
+    try:
+        tok = tr.tok
+
+        def script(prompt_ids, n):  # a number for every prompt: wrong for both domains
+            ids = [*tok.encode("7", add_special_tokens=False), tok.eos_token_id]
+            return [(ids, [-1.0] * len(ids), "stop")] * n
+
+        tr.engine = FakeEngine(script, pad_id=tok.pad_token_id)
+        col = tr.collect()
+        guided = {tok.decode(p) for p in col.batch.prompt_ids if ">" in tok.decode(p)}
+        # arithmetic's diagnosis of "7" ("7+10>..." / "7-1>...") and countdown's ("7=12+>...")
+        domains = {e.meta["domain"] for e in col.examples}
+        assert domains == {"arithmetic", "countdown"}
+        seen = set()
+        for e, p in zip(col.examples, col.batch.prompt_ids, strict=True):
+            text = tok.decode(p)
+            if text not in guided or text == e.prompt:
+                continue
+            head = text[: len(text) - len(e.prompt) - 1]
+            assert head == make_task(e.meta["domain"]).feedback("7", e)
+            seen.add(e.meta["domain"])
+        assert seen == domains  # both domains were guided, each by its own verifier
+    finally:
+        tr.close()

@@ -585,10 +585,11 @@ class Trainer:
         plain = self._generate(prompts, n)
         res1 = self._score(plain, examples)
         acc1 = self._accuracy(res1.components)
-        tasks = self._tasks()
+        by_domain = getattr(self.source, "tasks", None)  # a mixture's; else the current task
+        by_domain = by_domain if isinstance(by_domain, dict) else None
 
         def feedback(text: str, e: Example) -> str:
-            task = tasks.get(e.meta.get("domain", ""), tasks.get(""))
+            task = by_domain.get(e.meta.get("domain")) if by_domain else self.source.task
             return task.feedback(text, e) if task is not None else ""
 
         ctx = guided_contexts(fb, examples, plain.texts(self.tok), acc1 > 0, feedback)
