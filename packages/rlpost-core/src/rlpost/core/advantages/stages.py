@@ -32,7 +32,7 @@ from rlpost.core.advantages.base import (
     group_normalize,
     response_rewards,
 )
-from rlpost.core.advantages.turns import turn_exists, turn_group_zscores
+from rlpost.core.advantages.turns import checked_turns, turn_group_zscores
 from rlpost.core.contract import Coupling, Input
 
 
@@ -75,17 +75,8 @@ def stage_grpo(inp: AdvantageInput, p: StageGRPOParams) -> AdvantageOutput:
     metrics = {"reward_mean": r.mean().item()}
     if inp.turn_ids is None or inp.turn_rewards is None:
         raise ValueError("stage_grpo needs AdvantageInput.turn_ids and turn_rewards (a judge)")
-    if inp.mask is None:
-        raise ValueError("stage_grpo needs AdvantageInput.mask ([B, T]) with turn_ids")
-    tid, (B, U) = inp.turn_ids.long(), inp.turn_rewards.shape
-    if tid.numel() and (int(tid.min()) < -1 or int(tid.max()) >= U):
-        raise ValueError(
-            f"turn_ids must be in [-1, U) with U={U} turn_rewards columns, "
-            f"got range [{int(tid.min())}, {int(tid.max())}]"
-        )
-    exists = turn_exists(tid, inp.mask, U)
-    if not torch.isfinite(inp.turn_rewards[exists]).all():
-        raise ValueError("turn_rewards of existing turns contain NaN or inf")
+    tid, exists = checked_turns(inp, "stage_grpo")
+    B, U = exists.shape
     stages = inp.turn_stages
     if stages is None:
         stages = torch.arange(U, device=tid.device).expand(B, U)

@@ -56,6 +56,24 @@ def turn_exists(turn_ids: Tensor, mask: Tensor, n_turns: int) -> Tensor:
     return counts > 0
 
 
+def checked_turns(inp: AdvantageInput, who: str) -> tuple[Tensor, Tensor]:
+    """``(turn_ids as int64 [B, T], exists [B, U])`` for a turn estimator, after the checks
+    they all need: a mask, turn ids in ``[-1, U)``, finite signals on existing turns."""
+    assert inp.turn_ids is not None and inp.turn_rewards is not None
+    if inp.mask is None:
+        raise ValueError(f"{who} needs AdvantageInput.mask ([B, T]) with turn_ids")
+    tid, U = inp.turn_ids.long(), inp.turn_rewards.shape[1]
+    if tid.numel() and (int(tid.min()) < -1 or int(tid.max()) >= U):
+        raise ValueError(
+            f"turn_ids must be in [-1, U) with U={U} turn_rewards columns, "
+            f"got range [{int(tid.min())}, {int(tid.max())}]"
+        )
+    exists = turn_exists(tid, inp.mask, U)
+    if not torch.isfinite(inp.turn_rewards[exists]).all():
+        raise ValueError("turn_rewards of existing turns contain NaN or inf")
+    return tid, exists
+
+
 def turn_group_keys(group_ids: Tensor | None, B: int, U: int, device: torch.device) -> Tensor:
     """``[B, U]`` integer key of the (prompt, turn index) group of each turn slot."""
     gid = torch.zeros(B, dtype=torch.long, device=device)
@@ -168,17 +186,8 @@ def a2tgpo(inp: AdvantageInput, p: A2TGPOParams) -> AdvantageOutput:
         clip = None if inp.mask is None else p.eps_min * inp.mask.float()
         metrics |= {"adv_abs_mean": adv.abs().mean().item(), "turn_groups": 0.0}
         return AdvantageOutput(broadcast(adv, inp.mask), clip_range=clip, metrics=metrics)
-    if inp.mask is None:
-        raise ValueError("a2tgpo needs AdvantageInput.mask ([B, T]) with turn_ids")
-    tid, (B, U) = inp.turn_ids.long(), inp.turn_rewards.shape
-    if tid.numel() and (int(tid.min()) < -1 or int(tid.max()) >= U):
-        raise ValueError(
-            f"turn_ids must be in [-1, U) with U={U} turn_rewards columns, "
-            f"got range [{int(tid.min())}, {int(tid.max())}]"
-        )
-    exists = turn_exists(tid, inp.mask, U)
-    if not torch.isfinite(inp.turn_rewards[exists]).all():
-        raise ValueError("turn_rewards of existing turns contain NaN or inf")
+    tid, exists = checked_turns(inp, "a2tgpo")
+    B, U = exists.shape
 
     tz = turn_group_zscores(inp.turn_rewards, exists, inp.group_ids, p.eps)  # (i)
     acc = discounted_accumulation(tz.z, exists, p.gamma, p.rescale)  # (ii)
