@@ -220,6 +220,7 @@ class DLRTrainer:
             self.optimizer, lr_schedule(o.schedule, o.warmup_steps, cfg.train.steps)
         )
         self.step, self.epoch, self.pos = 0, 0, 0
+        self.engine = None
         self._order: list[int] = []
         self._shuffle()
         resumed = self._resume() if resume else None
@@ -321,9 +322,10 @@ class DLRTrainer:
 
         self.model.eval()
         routed = self.route(self.eval_set)
-        engine = make_local_engine("auto", self.model, self.tok)
+        if self.engine is None:  # colocated: it generates with the training module itself
+            self.engine = make_local_engine("auto", self.model, self.tok)
         sp = SamplingParams(self.cfg.data.eval_max_new_tokens, 0.0)
-        texts = engine.generate(routed, 1, sp).texts(self.tok)
+        texts = self.engine.generate(routed, 1, sp).texts(self.tok)
         acc = sum(self.task.score(t, e) >= 1.0 for t, e in zip(texts, self.eval_set, strict=True))
         out = {"eval/accuracy": acc / len(self.eval_set)}
         if self.codes:
