@@ -73,12 +73,21 @@ def evaluate_config(
     return out
 
 
-def monitor_config(cfg: Config, contexts: dict[str, str], samples: int = 8, checkpoint=None):
+def monitor_config(
+    cfg: Config,
+    contexts: dict[str, str],
+    samples: int = 8,
+    checkpoint=None,
+    noise: list[float] | None = None,
+    noise_seeds: int = 3,
+):
     """``rlpost-llm monitor``: the exploration-hacking report
     (:func:`rlpost.llm.hacking.exploration_hacking_report`) of the policy of ``cfg.model``
     (or a checkpoint's weights) on the held-out prompts, ``samples`` per problem at the
-    rollout temperature, the verifier out of process."""
-    from rlpost.llm.hacking import exploration_hacking_report
+    rollout temperature, the verifier out of process. With ``noise`` (sigmas), also the
+    weight-noising probe (:func:`rlpost.llm.hacking.weight_noise_probe`, ``noise_seeds``
+    draws per sigma) in every context."""
+    from rlpost.llm.hacking import exploration_hacking_report, weight_noise_probe
 
     tok, engine = _policy_engine(cfg, checkpoint)
     source, fn = _heldout(cfg)
@@ -88,10 +97,19 @@ def monitor_config(cfg: Config, contexts: dict[str, str], samples: int = 8, chec
     with RewardPool(
         {"correct": fn}, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
     ) as pool:
-        return exploration_hacking_report(
-            engine, tok, source.eval_examples,
-            lambda texts, exs: pool.score(texts, exs).rewards.tolist(), contexts, samples, sp,
-        )  # fmt: skip
+
+        def score(texts, exs):
+            return pool.score(texts, exs).rewards.tolist()
+
+        report = exploration_hacking_report(
+            engine, tok, source.eval_examples, score, contexts, samples, sp
+        )
+        if noise:
+            report.noise = weight_noise_probe(
+                engine.model, engine, tok, source.eval_examples, score, contexts, noise,
+                noise_seeds, samples, sp, sample_seed=cfg.run.seed,
+            )  # fmt: skip
+        return report
 
 
 def exploits_config(cfg: Config, checkpoint=None, greedy: bool = False):

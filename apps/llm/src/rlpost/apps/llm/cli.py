@@ -12,7 +12,7 @@ rlpost-llm train --config copd_mixture          # CoPD: experts as Ray actors, t
 rlpost-llm train --config federated_arithmetic  # clients' compressed, asynchronous updates
 rlpost-llm train --config mutual_arithmetic     # Mutual RL: two tokenizers share experience
 rlpost-llm train --config step_opsd_household   # multi-turn agents (also grpo_search, ...)
-rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}"
+rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" [--noise 0.005,0.01]
 rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -147,7 +147,15 @@ def _monitor(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise ValueError(f"--context wants name=template, got {c!r}")
         contexts[name] = template
-    report = monitor_config(_config(args), contexts, args.samples, args.checkpoint)
+    noise = None
+    if args.noise:
+        try:
+            noise = [float(x) for x in args.noise.split(",")]
+        except ValueError:
+            raise ValueError(f"--noise wants comma-separated sigmas, got {args.noise!r}") from None
+    report = monitor_config(
+        _config(args), contexts, args.samples, args.checkpoint, noise, args.noise_seeds
+    )
     return _show(report, args.out)
 
 
@@ -218,6 +226,11 @@ def build_app() -> App:
     )  # fmt: skip
     m.add_argument("--samples", type=int, default=8, help="samples per problem (k)")
     m.add_argument("--checkpoint", default=None)
+    m.add_argument(
+        "--noise", default=None, metavar="SIGMAS",
+        help="also the weight-noising probe at these noise scales, e.g. '0.002,0.005,0.01'",
+    )  # fmt: skip
+    m.add_argument("--noise-seeds", type=int, default=3, help="noise draws per sigma")
     m.add_argument("--out", default=None, help="write the report as JSON")
     xp = app.command(
         "exploits",
