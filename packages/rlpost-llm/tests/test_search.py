@@ -109,6 +109,24 @@ def test_information_gain_is_the_change_in_the_truths_probability():
         assert ig[i, 2] == 0.0  # the answer turn: nothing follows it
 
 
+def test_information_gain_refuses_a_chained_episode():
+    """A chain poses several questions, so no single truth's probability is the gain."""
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.llm import tiny
+
+    tok = tiny.build_tokenizer()
+    make = lambda: make_env("search", min_hops=1, max_hops=1, tasks=2)  # noqa: E731
+    env = make()
+    env.reset(3)
+    (_, r1, c1), (_, r2, c2) = env.questions
+    script = [[f":{c1[0]}{r1[0]}", f"={c1[-1]}", f":{c2[0]}{r2[0]}", f"={c2[-1]}"]]
+    ro = env_rollout(ActionScriptEngine(tok, script), tok, make, [3], 1, SamplingParams(6, 1.0), 4)
+    assert ro.solved.all()
+    with pytest.raises(ValueError, match="chained episode"):
+        information_gain(Qwen2ForCausalLM(tiny.tiny_config(tok)), tok, ro)
+
+
 def test_a2tgpo_trains_on_information_gain_from_the_cli(fast_overrides, fast_cfg, tmp_path):
     from rlpost.apps.llm.cli import main as cli
     from rlpost.llm.config import ConfigError

@@ -150,6 +150,11 @@ def information_gain(
     N, U = ro.turn_rewards.shape
     if any(t is None for t in ro.truths):
         raise ValueError("information gain needs an environment with ground_truth()")
+    if any(x.get("task", 0) > 0 for ep in ro.infos for x in ep):
+        raise ValueError(
+            "information gain needs one answer per episode, and a chained episode "
+            "(tasks > 1) poses several: use data.env.turn_signal env or rubric"
+        )
     contexts, owner = [], []  # (episode, turn boundary k): context after k turns
     lens = b.lengths.tolist()
     for i in range(N):
