@@ -51,6 +51,26 @@ def test_depth_and_complexity_shape_the_instances():
         make_env("kg", families=["magic"])
 
 
+def test_a_region_of_the_grid_draws_each_instance_cell_from_it():
+    env = make_env("kg", depth=[1, 3], complexity=[0, 5], families=["deductive"])
+    cells = set()
+    for seed in range(60):
+        facts, q = parse(env.reset(seed))
+        depth, complexity = len(q) - 1, len(facts) - (len(q) - 1)
+        assert depth in (1, 3) and complexity in (0, 5)
+        info = env.step(env.ground_truth()).info
+        assert (info["depth"], info["complexity"]) == (depth, complexity) and info["solved"]
+        cells.add((depth, complexity))
+    assert cells == {(1, 0), (1, 5), (3, 0), (3, 5)}
+    # a single level draws nothing: a fixed cell is what it always was
+    assert make_env("kg", depth=[2]).reset(7) == make_env("kg", depth=2).reset(7)
+    again = make_env("kg", depth=[1, 3], complexity=[0, 5], families=["deductive"])
+    assert again.reset(11) == env.reset(11)
+    for bad in ([], [0, 2], [1.5]):
+        with pytest.raises(ValueError, match=r"depth must be in 1\.\.3"):
+            make_env("kg", depth=bad)
+
+
 def test_a_policy_trains_on_the_graph_from_the_cli(fast_overrides, tmp_path):
     from rlpost.apps.llm.cli import main as cli
 

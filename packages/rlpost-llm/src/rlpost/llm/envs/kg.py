@@ -14,10 +14,13 @@ the policy answers with one entity (one turn; reward 1 when right).
 * **analogical** (transfer): ``"... :3=5(6)>"``, the relation that takes 3 to 5 (read
   from the facts), applied to 6.
 
-``depth``: the path length of deductive / abductive questions (1-3). ``complexity``: the
-number of distractor facts, facts on other paths that share entities with the asked one
-(so a policy must pick the right path among interacting structures). ``families``: which
-families are drawn from. Every instance is checked solvable and unique by a brute-force
+``depth``: the path length of deductive questions, and the number of rule examples
+beyond two of inductive ones (1-3). ``complexity``: the number of distractor facts, facts
+on other paths that share entities with the asked one (so a policy must pick the right
+path among interacting structures). Either may be a list of levels, a region of the grid
+that each instance draws its cell from (the coverage study's pre- and post-training
+distributions); ``info`` records the instance's ``family``, ``depth`` and
+``complexity``. ``families``: which families are drawn from. Every instance is checked solvable and unique by a brute-force
 solver (:func:`solve`) independent of how it was generated.
 """
 
@@ -74,6 +77,14 @@ def solve(prompt: str, family: str) -> list[int]:
     raise ValueError(f"unknown family {family!r}")
 
 
+def _levels(name: str, value: int | list[int], lo: int, hi: int) -> tuple[int, ...]:
+    """One level or a list of them (drawn per instance), each in ``lo..hi``."""
+    levels = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not levels or any(not isinstance(v, int) or not lo <= v <= hi for v in levels):
+        raise ValueError(f"kg: {name} must be in {lo}..{hi} (or a list of such), got {value}")
+    return levels
+
+
 @register_env
 class KGEnv:
     """See the module docstring."""
@@ -82,24 +93,29 @@ class KGEnv:
 
     def __init__(
         self,
-        depth: int = 2,
-        complexity: int = 3,
+        depth: int | list[int] = 2,
+        complexity: int | list[int] = 3,
         families: list[str] | tuple[str, ...] = FAMILIES,
     ):
-        if not 1 <= depth <= 3:
-            raise ValueError(f"kg: depth must be in 1..3, got {depth}")
-        if not 0 <= complexity <= 6:
-            raise ValueError(f"kg: complexity must be in 0..6, got {complexity}")
+        self.depths = _levels("depth", depth, 1, 3)
+        self.complexities = _levels("complexity", complexity, 0, 6)
         bad = [f for f in families if f not in FAMILIES]
         if not families or bad:
             raise ValueError(f"kg: families must be among {', '.join(FAMILIES)}, got {families}")
-        self.depth, self.complexity, self.families = depth, complexity, tuple(families)
+        self.families = tuple(families)
+        self.depth, self.complexity = self.depths[0], self.complexities[0]
         self.answer_value = 0
         self.family = self.families[0]
 
     def reset(self, seed: int) -> str:
         rng = random.Random(f"kg-{seed}")
         self.family = rng.choice(self.families)
+        # a region of the (depth, complexity) grid: each instance draws its cell (a single
+        # level draws nothing, so fixed-level instances are what they always were)
+        if len(self.depths) > 1:
+            self.depth = rng.choice(self.depths)
+        if len(self.complexities) > 1:
+            self.complexity = rng.choice(self.complexities)
         for _ in range(1000):
             prompt, answer = getattr(self, f"_{self.family}")(rng)
             if solve(prompt, self.family) == [answer]:
@@ -119,6 +135,7 @@ class KGEnv:
         said = extract_answer(action)
         right = said == str(self.answer_value)
         info: dict[str, Any] = {"valid": said.isdigit(), "family": self.family, "solved": right}
+        info |= {"depth": self.depth, "complexity": self.complexity}
         info["gain"] = 1.0 if right else 0.0
         return StepResult("", 1.0 if right else 0.0, True, info)
 
