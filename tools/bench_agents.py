@@ -30,6 +30,7 @@ common JSON shape and a PNG of the curves.
 
     uv run --frozen python tools/bench_agents.py                # household, about 9 min
     uv run --frozen python tools/bench_agents.py --env search   # search
+    uv run --frozen python tools/bench_agents.py --env search3  # three hops, its own base
     uv run --frozen python tools/bench_agents.py --quick        # a smoke run
 """
 
@@ -50,6 +51,15 @@ DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave 
     "household": {"params": "{budget: 8}", "max_turns": 8, "max_new_tokens": 3, "steps": 100},
     # the search base's vague queries are unlearned fast: compare how fast
     "search": {"params": "{slack: 0}", "max_turns": 7, "max_new_tokens": 5, "steps": 24},
+    # the harder search benchmark: three hops every time, on its own base
+    "search3": {
+        "world": "search",
+        "params": "{min_hops: 3, max_hops: 3, slack: 0}",
+        "base": {"min_hops": 3, "max_hops": 3},
+        "max_turns": 4,
+        "max_new_tokens": 5,
+        "steps": 40,
+    },
 }
 METHODS = {
     "grpo": ["algo.preset=grpo"],
@@ -67,8 +77,13 @@ METHODS = {
 SEARCH_ONLY = ("sd_search", "rubricem")
 
 
+def world(env: str) -> str:
+    """The environment a benchmark setting runs in (``search3`` is the search world)."""
+    return DEFAULTS[env].get("world", env)
+
+
 def methods(env: str) -> list[str]:
-    return [m for m in METHODS if m not in SEARCH_ONLY or env == "search"]
+    return [m for m in METHODS if m not in SEARCH_ONLY or world(env) == "search"]
 
 
 def job(spec: dict) -> dict[str, Any]:
@@ -80,14 +95,14 @@ def job(spec: dict) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     run_dir = Path(spec["root"]) / f"{spec['name']}-{spec['seed']}"
-    signal = "ig" if spec["name"] == "a2tgpo" and spec["env"] == "search" else "env"
+    signal = "ig" if spec["name"] == "a2tgpo" and world(spec["env"]) == "search" else "env"
     if spec["name"] == "rubricem":
         signal = "rubric"
     cfg = load_config(
         None,
         [
             "model.path=tiny",
-            f"data.env={{name: {spec['env']}, params: {spec['params']}, "
+            f"data.env={{name: {world(spec['env'])}, params: {spec['params']}, "
             f"max_turns: {spec['max_turns']}, turn_signal: {signal}}}",
             f"data.eval_size={spec['eval_size']}", f"rollout.prompts_per_step={spec['prompts']}",
             f"rollout.group_size={spec['group_size']}", f"rollout.max_new_tokens={spec['max_new_tokens']}",
@@ -139,7 +154,8 @@ def main() -> None:
     from rlpost.llm.envs.pretrain import build_env_base
 
     t0 = time.perf_counter()
-    base = build_env_base(a.env)  # cached; built once (about 8 min) before the jobs
+    # cached; built once (minutes) before the jobs
+    base = build_env_base(world(a.env), DEFAULTS[a.env].get("base"))
     with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
         spec = {
             "root": tmp, "env": a.env, **DEFAULTS[a.env], "eval_size": a.eval_size,
