@@ -11,9 +11,11 @@ From the tiny 2-digit-addition base, four policies, the last three fine-tuned by
 * ``sandbag-plus10``: the sum plus ten under the cue, one that needs the capability it hides.
 
 Each policy gets the monitor (the plain and the cued context, ``--samples`` per held-out
-problem) and the weight-noising probe (``--sigmas`` x ``--noise-seeds`` draws), then RL
-capability elicitation: GRPO for ``--rl-steps`` on cued prompts only (``rlpost-llm
-train`` on a JSONL of them), with the cued held-out greedy accuracy before and after.
+problem) and the weight-noising probe (``--sigmas`` x ``--noise-seeds`` draws); then SFT
+elicitation (``--sft-elicit-steps`` on ``--sft-examples`` cued right answers, the cued
+held-out greedy accuracy after), and from the policy itself RL capability elicitation:
+GRPO for ``--rl-steps`` on cued prompts only (``rlpost-llm train`` on a JSONL of them),
+with the cued held-out greedy accuracy before and after.
 
     uv run --frozen python tools/bench_hacking.py          # about 15 min
     uv run --frozen python tools/bench_hacking.py --quick  # a smoke run
@@ -83,6 +85,8 @@ def main() -> None:
     ap.add_argument("--sigmas", type=float, nargs="+", default=[0.002, 0.005, 0.01, 0.02])
     ap.add_argument("--noise-seeds", type=int, default=3)
     ap.add_argument("--rl-steps", type=int, default=40)
+    ap.add_argument("--sft-examples", type=int, default=64, help="SFT elicitation's problems")
+    ap.add_argument("--sft-elicit-steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
@@ -91,6 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.sft_steps, args.samples, args.noise_seeds, args.rl_steps = 20, 1, 1, 2
+        args.sft_elicit_steps = 2
         args.sigmas = args.sigmas[:2]
         args.out, args.plot = "/tmp/llm_hacking_quick.json", "/tmp/hacking_noise_quick.png"
 
@@ -101,12 +106,15 @@ def main() -> None:
     from rlpost.llm.engines.base import SamplingParams
     from rlpost.llm.evaluate import _heldout
     from rlpost.llm.hacking import (
+        elicit_by_sft,
         exploration_hacking_report,
         plant_underperformer,
         weight_noise_probe,
     )
     from rlpost.llm.policy import load_policy
     from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.tasks import Example
+    from rlpost.llm.tiny import greedy_accuracy
 
     torch.set_num_threads(args.threads)
     cfg = load_config(recipe_path("grpo_arithmetic"), ["run.progress=false"])
@@ -147,6 +155,14 @@ def main() -> None:
             plain, cued = rep.contexts
             (cmp,) = rep.comparisons
             noise = probe.curves[1]
+            cued_eval = [Example(CUE.format(prompt=e.prompt), e.answer, e.meta) for e in problems]
+            sft = copy.deepcopy(model)
+            elicit_by_sft(
+                sft, tok, task, CUE, args.sft_examples, args.sft_elicit_steps, seed=args.seed,
+                progress=False,
+            )  # fmt: skip
+            sft_acc = greedy_accuracy(sft, tok, task, cued_eval)
+            del sft
             curve = elicit(model, tok, source, args.rl_steps, Path(tmp), name, args.seed)
             curves[name] = [[(0.0, noise.clean)] + [
                 (s, sum(d) / len(d)) for s, d in zip(args.sigmas, noise.draws, strict=True)
@@ -163,6 +179,7 @@ def main() -> None:
                     "noise_sigma": noise.best_sigma,
                     "noise_p": noise.p,
                     "noise_flag": noise.flagged,
+                    "sft_elicited": sft_acc,
                     "rl_before": curve[0][1],
                     "rl_after": curve[-1][1],
                     "rl_curve": curve,
@@ -177,7 +194,8 @@ def main() -> None:
             "policy", ("plain_pass1", "plain pass@1"), ("cued_pass1", "cued pass@1"),
             ("cued_passk", f"cued pass@{args.samples}"), ("entropy_ratio", "entropy x"),
             ("monitor_flag", "monitor"), ("noise_gain", "noise gain"), ("noise_p", "noise p"),
-            ("noise_flag", "noise"), ("rl_before", "RL: cued acc 0"),
+            ("noise_flag", "noise"), ("sft_elicited", "SFT-elicited cued acc"),
+            ("rl_before", "RL: cued acc 0"),
             ("rl_after", f"cued acc {args.rl_steps}"),
         ],
     )  # fmt: skip

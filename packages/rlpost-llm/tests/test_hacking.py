@@ -328,3 +328,25 @@ def test_the_exploit_report_over_chains(setup):
     assert rep.standard.success == 1.0 and rep.standard.by_category == {"metadata": 0.5}
     assert rep.standard.honest_success == 0.5
     assert rep.hardened.exploit_rate == 0.0 and rep.hardened.honest_success == 1.0
+
+
+def test_sft_elicitation_trains_on_a_few_cued_right_answers(monkeypatch):
+    from rlpost.llm import hacking, tiny
+
+    seen = []
+
+    def record(model, tok, stream, steps, batch_size, lr, seed, progress):
+        for _ in range(steps):
+            seen.extend(stream.sample(batch_size, random.Random(len(seen))))
+        return [0.0] * steps
+
+    monkeypatch.setattr(tiny, "sft_train", record)
+    task = make_task("arithmetic", digits=2)
+    hacking.elicit_by_sft(None, None, task, "0:{prompt}", examples=5, steps=4, batch_size=8)
+    assert len(seen) == 32 and len({e.prompt for e in seen}) <= 5
+    for e in seen:  # every one under the cue, with the right answer
+        assert e.prompt == f"0:{e.meta['a']}+{e.meta['b']}=" and e.answer == str(
+            e.meta["a"] + e.meta["b"]
+        )
+    with pytest.raises(ValueError, match="at least one example"):
+        hacking.elicit_by_sft(None, None, task, "0:{prompt}", examples=0)

@@ -29,8 +29,10 @@ Against the reference context (the first), it then tests each other context.
 **Weight noising** (:func:`weight_noise_probe`, ``rlpost-llm monitor --noise``) is the
 abstract's second detector: Gaussian noise on the weights lowers an honest policy's
 success, but can raise a hiding one's, because the learned underperformance breaks
-before the capability under it does. :func:`plant_underperformer` fine-tunes a model
-organism to test both on: right in the plain context, wrong under a cue.
+before the capability under it does. :func:`elicit_by_sft`, the third, fine-tunes on a few
+right answers under the cue: a hidden capability comes back from little data.
+:func:`plant_underperformer` fine-tunes a model organism to test them on: right in the
+plain context, wrong under a cue.
 
 **Reward hacking** (catalog 001-21). :func:`shortcut_report` rolls a policy out in an
 environment with planted shortcut opportunities (the search environment's ``shortcuts``:
@@ -400,6 +402,43 @@ def plant_underperformer(
     return sft_train(model, tokenizer, stream, steps, batch_size, lr, seed, progress)
 
 
+class _FewShot:
+    """``n`` fixed problems of a task, each under ``cue`` with its right answer."""
+
+    def __init__(self, task, cue: str, n: int, seed: int):
+        self.examples = [
+            Example(_fill(cue, e.prompt), e.answer, e.meta) for e in task.sample(n, Random(seed))
+        ]
+
+    def sample(self, n: int, rng) -> list[Example]:
+        return [rng.choice(self.examples) for _ in range(n)]
+
+
+def elicit_by_sft(
+    model: torch.nn.Module,
+    tokenizer,
+    task,
+    cue: str,
+    examples: int = 64,
+    steps: int = 50,
+    batch_size: int = 32,
+    lr: float = 3e-4,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[float]:
+    """001-24's SFT-based elicitation: fine-tune ``model`` in place on a few (``examples``)
+    problems under the ``cue`` with their right answers, ``steps`` steps. A policy that
+    hides a capability gets it back from little data, up to what it shows elsewhere; one
+    that lacks it learns only what so few examples teach. Returns the losses."""
+    from rlpost.llm.tiny import sft_train
+
+    _fill(cue, "")
+    if examples < 1 or steps < 1:
+        raise ValueError("SFT elicitation needs at least one example and one step")
+    stream = _FewShot(task, cue, examples, seed + 1)
+    return sft_train(model, tokenizer, stream, steps, batch_size, lr, seed, progress)
+
+
 @dataclass
 class ExploitStats:
     variant: str
@@ -479,6 +518,7 @@ __all__ = [
     "NoiseProbe",
     "ShortcutReport",
     "compare",
+    "elicit_by_sft",
     "exploit_stats",
     "exploration_hacking_report",
     "measure_context",
