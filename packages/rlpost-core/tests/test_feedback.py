@@ -3,6 +3,8 @@ under the bare prompt and what ECC trains in the guided context."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -26,10 +28,13 @@ def test_the_split_keeps_the_group_budget_and_at_least_one_plain_rollout():
         ({"share": 1.0}, "share"),
         ({"epa": False, "ecc": False}, "epa or ecc"),
         ({"template": "{prompt}"}, "template"),
+        ({"reflector": "oracle"}, "verifier or policy"),
+        ({"meta": True}, "needs reflector: policy"),
+        ({"reflector": "policy", "reflect_template": "{prompt}:"}, "contain {response}"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=re.escape(match)):
         FeedbackExploration(**kwargs)
 
 
@@ -63,3 +68,12 @@ def test_the_presets_declare_the_guided_round_and_validate_it_against_the_group(
     assert not get_preset("fbos_epa").feedback.ecc and not get_preset("fbos_ecc").feedback.epa
     with pytest.raises(ValueError, match=r"preset 'fbos': .*group_size >= 2"):
         p.replace(group_size=1)
+
+
+def test_rubricem_reflect_has_the_policy_write_the_guidance_and_trains_it():
+    fb = get_preset("rubricem_reflect").feedback
+    assert fb is not None and fb.reflector == "policy" and fb.meta
+    ask = fb.reflect("12+34=", "57")
+    assert ask == "12+34=57:"  # the judged failure, in the reflector's format
+    # the reflection "+10" guides the attempt in FBOS-RL's format, the attempt first
+    assert fb.prompt("12+34=", "57", "+10") == "57+10>12+34="

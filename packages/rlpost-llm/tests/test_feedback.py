@@ -203,3 +203,110 @@ def test_each_domain_of_a_mixture_gets_its_own_verifiers_feedback(fast_cfg):
         assert seen == domains  # both domains were guided, each by its own verifier
     finally:
         tr.close()
+
+
+# ------------------------------------------------- RubricEM's reflection meta-policy (000-30)
+
+
+def _reflect_script(tok):
+    """Bare prompts: the wrong answer 0. Reflection prompts (``"a+b=0:"``): alternately the
+    right lesson ``"+10"`` and a wrong one, ``"-1"``. Guided prompts: the right answer
+    when the reflection they carry is ``"+10"``, else 0 again."""
+
+    def enc(text: str):
+        ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+        return ids, [-1.0] * len(ids), "stop"
+
+    def script(prompt_ids, n):
+        text = tok.decode(prompt_ids, skip_special_tokens=True)
+        if text.endswith(":"):
+            return [enc("+10" if k % 2 == 0 else "-1") for k in range(n)]
+        problem = text.split(">")[-1]
+        a, b = problem.rstrip("=").split("+")
+        right = ">" in text and text.split(">")[0].endswith("+10")
+        return [enc(str(int(a) + int(b)) if right else "0")] * n
+
+    return script
+
+
+@pytest.mark.parametrize("meta", [True, False])
+def test_the_reflection_meta_policy_is_trained_on_the_verdicts_of_the_attempts_it_guided(
+    fast_cfg, meta
+):
+    cfg = fast_cfg(
+        "algo.preset=rubricem_reflect", "data.task_params={digits: 2}", "optim.lr=1e-3",
+        "optim.micro_batch_size=64", f"algo.feedback={{meta: {str(meta).lower()}}}",
+    )  # fmt: skip
+    tr = Trainer(cfg)
+    try:
+        tok = tr.tok
+        tr.engine = FakeEngine(_reflect_script(tok), pad_id=tok.pad_token_id)
+        col = tr.collect()
+        P, m = 4, 2  # group 4: 2 plain, 2 guided
+        assert col.metrics["fbos/plain_accuracy"] == 0.0
+        assert col.metrics["fbos/guided_prompts"] == 1.0
+        assert col.metrics["fbos/guided_accuracy"] == 0.5  # the "+10"-guided half
+        # exact: a reflection equal to the verifier's lesson on "0" ("+10" below 100)
+        bare = {e.prompt: e for e in col.examples}.values()
+        short_by_tens = [ARITH.lesson(ARITH.feedback("0", e)) == "+10" for e in bare]
+        assert col.metrics["reflect/exact"] == 0.5 * sum(short_by_tens) / len(short_by_tens)
+        texts = [tok.decode(p) for p in col.batch.prompt_ids]
+        asks = [i for i, t in enumerate(texts) if t.endswith(":")]
+        guided = {t for t in texts if ">" in t}
+        # each guided rollout read its own reflection: "0+10>..." and "0-1>..."
+        assert {t.split(">")[0] for t in guided} == {"0+10", "0-1"}
+        if not meta:
+            assert asks == [] and "reflect/rows" not in col.metrics
+            return
+        assert len(asks) == P * m and col.metrics["reflect/rows"] == P * m
+        written = [tok.decode(col.batch.completion_ids[i][col.batch.mask[i] > 0]) for i in asks]
+        for i, w in zip(asks, written, strict=True):  # judge-gated: the guided verdict
+            assert float(col.rewards[i]) == (1.0 if w.startswith("+10") else 0.0)
+            assert texts[i] == col.examples[i].prompt + "0:"
+        groups = col.batch.group[asks]
+        assert len(set(groups.tolist())) == P  # a group per judged failure, m each
+        assert not set(groups.tolist()) & set(col.batch.group[: asks[0]].tolist())
+        ask = texts[asks[0]]
+        before = _logp(tr.model, tok, ask, "+10") - _logp(tr.model, tok, ask, "-1")
+        tr.update(col)
+        after = _logp(tr.model, tok, ask, "+10") - _logp(tr.model, tok, ask, "-1")
+        assert after - before > 0.5  # the guidance that led to solutions is reinforced
+    finally:
+        tr.close()
+
+
+def test_a_reflection_base_is_shown_failed_attempts_with_the_lesson_of_their_diagnosis():
+    from rlpost.llm.tiny import _SFTRun
+
+    task = make_task("arithmetic", digits=2)
+    run = _SFTRun(
+        torch.nn.Linear(1, 1), build_tokenizer(), task, 1, 64, 1e-3, 0, feedback=0.5,
+        reflect=0.5,
+    )  # fmt: skip
+    shown = run._examples()
+    kinds = {"reflect": 0, "guided": 0, "bare": 0}
+    for x in shown:
+        e = _ex(x.meta["a"], x.meta["b"])
+        if x.prompt.endswith(":"):  # "<problem><attempt>:" -> "<+|-><place>"
+            attempt = x.prompt[len(e.prompt) : -1]
+            assert x.prompt.startswith(e.prompt) and attempt != e.answer
+            assert x.answer == task.lesson(task.feedback(attempt, e))
+            assert re.fullmatch(r"[+-]10*", x.answer)
+            kinds["reflect"] += 1
+        else:
+            kinds["guided" if ">" in x.prompt else "bare"] += 1
+            assert x.answer == e.answer
+    assert all(kinds.values()), kinds
+
+
+@pytest.mark.parametrize(
+    ("feedback", "match"),
+    [
+        ("{reflector: oracle}", "verifier or policy"),
+        ("{reflector: verifier, meta: true}", "needs reflector: policy"),
+        ("{reflect_template: '{prompt}:'}", "must contain {response}"),
+    ],
+)
+def test_reflection_config_errors_name_the_problem(fast_cfg, feedback, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        fast_cfg("algo.preset=rubricem_reflect", f"algo.feedback={feedback}")

@@ -22,6 +22,15 @@ ECC (exploration-oriented capability cultivation)
 
 :func:`fbos_layout` is the row-level decision; the trainer generates, verifies and
 assembles (``rlpost.llm.feedback``).
+
+**The policy as reflector** (RubricEM's reflection meta-policy, catalog 000-30,
+``reflector: policy``): the diagnosis in the guided context is not the environment's but
+the policy's own. The shared backbone reads a judged failure (``reflect_template`` over
+``{prompt}`` and ``{response}``; only attempts the judge failed are reflected on) and
+writes guidance; each of the ``m`` guided rollouts is conditioned on a reflection of its
+own. With ``meta: true`` the reflections are trained too, a group per judged failure
+with GRPO's baseline: a reflection's reward is the judge's verdict on the attempt it
+guided, so guidance that leads to verified solutions is reinforced (the meta-policy).
 """
 
 from __future__ import annotations
@@ -40,12 +49,19 @@ class FeedbackExploration:
     (``m = round(share * G)``, at least 1, and at least one plain rollout left);
     ``epa`` / ``ecc``: train the two objectives (both: FBOS-RL; one: its ablation);
     ``template``: the guided prompt, over ``{prompt}``, ``{response}`` (the failed
-    attempt) and ``{feedback}`` (the environment's diagnosis of it)."""
+    attempt) and ``{feedback}`` (the diagnosis of it); ``reflector``: who diagnoses,
+    ``verifier`` (the environment, FBOS-RL) or ``policy`` (the policy, from
+    ``reflect_template`` over ``{prompt}`` and ``{response}``); ``meta``: train the
+    policy's reflections on the verdicts of the attempts they guided (RubricEM's
+    reflection meta-policy; needs ``reflector: policy``)."""
 
     share: float = 0.5
     epa: bool = True
     ecc: bool = True
     template: str = "{feedback}>{prompt}"
+    reflector: str = "verifier"
+    reflect_template: str = "{prompt}{response}:"
+    meta: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share < 1.0:
@@ -55,6 +71,17 @@ class FeedbackExploration:
         if "{prompt}" not in self.template or "{feedback}" not in self.template:
             raise ValueError(
                 f"feedback template must contain {{prompt}} and {{feedback}}, got {self.template!r}"
+            )
+        if self.reflector not in ("verifier", "policy"):
+            raise ValueError(
+                f"feedback reflector must be verifier or policy, got {self.reflector!r}"
+            )
+        if self.meta and self.reflector != "policy":
+            raise ValueError("feedback meta (training the reflections) needs reflector: policy")
+        if self.reflector == "policy" and "{response}" not in self.reflect_template:
+            raise ValueError(
+                "feedback reflect_template must contain {response} (the failed attempt the "
+                f"policy reflects on), got {self.reflect_template!r}"
             )
 
     def split(self, group_size: int) -> tuple[int, int]:
@@ -66,6 +93,10 @@ class FeedbackExploration:
 
     def prompt(self, prompt: str, response: str, feedback: str) -> str:
         return self.template.format(prompt=prompt, response=response, feedback=feedback)
+
+    def reflect(self, prompt: str, response: str) -> str:
+        """The policy reflector's prompt: a failed ``response`` to ``prompt``."""
+        return self.reflect_template.format(prompt=prompt, response=response)
 
 
 class FBOSLayout(NamedTuple):

@@ -39,6 +39,9 @@ class ModelConfig(_Strict):
     "tiny-bpe": the same built with a BPE tokenizer and a Llama (another model family);
     "tiny-feedback": the same, half its pre-training problems shown after a wrong attempt's
     verifier feedback (a base that can read feedback, for FBOS-RL);
+    "tiny-reflect": "tiny-feedback" with a quarter of its problems replaced by failed
+    attempts and the lesson of their diagnosis (a base that can also write one, for
+    RubricEM's reflection meta-policy);
     with ``data.env``, "tiny" is that environment's base (SFT on its demonstrations);
     "tiny-random": the character architecture, untrained (tests); else a local path or hub
     id."""
@@ -318,7 +321,8 @@ class AlgoConfig(_Strict):
 
     feedback: dict[str, Any] | None = None
     """FBOS-RL's guided round (``rlpost.core.feedback.FeedbackExploration`` fields: share,
-    epa, ecc, template; merged over the preset's; None: the preset's)."""
+    epa, ecc, template, reflector, reflect_template, meta; merged over the preset's;
+    None: the preset's)."""
 
     def build_preset(self, group_size: int | None = None) -> Preset:
         p = get_preset(self.preset)
@@ -336,7 +340,7 @@ class AlgoConfig(_Strict):
             if p.feedback is None:
                 raise ValueError(
                     f"algo.feedback: preset {p.name!r} has no feedback-guided round (use "
-                    "fbos, fbos_epa or fbos_ecc)"
+                    "fbos, fbos_epa, fbos_ecc or rubricem_reflect)"
                 )
             changes["feedback"] = FeedbackExploration(
                 **{**dataclasses.asdict(p.feedback), **self.feedback}
@@ -638,7 +642,8 @@ class Config(_Strict):
             )
         rows = self.rollout.prompts_per_step * n
         if preset.feedback is not None:  # FBOS-RL: up to m EPA copies per prompt on top
-            rows += self.rollout.prompts_per_step * preset.feedback.split(n)[1]
+            extra = preset.feedback.split(n)[1] * (2 if preset.feedback.meta else 1)
+            rows += self.rollout.prompts_per_step * extra  # (and m reflections, RubricEM)
         coupling = recipe.coupling()
         who = ", ".join(str(e) for e in recipe.loss_entries() if e.coupling == coupling)
         if coupling == Coupling.BATCH and self.optim.micro_batch_size < rows:

@@ -7,6 +7,8 @@ does the token work the trainer needs:
   rollout that failed *and* that the task's verifier could diagnose
   (:meth:`~rlpost.llm.tasks.Task.feedback`, e.g. ``"57+10"``: 57 is short by tens), or
   ``None`` (every rollout right, or no failure the verifier could say anything about);
+* :func:`first_failures`: for the policy reflector (RubricEM's reflection meta-policy),
+  each prompt's first plain rollout the judge failed, the attempt the policy reflects on;
 * :func:`assemble`: the step's rows from the two rounds: plain rollouts and unguided
   second-round rollouts in the prompt's group, EPA's copies of the verified guided
   solutions under the original prompt's tokens (the completion tokens unchanged), ECC's
@@ -59,6 +61,25 @@ def guided_contexts(
                 ctx = fb.prompt(e.prompt, texts[j], f)
                 break
         out.append(ctx)
+    return out
+
+
+def first_failures(
+    examples: Sequence[Example], texts: Sequence[str], correct: Tensor
+) -> list[str | None]:
+    """Each prompt's first failed plain rollout (``None``: every rollout right), with
+    ``texts`` / ``correct`` ``[P * n]`` as in :func:`guided_contexts`."""
+    P = len(examples)
+    if P == 0 or len(texts) % P:
+        raise ValueError(f"{len(texts)} plain rollouts do not split over {P} prompts")
+    n = len(texts) // P
+    out: list[str | None] = []
+    for i, e in enumerate(examples):
+        if not isinstance(e.prompt, str):
+            raise ValueError("feedback exploration needs text prompts (a task's), not chat")
+        out.append(
+            next((texts[j] for j in range(i * n, (i + 1) * n) if not bool(correct[j])), None)
+        )
     return out
 
 
@@ -119,4 +140,4 @@ def assemble(
     return Assembled(batch, idx, example, torch.tensor(roles, dtype=torch.long), lay)
 
 
-__all__ = ["Assembled", "assemble", "guided_contexts"]
+__all__ = ["Assembled", "assemble", "first_failures", "guided_contexts"]

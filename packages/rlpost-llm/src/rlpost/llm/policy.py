@@ -36,12 +36,13 @@ def load_policy(cfg: Config, progress: bool = True):
         from rlpost.llm.envs.pretrain import build_env_base
 
         model, tok = tiny.load_base(build_env_base(env.name, env.params, progress=progress))
-    elif path in ("tiny", "tiny-bpe", "tiny-feedback"):
+    elif path in ("tiny", "tiny-bpe", "tiny-feedback", "tiny-reflect"):
         kind = "bpe" if path == "tiny-bpe" else "char"
-        fb = 0.5 if path == "tiny-feedback" else None
+        fb = 0.5 if path in ("tiny-feedback", "tiny-reflect") else None
         base = tiny.build_base(
-            cfg.data.task, progress=progress, tokenizer=kind, feedback=fb, **cfg.data.task_params
-        )
+            cfg.data.task, progress=progress, tokenizer=kind, feedback=fb,
+            reflect=0.25 if path == "tiny-reflect" else None, **cfg.data.task_params,
+        )  # fmt: skip
         model, tok = tiny.load_base(base)
     elif path == "tiny-random":
         tok = tiny.build_tokenizer()

@@ -117,6 +117,7 @@ _TRAIN_DEFAULTS: dict[str, Any] = {
     "size": "default",
     "tokenizer": "char",
     "feedback": 0.0,
+    "reflect": 0.0,
 }
 
 #: Tokenizers of :func:`build_base`: ``char`` (one token per character, Qwen2) and
@@ -334,9 +335,10 @@ class _SFTRun:
         exclude_prompts: frozenset[str] = frozenset(),
         weight_decay: float = 0.01,
         feedback: float = 0.0,
+        reflect: float = 0.0,
     ):
         self.model, self.tokenizer, self.task = model, tokenizer, task
-        self.feedback = feedback
+        self.feedback, self.reflect = feedback, reflect
         self.batch_size = batch_size
         self.rng = random.Random(rng_seed)
         self.exclude = exclude_prompts
@@ -369,7 +371,12 @@ class _SFTRun:
 
     def _with_feedback(self, e: Example) -> Example:
         """With probability ``feedback``: the problem prefixed by a wrong attempt's
-        diagnosis in FBOS-RL's guided format (``"57+10>12+34="``), the answer unchanged."""
+        diagnosis in FBOS-RL's guided format (``"57+10>12+34="``), the answer unchanged.
+        Before that, with probability ``reflect``: a reflection example instead, the wrong
+        attempt in the reflector's format (``"12+34=57:"``) and the lesson of its diagnosis
+        as the answer (``"+10"``), what RubricEM's reflection meta-policy writes."""
+        if self.reflect and self.rng.random() < self.reflect:
+            return self._reflection(e)
         if not self.feedback or self.rng.random() >= self.feedback:
             return e
         wrong = self.task.wrong_attempt(e, self.rng)
@@ -379,6 +386,16 @@ class _SFTRun:
         from rlpost.core.feedback import FeedbackExploration
 
         return Example(FeedbackExploration().prompt(e.prompt, wrong, diagnosis), e.answer, e.meta)
+
+    def _reflection(self, e: Example) -> Example:
+        from rlpost.core.feedback import FeedbackExploration
+
+        wrong = self.task.wrong_attempt(e, self.rng)
+        lesson = self.task.lesson(self.task.feedback(wrong, e)) if wrong is not None else ""
+        if not lesson:
+            return e
+        ask = FeedbackExploration(reflector="policy").reflect(e.prompt, wrong)
+        return Example(ask, lesson, e.meta)
 
     def train(self, steps: int, progress: bool = True, desc: str = "sft") -> list[float]:
         """Run ``steps`` optimizer steps; returns the per-step training losses."""
@@ -534,8 +551,9 @@ def base_path(
     keyed = dict(tr)
     if keyed["tokenizer"] == "char":  # the original bases keep their cache folders
         del keyed["tokenizer"]
-    if not keyed["feedback"]:
-        del keyed["feedback"]
+    for k in ("feedback", "reflect"):  # (the bases without them keep their cache folders)
+        if not keyed[k]:
+            del keyed[k]
     key = json.dumps(
         {"task": task_name, "params": tp, "train": keyed, "version": BASE_VERSION},
         sort_keys=True,
@@ -569,6 +587,7 @@ def build_base(
     size: str | None = None,
     tokenizer: str | None = None,
     feedback: float | None = None,
+    reflect: float | None = None,
     **task_params: Any,
 ) -> Path:
     """Build (or find in the cache) a partly-trained tiny base model for a task.
@@ -602,6 +621,10 @@ def build_base(
             (:meth:`Task.wrong_attempt`, FBOS-RL's guided format): a base that can read
             feedback, as a pretrained LLM can (default 0: none). The band is measured
             on the bare problems.
+        reflect: the fraction of SFT examples replaced, before ``feedback`` applies, by a
+            wrong attempt in the policy reflector's format with the lesson of its
+            diagnosis as the target (``"12+34=57:"`` -> ``"+10"``): a base that can write
+            guidance, for RubricEM's reflection meta-policy (default 0: none).
         **task_params: task constructor parameters (default: the recipe's).
 
     Returns:
@@ -618,6 +641,7 @@ def build_base(
         "size": size,
         "tokenizer": tokenizer,
         "feedback": feedback,
+        "reflect": reflect,
     }
     tp, tr = _resolve(task_name, task_params, train)
     target = base_path(task_name, cache_dir, train=tr, **tp)
@@ -669,6 +693,7 @@ def _build(
         rng_seed=tr["seed"],
         exclude_prompts=frozenset(e.prompt for e in heldout_set),
         feedback=tr["feedback"],
+        reflect=tr["reflect"],
     )
     lo, hi = tr["band"]
 

@@ -571,9 +571,12 @@ class Trainer:
     def _collect_feedback(self) -> Collected:
         """FBOS-RL (000-15): a plain round of ``G - m`` rollouts per prompt, a second round
         of ``m`` conditioned on a diagnosed failure (plain where there is none), assembled
-        into EPA's and ECC's rows (:mod:`rlpost.llm.feedback`)."""
+        into EPA's and ECC's rows (:mod:`rlpost.llm.feedback`). With the policy as
+        reflector (RubricEM's reflection meta-policy, 000-30), each guided rollout reads a
+        reflection the policy wrote on the first failure; under ``meta`` the reflections
+        join the batch, a group per failure, rewarded by the attempts they guided."""
         from rlpost.core.feedback import rescued
-        from rlpost.llm.feedback import assemble, guided_contexts
+        from rlpost.llm.feedback import assemble, first_failures, guided_contexts
 
         fb = self.preset.feedback
         assert fb is not None
@@ -588,24 +591,63 @@ class Trainer:
         by_domain = getattr(self.source, "tasks", None)  # a mixture's; else the current task
         by_domain = by_domain if isinstance(by_domain, dict) else None
 
+        def task_of(e: Example):
+            return by_domain.get(e.meta.get("domain")) if by_domain else self.source.task
+
         def feedback(text: str, e: Example) -> str:
-            task = by_domain.get(e.meta.get("domain")) if by_domain else self.source.task
+            task = task_of(e)
             return task.feedback(text, e) if task is not None else ""
 
-        ctx = guided_contexts(fb, examples, plain.texts(self.tok), acc1 > 0, feedback)
-        guided = torch.tensor([c is not None for c in ctx])
-        second_prompts = [
-            encode_prompt(self.tok, c) if c is not None else prompts[i] for i, c in enumerate(ctx)
-        ]
-        second = self._generate(second_prompts, m)
-        res2 = self._score(second, examples)  # verified against the original problem
+        texts = plain.texts(self.tok)
+        reflections, reflected, metrics = None, [], {}
+        if fb.reflector == "policy":
+            failed = first_failures(examples, texts, acc1 > 0)
+            reflected = [i for i, f in enumerate(failed) if f is not None]
+            guided = torch.tensor([f is not None for f in failed])
+            second_prompts = [prompts[i] for i in range(P) for _ in range(m)]
+            if reflected:
+                asks = [encode_prompt(self.tok, fb.reflect(examples[i].prompt, failed[i]))
+                        for i in reflected]  # fmt: skip
+                reflections = self._generate(asks, m)
+                written = reflections.texts(self.tok)
+                exact = []
+                for k, i in enumerate(reflected):
+                    e, task = examples[i], task_of(examples[i])
+                    for j in range(m):
+                        note = written[k * m + j]
+                        guide = fb.prompt(e.prompt, failed[i], note)
+                        second_prompts[i * m + j] = encode_prompt(self.tok, guide)
+                        if task is not None and (d := task.feedback(failed[i], e)):
+                            exact.append(float(note.strip() == task.lesson(d)))
+                if exact:  # the verifier's own diagnosis, where the task has one
+                    metrics["reflect/exact"] = sum(exact) / len(exact)
+            second = self._generate(second_prompts, 1)
+        else:
+            ctx = guided_contexts(fb, examples, texts, acc1 > 0, feedback)
+            guided = torch.tensor([c is not None for c in ctx])
+            second_prompts = [
+                encode_prompt(self.tok, c) if c is not None else prompts[i]
+                for i, c in enumerate(ctx)
+            ]
+            second = self._generate(second_prompts, m)
+        res2 = self._score(second, examples if fb.reflector != "policy" else
+                           [e for e in examples for _ in range(m)])  # fmt: skip
         acc2 = self._accuracy(res2.components)
         out = assemble(fb, plain, second, prompts, guided, acc2 > 0)
         rewards = torch.cat([res1.rewards, res2.rewards])[out.source]
         comps = torch.cat([res1.components, res2.components])[out.source]
-        metrics = dict(res1.metrics)
-        for k, v in res2.metrics.items():
-            metrics[k] = metrics.get(k, 0.0) + v if k.endswith(("timeouts", "errors")) else v
+        batch, rows, roles = out.batch, [examples[i] for i in out.example], out.roles
+        if fb.meta and reflections is not None:  # the meta-policy: a group per failure
+            guided_rows = torch.tensor([i * m + j for i in reflected for j in range(m)])
+            batch = RolloutBatch.concat([batch, reflections])
+            rewards = torch.cat([rewards, res2.rewards[guided_rows]])
+            comps = torch.cat([comps, res2.components[guided_rows]])
+            rows += [examples[i] for i in reflected for _ in range(m)]
+            roles = torch.cat([roles, torch.full((len(guided_rows),), OWN, dtype=roles.dtype)])
+            metrics["reflect/rows"] = float(len(guided_rows))
+        for k, v in {**res1.metrics, **res2.metrics}.items():
+            both = k.endswith(("timeouts", "errors"))
+            metrics[k] = res1.metrics.get(k, 0.0) + res2.metrics.get(k, 0.0) if both else v
         g2 = guided[:, None].expand(P, m).flatten()
         metrics.update(
             {
@@ -617,10 +659,7 @@ class Trainer:
                 "time/rollout": time.perf_counter() - t0,
             }
         )
-        return Collected(
-            out.batch, [examples[i] for i in out.example], rewards, comps,
-            self._accuracy(comps), metrics, roles=out.roles,
-        )  # fmt: skip
+        return Collected(batch, rows, rewards, comps, self._accuracy(comps), metrics, roles=roles)
 
     def collect(self) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""

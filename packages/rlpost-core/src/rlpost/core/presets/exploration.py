@@ -1,5 +1,6 @@
 """Presets that change how a group's rollouts are drawn: FBOS-RL's feedback-guided
-re-rollouts with its two objectives (000-15) and their one-objective ablations."""
+re-rollouts with its two objectives (000-15) and their one-objective ablations, and
+RubricEM's reflection meta-policy (000-30), whose guided contexts the policy writes."""
 
 from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.presets.base import Choice, Preset, register_preset
@@ -40,5 +41,26 @@ register_preset(
         feedback=FeedbackExploration(share=0.5, epa=False, ecc=True),
         notes="FBOS-RL's ablation: ECC only (guided rollouts trained in their context)",
         **_FBOS,
+    )
+)
+
+register_preset(
+    Preset(
+        name="rubricem_reflect",
+        paper="RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
+        "Rewards (catalog 000-30)",
+        catalog_id="000-30",
+        advantage=Choice("grpo", {"scale_by_std": True}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        feedback=FeedbackExploration(
+            share=0.5, reflector="policy", meta=True, template="{response}{feedback}>{prompt}"
+        ),
+        notes="RubricEM's reflection meta-policy: the shared backbone reflects on a judged "
+        "failure (reflect_template), each of half the group's re-rollouts is guided by a "
+        "reflection of its own, and the reflections are trained by GRPO on the verdicts of "
+        "the attempts they guided (algo.feedback={meta: false} freezes them); guided "
+        "solutions train the bare prompt (EPA) and the guided rollouts their context (ECC)",
     )
 )
