@@ -16,6 +16,7 @@ model reads its context, which is what a hindsight self-teacher (StepOPSD) relie
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import random
@@ -70,8 +71,16 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad: int) -> dict[str, torch
 def env_base_path(name: str, params: dict[str, Any], steps: int, seed: int, cache_dir=None) -> Path:
     from rlpost.llm.envs.base import ENVIRONMENTS
 
-    keyed = {k: v for k, v in params.items() if k not in _EPISODE_ONLY}
-    hints = getattr(ENVIRONMENTS.get(name), "hints", 0.0)
+    cls = ENVIRONMENTS.get(name)
+    defaults = {
+        k: p.default for k, p in (inspect.signature(cls).parameters.items() if cls else ())
+    }  # a parameter set to its default builds the same base as one left out
+    keyed = {
+        k: v
+        for k, v in params.items()
+        if k not in _EPISODE_ONLY and not (k in defaults and defaults[k] == v)
+    }
+    hints = getattr(cls, "hints", 0.0)
     key = json.dumps(
         {"env": name, "params": keyed, "steps": steps, "seed": seed, "v": ENV_BASE_VERSION}
         | ({"hints": hints} if hints else {}),
