@@ -31,6 +31,7 @@ common JSON shape and a PNG of the curves.
     uv run --frozen python tools/bench_agents.py                # household, about 9 min
     uv run --frozen python tools/bench_agents.py --env search   # search
     uv run --frozen python tools/bench_agents.py --env search3  # three hops, its own base
+    uv run --frozen python tools/bench_agents.py --env search_plan  # a plan first (RubricEM)
     uv run --frozen python tools/bench_agents.py --quick        # a smoke run
 """
 
@@ -59,6 +60,15 @@ DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave 
         "max_turns": 4,
         "max_new_tokens": 5,
         "steps": 40,
+    },
+    # RubricEM's self-generated rubric: a plan first (how to open each hop), on its own base
+    "search_plan": {
+        "world": "search",
+        "params": "{plan: true, slack: 0}",
+        "base": {"plan": True},
+        "max_turns": 7,
+        "max_new_tokens": 5,
+        "steps": 24,
     },
 }
 METHODS = {
@@ -120,6 +130,7 @@ def job(spec: dict) -> dict[str, Any]:
     rows = read_metrics(run_dir)
     curve = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     turns = [r["env/turns"] for r in rows if "env/turns" in r]
+    plans = [r["env/plan_precise"] for r in rows if "env/plan_precise" in r]  # search_plan
     return {
         "name": spec["name"],
         "seed": spec["seed"],
@@ -127,6 +138,8 @@ def job(spec: dict) -> dict[str, Any]:
         "curve": curve,
         "turns_first": turns[0],
         "turns_last": sum(turns[-5:]) / len(turns[-5:]),
+        "plan_first": plans[0] if plans else float("nan"),
+        "plan_last": sum(plans[-5:]) / len(plans[-5:]) if plans else float("nan"),
     }
 
 
@@ -171,12 +184,13 @@ def main() -> None:
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
         row = curve_row(name, runs)
         curves[name] = row["curves"]
-        for k in ("turns_first", "turns_last", "seconds"):
+        for k in ("turns_first", "turns_last", "plan_first", "plan_last", "seconds"):
             row[k], _ = mean_std(r[k] for r in runs)
         rows.append(row)
+    plan = ["plan_first", "plan_last"] if "plan" in DEFAULTS[a.env]["params"] else []
     print_table(
         rows, ["method", "before", "after", "after_std", "best", "auc", "turns_first",
-               "turns_last", "seconds"],
+               "turns_last", *plan, "seconds"],
     )  # fmt: skip
     plot_mean_curves(
         curves,

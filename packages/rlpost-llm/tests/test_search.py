@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -222,19 +223,61 @@ def test_the_rubric_judge_scores_each_turn_against_its_stage():
     assert env.judge(res[-1].info) == (1, 0.5)  # grounded, wrong
 
 
-def test_rubricem_trains_on_stage_judgments_from_the_cli(fast_overrides, fast_cfg, tmp_path):
+@pytest.mark.parametrize("plan", [False, True])
+def test_rubricem_trains_on_stage_judgments_from_the_cli(fast_overrides, fast_cfg, tmp_path, plan):
     from rlpost.apps.llm.cli import main as cli
     from rlpost.llm.config import ConfigError
 
     run = tmp_path / "rubric"
+    params = "{slack: 0, plan: true}" if plan else "{slack: 0}"
     over = [
         *fast_overrides,
-        "data.env={name: search, params: {slack: 0}, turn_signal: rubric, max_turns: 4}",
+        f"data.env={{name: search, params: {params}, turn_signal: rubric, max_turns: 4}}",
         "algo.preset=rubricem", "rollout.max_new_tokens=4", f"run.dir={run}", "train.steps=1",
     ]  # fmt: skip
     assert cli(["train", "--config", "rubricem_search", *over]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if r["step"] == 1]
     assert 0.0 <= row["env/rubric_stage0"] <= 1.0 and row["adv/stages_per_traj"] >= 1.0
+    assert ("env/rubric_stage2" in row) == plan  # the plan: every episode's first turn
     with pytest.raises(ConfigError, match="no rubric judge"):
         fast_cfg("data.env={name: household, turn_signal: rubric}")
+
+
+def test_a_parameter_set_to_its_default_shares_the_default_base(tmp_path):
+    from rlpost.llm.envs.pretrain import env_base_path
+
+    def path(**params):
+        return env_base_path("search", params, 800, 0, tmp_path)
+
+    assert path(tasks=1) == path() == path(slack=0, hardened=True)  # episode-only too
+    assert path(tasks=2) != path() and path(max_hops=3) != path()
+
+
+def test_a_self_generated_rubric_comes_first_and_the_research_is_judged_against_it():
+    env, plain = make_env("search", plan=True), make_env("search")
+    for seed in range(100):  # the demonstrations: their own plan, then the same episode
+        env.reset(seed)
+        plain.reset(seed)
+        demo = env.demonstrate()
+        assert demo[1:] == plain.demonstrate() and env.limit == plain.limit + 1
+        assert re.fullmatch(rf"\([01]{{{len(env.rels)}}}\)", demo[0])
+        res = play(env, demo)
+        assert res[-1].reward == 1.0 and res[0].info["planned"] == demo[0][1:-1]
+        assert all(r.info["follows"] for r in res if "follows" in r.info)
+        assert sum("follows" in r.info for r in res) == len(env.rels)  # a hop's first query
+    env = make_env("search", plan=True, min_hops=2, max_hops=2)
+    env.reset(4)
+    e, (r1, r2), mid, end = env.start, env.rels, env.chain[1], env.chain[2]
+    res = play(env, ["(10)", f":{e}{r1}", f":{mid}{r2}", f"={end}"])  # hop two opened precise
+    judged = [env.judge(r.info) for r in res]
+    # plan well-formed (stage 2: 1); hop one as planned (1); hop two against the plan
+    # (valid and new, not as planned: 2/3); the true answer, grounded
+    assert judged == [(2, 1.0), (0, 1.0), (0, 2 / 3), (1, 1.0)]
+    assert res[0].info["log/plan_precise"] == 0.5 and res[0].observation == ">"
+    env.reset(4)
+    res = play(env, ["(1)", f":{e}{r1}"])  # one item for two hops: malformed, no rubric
+    assert env.judge(res[0].info) == (2, 0.0) and res[0].observation == "()>"
+    assert res[1].info["follows"] is False
+    with pytest.raises(ValueError, match=r"plan .* needs tasks: 1"):
+        make_env("search", plan=True, tasks=2)

@@ -531,6 +531,15 @@ class Trainer:
             metrics["env/valid_frac"] = sum(bool(x.get("valid")) for x in steps) / len(steps)
         if steps and "composed" in steps[0]:
             metrics["env/composed_per_episode"] = sum(x.get("composed", 0) for x in steps) / len(b)
+        logged: dict[str, list[float]] = {}  # an environment's own "log/<name>" values
+        for x in steps:
+            for k, v in x.items():
+                if k.startswith("log/"):
+                    logged.setdefault(k[4:], []).append(float(v))
+        metrics.update({f"env/{k}": sum(v) / len(v) for k, v in logged.items()})
+        if self.cfg.data.env.params.get("shortcuts"):  # planted shortcuts (001-21)
+            last = [ep[-1] for ep in ro.infos if ep]
+            metrics["env/exploit_rate"] = sum(bool(x.get("exploit")) for x in last) / len(b)
         acc = (ro.rewards >= 1.0).float()
         turn_rewards = ro.turn_rewards
         if self.cfg.data.env.turn_signal == "ig" and Input.TURNS in self.reads:
