@@ -585,7 +585,7 @@ class Trainer:
         reflection the policy wrote on the first failure; under ``meta`` the reflections
         join the batch, a group per failure, rewarded by the attempts they guided."""
         from rlpost.core.feedback import rescued
-        from rlpost.llm.feedback import assemble, first_failures, guided_contexts
+        from rlpost.llm.feedback import assemble, guided_contexts
 
         fb = self.preset.feedback
         assert fb is not None
@@ -609,28 +609,11 @@ class Trainer:
 
         texts = plain.texts(self.tok)
         reflections, reflected, metrics = None, [], {}
-        if fb.reflector == "policy":
-            failed = first_failures(examples, texts, acc1 > 0)
-            reflected = [i for i, f in enumerate(failed) if f is not None]
-            guided = torch.tensor([f is not None for f in failed])
-            second_prompts = [prompts[i] for i in range(P) for _ in range(m)]
-            if reflected:
-                asks = [encode_prompt(self.tok, fb.reflect(examples[i].prompt, failed[i]))
-                        for i in reflected]  # fmt: skip
-                reflections = self._generate(asks, m)
-                written = reflections.texts(self.tok)
-                exact = []
-                for k, i in enumerate(reflected):
-                    e, task = examples[i], task_of(examples[i])
-                    for j in range(m):
-                        note = written[k * m + j]
-                        guide = fb.prompt(e.prompt, failed[i], note)
-                        second_prompts[i * m + j] = encode_prompt(self.tok, guide)
-                        if task is not None and (d := task.feedback(failed[i], e)):
-                            exact.append(float(note.strip() == task.lesson(d)))
-                if exact:  # the verifier's own diagnosis, where the task has one
-                    metrics["reflect/exact"] = sum(exact) / len(exact)
-            second = self._generate(second_prompts, 1)
+        if fb.reflector == "policy":  # RubricEM: the policy writes the guidance
+            guided, second, reflections, reflected, metrics = self._reflect_round(
+                fb, examples, prompts, texts, acc1 > 0, task_of
+            )
+            res2 = self._score(second, [e for e in examples for _ in range(m)])  # one a row
         else:
             ctx = guided_contexts(fb, examples, texts, acc1 > 0, feedback)
             guided = torch.tensor([c is not None for c in ctx])
@@ -639,8 +622,7 @@ class Trainer:
                 for i, c in enumerate(ctx)
             ]
             second = self._generate(second_prompts, m)
-        res2 = self._score(second, examples if fb.reflector != "policy" else
-                           [e for e in examples for _ in range(m)])  # fmt: skip
+            res2 = self._score(second, examples)  # verified against the original problem
         acc2 = self._accuracy(res2.components)
         out = assemble(fb, plain, second, prompts, guided, acc2 > 0)
         rewards = torch.cat([res1.rewards, res2.rewards])[out.source]
@@ -669,6 +651,37 @@ class Trainer:
             }
         )
         return Collected(batch, rows, rewards, comps, self._accuracy(comps), metrics, roles=roles)
+
+    def _reflect_round(self, fb, examples, prompts, texts, correct, task_of):
+        """The policy as reflector: on each prompt's first failure (``texts`` /
+        ``correct``: the plain round), ``m`` sampled reflections, and one guided rollout
+        per reflection. Returns ``(guided [P], second [P * m], reflections, reflected,
+        metrics)``: ``second`` prompt-major, the plain prompt where nothing failed;
+        ``reflections`` ``m`` per prompt of ``reflected`` (None: nothing failed)."""
+        from rlpost.llm.feedback import first_failures
+
+        P, m = len(examples), fb.split(self.preset.group_size)[1]
+        failed = first_failures(examples, texts, correct)
+        reflected = [i for i, f in enumerate(failed) if f is not None]
+        second_prompts = [prompts[i] for i in range(P) for _ in range(m)]
+        reflections, metrics, exact = None, {}, []
+        if reflected:
+            asks = [encode_prompt(self.tok, fb.reflect(examples[i].prompt, failed[i]))
+                    for i in reflected]  # fmt: skip
+            reflections = self._generate(asks, m)
+            written = reflections.texts(self.tok)
+            for k, i in enumerate(reflected):
+                e, task = examples[i], task_of(examples[i])
+                for j in range(m):
+                    note = written[k * m + j]
+                    guide = fb.prompt(e.prompt, failed[i], note)
+                    second_prompts[i * m + j] = encode_prompt(self.tok, guide)
+                    if task is not None and (d := task.feedback(failed[i], e)):
+                        exact.append(float(note.strip() == task.lesson(d)))
+        if exact:  # against the verifier's own diagnosis, where the task has one
+            metrics["reflect/exact"] = sum(exact) / len(exact)
+        guided = torch.tensor([f is not None for f in failed])
+        return guided, self._generate(second_prompts, 1), reflections, reflected, metrics
 
     def collect(self) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""
