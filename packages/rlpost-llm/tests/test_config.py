@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from rlpost.llm.config import ConfigError, load_config
@@ -63,3 +65,29 @@ def test_every_shipped_recipe_validates(name):
 def test_unknown_recipe_lists_the_shipped_ones():
     with pytest.raises(FileNotFoundError, match="grpo_arithmetic"):
         recipe_path("nope")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["data.task=pde"], "data.task_params: task 'pde' has no parameter 'digits'"),
+        (["data.task_params={digit: 3}"], "has no parameter 'digit' (its parameters: digits"),
+        (["data.curriculum=[{task: countdown, task_params: {digits: 2}, steps: 1}]"],
+         "data.curriculum[countdown].task_params: task 'countdown' has no parameter"),
+    ],
+)  # fmt: skip
+def test_a_task_parameter_the_task_does_not_take_is_refused_at_load(overrides, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        load_config(recipe_path("grpo_arithmetic"), overrides)
+
+
+def test_a_model_path_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
+    from rlpost.llm.policy import load_policy
+
+    missing = tmp_path / "no-model"
+    cfg = load_config(recipe_path("grpo_pde"), [f"model.path={missing}"])
+    with pytest.raises(ValueError, match=re.escape(f"model.path '{missing}': no such folder")):
+        load_policy(cfg, progress=False)
+    missing.mkdir()  # a folder without a model in it
+    with pytest.raises(ValueError, match=re.escape(f"model.path '{missing}': no config.json")):
+        load_policy(cfg, progress=False)

@@ -165,6 +165,13 @@ class DataConfig(_Strict):
         names = [d.task for d in self.mixture]
         if len(set(names)) != len(names):
             raise ValueError(f"data.mixture: duplicate domains {names}")
+        from rlpost.llm.tasks import check_task_params
+
+        if self.path is None and self.env is None and not (self.curriculum or self.mixture):
+            check_task_params(self.task, self.task_params, "data.task_params")
+        for i, d in enumerate([*self.curriculum, *self.mixture]):
+            kind = "curriculum" if i < len(self.curriculum) else "mixture"
+            check_task_params(d.task, d.task_params, f"data.{kind}[{d.task}].task_params")
         return self
 
 

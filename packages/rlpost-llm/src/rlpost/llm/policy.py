@@ -50,8 +50,20 @@ def load_policy(cfg: Config, progress: bool = True):
 
         model = Qwen2ForCausalLM(tiny.tiny_config(tok))
     else:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.model.dtype])
+        local = Path(path).expanduser()
+        if path.startswith(("/", ".", "~")) and not local.exists():
+            raise ValueError(f"model.path {path!r}: no such folder")
+        marks = ("config.json", "adapter_config.json")  # a model, or a PEFT adapter
+        if local.is_dir() and not any((local / m).exists() for m in marks):
+            raise ValueError(
+                f"model.path {path!r}: no config.json (not a Hugging Face model folder)"
+            )
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.model.dtype])
+        except OSError as exc:  # not a folder, and the hub unreachable or without it
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"model.path {path!r}: cannot load it ({why})") from exc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model = model.to(DTYPES[cfg.model.dtype])

@@ -485,13 +485,22 @@ def make_task(name: str, **params: Any) -> Task:
     Raises:
         ValueError: ``name`` is not in :data:`TASKS` (the message lists valid names).
     """
-    try:
-        cls = TASKS[name]
-    except KeyError:
+    check_task_params(name, params)
+    return TASKS[name](**params)
+
+
+def check_task_params(name: str, params: dict[str, Any], where: str = "task_params") -> None:
+    """Refuse an unknown task or a parameter its constructor does not take, in one line
+    naming it (what a config validates at load: ``where`` is its key)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
+    known = sorted(f.name for f in fields(TASKS[name]) if f.init)
+    bad = sorted(set(params) - set(known))
+    if bad:
         raise ValueError(
-            f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}"
-        ) from None
-    return cls(**params)
+            f"{where}: task {name!r} has no parameter {', '.join(map(repr, bad))} "
+            f"(its parameters: {', '.join(known) or 'none'})"
+        )
 
 
 # ----------------------------------------------------------------------------- format
