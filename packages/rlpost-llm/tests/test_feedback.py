@@ -263,6 +263,7 @@ def test_the_reflection_meta_policy_is_trained_on_the_verdicts_of_the_attempts_i
         for i, w in zip(asks, written, strict=True):  # judge-gated: the guided verdict
             assert float(col.rewards[i]) == (1.0 if w.startswith("+10") else 0.0)
             assert texts[i] == col.examples[i].prompt + "0:"
+        assert bool((col.roles[asks] == TRAIN).all())  # trained, not counted as rollouts
         groups = col.batch.group[asks]
         assert len(set(groups.tolist())) == P  # a group per judged failure, m each
         assert not set(groups.tolist()) & set(col.batch.group[: asks[0]].tolist())

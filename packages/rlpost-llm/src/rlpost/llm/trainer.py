@@ -62,7 +62,7 @@ from rlpost.core.io.curves import write_summary
 from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.core.kl import kl_reward_penalty
 from rlpost.core.masked import masked_mean
-from rlpost.core.peers import BASELINE, OWN
+from rlpost.core.peers import BASELINE, OWN, TRAIN
 from rlpost.core.presets import PolicyBatch
 from rlpost.core.regularizers import REGULARIZERS, GradientInput, flat_grad, set_flat_grad_
 from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
@@ -629,12 +629,14 @@ class Trainer:
         comps = torch.cat([res1.components, res2.components])[out.source]
         batch, rows, roles = out.batch, [examples[i] for i in out.example], out.roles
         if fb.meta and reflections is not None:  # the meta-policy: a group per failure
+            # (TRAIN: trained, but not rollouts of the task, so the rollout statistics,
+            # accuracy and entropy among them, skip them; reflect/rows counts them)
             guided_rows = torch.tensor([i * m + j for i in reflected for j in range(m)])
             batch = RolloutBatch.concat([batch, reflections])
             rewards = torch.cat([rewards, res2.rewards[guided_rows]])
             comps = torch.cat([comps, res2.components[guided_rows]])
             rows += [examples[i] for i in reflected for _ in range(m)]
-            roles = torch.cat([roles, torch.full((len(guided_rows),), OWN, dtype=roles.dtype)])
+            roles = torch.cat([roles, torch.full((len(guided_rows),), TRAIN, dtype=roles.dtype)])
             metrics["reflect/rows"] = float(len(guided_rows))
         for k, v in {**res1.metrics, **res2.metrics}.items():
             both = k.endswith(("timeouts", "errors"))
