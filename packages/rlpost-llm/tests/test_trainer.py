@@ -188,10 +188,28 @@ def test_non_finite_loss_skips_the_step(fast_cfg, monkeypatch):
 
 def test_async_one_step_off_bounds_staleness(fast_cfg):
     cfg = fast_cfg("train.async_rollouts=true", "train.steps=3")
-    Trainer(cfg, reward_fn=parity_reward).train()
+    res = Trainer(cfg, reward_fn=parity_reward).train()
     rows = [json.loads(ln) for ln in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert [r["policy_version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert res["staleness_histogram"] == {0: 1, 1: 2}
+    for r in rows:  # the pipeline's shares of each step's wall time
+        assert 0.0 <= r["pipeline/trainer_idle"] <= 1.0
+        assert 0.0 <= r["pipeline/generator_idle"] <= 1.0
+        assert r["pipeline/rollouts_per_s"] > 0 and r["pipeline/step_seconds"] > 0
+    # step 1 waited for its own rollouts; steps 2-3 trained on rollouts made during the
+    # step before, so the generator worked inside each of those steps' windows
+    assert rows[0]["pipeline/trainer_idle"] > 0.1
+
+
+def test_a_synchronous_step_is_all_generating_or_all_training(fast_cfg):
+    cfg = fast_cfg("train.steps=2")
+    res = Trainer(cfg, reward_fn=parity_reward).train()
+    rows = [json.loads(ln) for ln in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    assert res["staleness_histogram"] == {0: 2}
+    for r in rows:  # the trainer waits exactly while the generator works
+        idle = r["pipeline/trainer_idle"] + r["pipeline/generator_idle"]
+        assert abs(idle - 1.0) < 0.05, r
     with pytest.raises(RuntimeError, match="stale"):
         Trainer(
             fast_cfg("train.async_rollouts=true", "train.steps=3", "train.max_staleness=0"),

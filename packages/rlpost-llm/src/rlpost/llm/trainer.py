@@ -322,6 +322,8 @@ class Trainer:
         self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._gen_spans: list[tuple[float, float]] = []  # collect()'s wall-clock spans
+        self.staleness_counts: dict[int, int] = {}  # staleness -> steps trained at it
         # Mutual RL: ``exchange(trainer, collected) -> collected`` adds the peers' responses
         # (rlpost.llm.mutual sets it on each policy's trainer)
         self.exchange = None
@@ -1260,13 +1262,36 @@ class Trainer:
         if self.stages is not None:
             return self._next_staged()
         if not self.cfg.train.async_rollouts:
-            return self.collect()
+            return self._timed_collect()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
         if self._pending is None:
-            self._pending = self._executor.submit(self.collect)
+            self._pending = self._executor.submit(self._timed_collect)
         col = self._pending.result()
         return col
+
+    def _timed_collect(self) -> Collected:
+        """:meth:`collect`, its wall-clock span recorded (the generator's busy time)."""
+        t0 = time.perf_counter()
+        try:
+            return self.collect()
+        finally:
+            self._gen_spans.append((t0, time.perf_counter()))
+
+    def _pipeline_metrics(self, t0: float, waited: float, rows: int) -> dict[str, float]:
+        """The step's pipeline: its seconds, the share of them the trainer waited for
+        rollouts, the share the generator was not generating (busy spans intersected with
+        the step), and rows generated per second."""
+        t1 = time.perf_counter()
+        dt = max(t1 - t0, 1e-9)
+        busy = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self._gen_spans)
+        self._gen_spans = [(a, b) for a, b in self._gen_spans if b > t1]
+        return {
+            "pipeline/step_seconds": dt,
+            "pipeline/trainer_idle": min(waited / dt, 1.0),
+            "pipeline/generator_idle": max(0.0, 1.0 - busy / dt),
+            "pipeline/rollouts_per_s": rows / dt,
+        }
 
     def _diverged(self, exc: NonFiniteError) -> None:
         """Generation met non-finite logits: undo the update that caused them (or stop)."""
@@ -1313,11 +1338,13 @@ class Trainer:
         finished = False
         try:
             while self.step < stop:
+                t_step = time.perf_counter()
                 try:
                     col = self._broadcast(self._next_collected())
                 except NonFiniteError as exc:
                     self._diverged(exc)  # the last update rolled back: this step again
                     continue
+                waited = time.perf_counter() - t_step  # the trainer waited for rollouts
                 if self.exchange is not None:
                     col = self.exchange(self, col)
                 if self._applied:  # the last update generated finite logits: it was good
@@ -1327,7 +1354,8 @@ class Trainer:
                 if staleness > max_stale:
                     raise RuntimeError(f"rollouts are {staleness} versions stale (max {max_stale})")
                 if self.main and cfg.train.async_rollouts and self.step + 1 < stop:
-                    self._pending = self._executor.submit(self.collect)  # overlaps the update
+                    # overlaps the update
+                    self._pending = self._executor.submit(self._timed_collect)
                 metrics = dict(col.metrics)
                 if len(col.batch) and len(col.rewards):
                     metrics.update(self.update(col))
@@ -1335,7 +1363,9 @@ class Trainer:
                     self.skipped += 1
                 if self.main:
                     if self._pending is not None:
+                        t_wait = time.perf_counter()
                         self._pending.result()  # the engine's weights must not change mid-generation
+                        waited += time.perf_counter() - t_wait
                     self._sync_engine()  # weight sync (own-copy engines) and version bump
                 self.step += 1
                 if not self.main:
@@ -1349,7 +1379,11 @@ class Trainer:
                         "accuracy": float(acc.mean()) if len(acc) else 0.0,
                         "staleness": float(staleness),
                         "policy_version": float(self.version),
+                        **self._pipeline_metrics(t_step, waited, int(own.sum())),
                     }
+                )
+                self.staleness_counts[int(staleness)] = (
+                    self.staleness_counts.get(int(staleness), 0) + 1
                 )
                 if due(cfg.run.eval_every, self.step, total):
                     metrics.update(self._eval_metrics())
@@ -1371,6 +1405,7 @@ class Trainer:
             if finished:
                 self.close()
         result: dict[str, Any] = {"steps": self.step, "seconds": time.perf_counter() - t_start}
+        result["staleness_histogram"] = dict(sorted(self.staleness_counts.items()))
         if self.main and finished:
             rows = read_metrics(self.run_dir)
             data = " + ".join(d.task for d in cfg.data.mixture) or cfg.data.task
