@@ -86,22 +86,26 @@ def job(spec: dict) -> dict[str, Any]:
 
 def plot(runs: list[dict], boundary, path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    ss = sorted({r["interval"] for r in runs})
     for collapsed, mark, label in ((False, "o", "stable"), (True, "x", "collapsed")):
         pts = [(r["interval"], r["lr"]) for r in runs if r["collapsed"] == collapsed]
         if pts:
             ax.scatter(*zip(*pts, strict=True), marker=mark, s=60, label=label)
     if boundary is not None:
-        ss = sorted({r["interval"] for r in runs})
         ax.plot(ss, [boundary.threshold(s) for s in ss], "k--",
                 label=f"fit: eta* = {boundary.c:.2g} S^{-boundary.exponent:+.2f}")  # fmt: skip
-    ax.set(xscale="log", yscale="log", xlabel="synchronization interval S",
+    ax.set_xscale("log")
+    ax.set_xticks(ss, [str(s) for s in ss])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set(yscale="log", xlabel="synchronization interval S",
            ylabel="learning rate", title="GRPO stability, tiny model, 2-digit addition")  # fmt: skip
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
