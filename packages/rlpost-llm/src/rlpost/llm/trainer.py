@@ -1287,10 +1287,10 @@ class Trainer:
         busy = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self._gen_spans)
         self._gen_spans = [(a, b) for a, b in self._gen_spans if b > t1]
         return {
-            "pipeline/step_seconds": dt,
-            "pipeline/trainer_idle": min(waited / dt, 1.0),
-            "pipeline/generator_idle": max(0.0, 1.0 - busy / dt),
-            "pipeline/rollouts_per_s": rows / dt,
+            "time/step": dt,
+            "time/trainer_idle": min(waited / dt, 1.0),
+            "time/generator_idle": max(0.0, 1.0 - busy / dt),
+            "time/rollouts_per_s": rows / dt,
         }
 
     def _diverged(self, exc: NonFiniteError) -> None:
