@@ -1,10 +1,12 @@
-"""A 2-process data-parallel run (gloo, CPU) equals a 1-process run with the same global batch."""
+"""A 2-process data-parallel run (DDP over gloo, CPU) equals a 1-process run with the same
+global batch: for GRPO, and for PPO, whose critic is data-parallel too."""
 
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -12,6 +14,7 @@ from rlpost.llm.config import load_config
 from rlpost.llm.trainer import Trainer
 
 WORKER = Path(__file__).with_name("_ddp_worker.py")
+LEARNER_WORKER = Path(__file__).with_name("_learner_worker.py")
 
 
 def parity_reward(completion: str, example) -> float:
@@ -24,8 +27,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_equal_one(tmp_path, fast_overrides):
-    common = [*fast_overrides, "train.steps=2", "run.save_every=2", "optim.micro_batch_size=5"]
+@pytest.mark.parametrize("preset", ["grpo", "ppo"])
+def test_two_ranks_equal_one(tmp_path, fast_overrides, preset):
+    common = [
+        *fast_overrides,
+        f"algo.preset={preset}",
+        "train.steps=2",
+        "run.save_every=2",
+        "optim.micro_batch_size=5",  # 8 rows a rank: two micro-batches, one all-reduce
+    ]
     single = tmp_path / "single"
     tr = Trainer(load_config(None, [*common, f"run.dir={single}"]), reward_fn=parity_reward)
     initial = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
@@ -48,8 +58,45 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    files = ["model.safetensors"] + (["critic.safetensors"] if preset == "ppo" else [])
+    for f in files:
+        a = load_file(single / "checkpoints/step-000002" / f)
+        b = load_file(ddp / "checkpoints/step-000002" / f)
+        for k in a:  # (packed rows sum in another order per rank; Adam magnifies tiny grads)
+            torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5, msg=f"{f}: {k}")
     a = load_file(single / "checkpoints/step-000002/model.safetensors")
-    b = load_file(ddp / "checkpoints/step-000002/model.safetensors")
-    for k in a:  # (packed rows sum in another order per rank; Adam magnifies near-eps grads)
-        torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5)
     assert any(not torch.allclose(a[k], initial[k]) for k in a), "training must move the weights"
+
+
+def _launch(*args) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--nnodes=1",
+            f"--master_port={_free_port()}",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("share", [7, 10])  # rank 1: 3 rows, or none (a zero-weight pass)
+def test_learner_gradient_equals_the_full_batch_gradient(tmp_path, share):
+    """At the gradient level: the ranks' micro-batches (3 on rank 0, 1 or none on rank 1,
+    all-reduced once) give the one-process gradient of all 10 rows, from rank 0's
+    weights although rank 1 started from others."""
+    _launch(LEARNER_WORKER, tmp_path / "grads.pt", share, 3)
+    got = torch.load(tmp_path / "grads.pt")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 4, generator=g), torch.randn(10, 1, generator=g)
+    ((model(x) - y) ** 2).sum().div(10).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-5, msg=n)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from rlpost.llm.config import CriticConfig
+from rlpost.llm.parallel import Learner
 from rlpost.llm.policy import DTYPES, SeqBatch, apply_lora, fused_head
 
 
@@ -80,12 +81,17 @@ def build_value_model(cfg: CriticConfig, policy: torch.nn.Module, dtype: str) ->
     return ValueHeadModel(decoder, hidden).to(dev)
 
 
+def _apply(module: torch.nn.Module, sb: SeqBatch) -> Tensor:
+    return module(sb)
+
+
 class ValueModel:
     """The critic, its optimiser and its clipped value loss (see the module docstring)."""
 
     def __init__(self, cfg: CriticConfig, policy: torch.nn.Module, dtype: str = "float32"):
         self.cfg = cfg
         self.module = build_value_model(cfg, policy, dtype)
+        self.learner = Learner(self.module)  # DDP when data-parallel
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -109,7 +115,7 @@ class ValueModel:
     ) -> tuple[Tensor, dict[str, float]]:
         """Clipped value loss of one micro-batch (``[B, L]`` inputs), globally normalised."""
         self.module.train()
-        v = self.module(sb)
+        v = self.learner(_apply, sb)
         dev = v.device
         old, R, m = old_values.to(dev), returns.to(dev), mask.to(dev).float()
         err = (v - R) ** 2

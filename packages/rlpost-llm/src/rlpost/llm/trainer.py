@@ -29,8 +29,10 @@ validation-anchored reset (``Preset.validation_reset``), plus the optimiser choi
 Asynchronous "one-step-off" mode generates step t+1's rollouts on a weight snapshot in a
 background thread while step t trains; every batch carries the policy version that
 generated it and the staleness bound is enforced. Data parallelism: rank 0 generates and
-scores, the batch is broadcast, each rank trains on its slice, and gradients are summed
-with ``all_reduce`` so a W-process run equals a 1-process run with the same global batch.
+scores, the batch is broadcast, each rank trains on its slice through torch's
+``DistributedDataParallel`` (:mod:`rlpost.llm.parallel`: one bucketed all-reduce per
+update, on the last micro-batch), so a W-process run equals a 1-process run with the same
+global batch.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from rlpost.llm.distill import Teachers, TeacherScores, student_distributions
 from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlpost.llm.memory import TeacherMemory
 from rlpost.llm.optim import build_optimizer, lr_schedule
+from rlpost.llm.parallel import Learner
 from rlpost.llm.policy import (
     Reference,
     completion_logprobs,
@@ -256,6 +259,7 @@ class Trainer:
                 )
         self.memory = self._make_memory() if cfg.distill.memory is not None else None
         o = cfg.optim
+        self.learner = Learner(model)  # DDP when data-parallel: rank 0's weights everywhere
         self.optimizer = build_optimizer(model, o)
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -1007,20 +1011,23 @@ class Trainer:
                 )
                 add({"aux/loss": aux_loss})
             samples: list[Tensor] = []
-            n_mb = math.ceil(len(mine) / mbs)
-            for s in range(0, len(mine), mbs):
-                idx = mine[s : s + mbs]
+            chunks = self.learner.micro_batches(mine, mbs, torch.arange(len(batch)))
+            n_mb = len(chunks)
+            for j, (idx, weight) in enumerate(chunks):
+                self.learner.sync(last=j == n_mb - 1)  # all-reduce on the last micro-batch
                 sub = batch.select(idx) if len(idx) != len(batch) else batch
                 if self.critic is not None:
                     vsb = make_seq_batch(
                         sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id,
                         attend=sub.attention,
                     )  # fmt: skip
+                    self.critic.learner.sync(last=j == n_mb - 1)
                     vloss, vm = self.critic.loss(
                         vsb, old_values[idx], returns[idx], mask[idx], global_tokens
                     )
-                    vloss.backward()
-                    add(vm)
+                    (vloss * (weight * self.critic.learner.scale)).backward()
+                    if weight:
+                        add(vm)
                 if warmup:
                     continue
                 sb = make_seq_batch(
@@ -1033,8 +1040,8 @@ class Trainer:
                     attend=sub.attention,
                 )
                 student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
-                res = completion_logprobs(
-                    model,
+                res = self.learner(
+                    completion_logprobs,
                     sb,
                     self.sampling.temperature,
                     impl=cfg.model.logprob_impl,
@@ -1087,11 +1094,15 @@ class Trainer:
                 )
                 if not torch.isfinite(out.loss):
                     bad = True
-                    break
+                    if self.world == 1:
+                        break  # (data-parallel ranks all take the synchronised backward)
                 before = flat_grad(params) if Input.GRAD_SAMPLES in reg_needs else None
-                out.loss.backward()
+                scale = weight * self.learner.scale
+                (out.loss * scale if scale != 1.0 else out.loss).backward()
                 if before is not None:  # this micro-batch's share, rescaled to the batch
                     samples.append((flat_grad(params) - before) * n_mb)
+                if not weight:
+                    continue  # a rank without rows: its zero-weight pass only syncs
                 add(out.metrics)
                 if epoch == 0:  # training-inference mismatch on the behaviour policy's tokens
                     bm = sub.mask * own[idx]
@@ -1102,11 +1113,6 @@ class Trainer:
                     mism["tok"] += float(bm.sum())
                     ent_sum += float((ent.detach() * bm).sum())
             if self.critic is not None:
-                if self.world > 1:
-                    for q in self.critic.module.parameters():
-                        if q.grad is None:
-                            q.grad = torch.zeros_like(q)
-                        dist.all_reduce(q.grad)
                 add({"value/grad_norm": self.critic.step()})
             if warmup:
                 continue
@@ -1114,10 +1120,6 @@ class Trainer:
                 flag = torch.tensor([float(bad)])
                 dist.all_reduce(flag)
                 bad = bool(flag.item())
-                for q in params:
-                    if q.grad is None:
-                        q.grad = torch.zeros_like(q)
-                    dist.all_reduce(q.grad)
             if not bad and self.regularizer is not None:
                 add(self._regularize(params, aux, samples, first=epoch == 0))
             if not bad:

@@ -21,6 +21,7 @@ rlpost-llm presets | doctor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import rlpost.llm as llm
@@ -36,6 +37,8 @@ def _config(args: argparse.Namespace):
 
 
 def _report(result: dict) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # data parallel (torchrun): rank 0 reports for the run
     print(result.get("summary", ""))
     if "eval_before" in result:
         print(
