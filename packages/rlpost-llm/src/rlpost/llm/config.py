@@ -397,10 +397,39 @@ class TrainConfig(_Strict):
     max_refill: int = Field(3, ge=0)
     """Dynamic sampling: extra generation rounds to refill dropped zero-variance groups."""
     async_rollouts: bool = False
-    """One-step-off: generate step t+1's rollouts while training on step t's."""
+    """One-step-off: generate step t+1's rollouts while training on step t's (the same as
+    ``pipeline: one_step_off``)."""
+    pipeline: Literal["sync", "one_step_off", "dora"] = "sync"
+    """How generation and training overlap. ``sync``: generate, then train. ``one_step_off``:
+    step t+1's batch is generated on a weight snapshot while step t trains. ``dora``
+    (DORA's multi-version streaming, 001-29): a generator streams chunks of
+    ``stream_prompts`` groups without pause, each chunk wholly from one weights version
+    (new weights load between chunks); a step trains on the next ``prompts_per_step``
+    groups in arrival order, so its rows may come from several versions, and groups more
+    than ``max_staleness`` versions old are dropped (``dora/dropped_groups``)."""
+    stream_prompts: int | None = Field(None, ge=1)
+    """DORA: prompts (groups) per generation chunk; None: a quarter of a step's."""
     max_staleness: int = Field(1, ge=0)
     guard: schema.GuardConfig = schema.GuardConfig()
     """Non-finite steps: skipped or rolled back, and too many in a row stop the run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline(cls, data: Any) -> Any:
+        """``async_rollouts`` and ``pipeline: one_step_off`` say the same thing."""
+        if not isinstance(data, dict):
+            return data
+        a, pipe = data.get("async_rollouts", False), data.get("pipeline", "sync")
+        if a in (True, "true", "True") and pipe not in ("sync", "one_step_off"):
+            raise ValueError(f"train.async_rollouts is the one_step_off pipeline, not {pipe}")
+        if a in (True, "true", "True"):
+            pipe = "one_step_off"
+        return {**data, "pipeline": pipe, "async_rollouts": pipe == "one_step_off"}
+
+    @property
+    def overlapped(self) -> bool:
+        """Generation runs beside training (on a snapshot of the weights)."""
+        return self.pipeline != "sync"
 
 
 class RewardFunction(_Strict):
@@ -668,8 +697,16 @@ class Config(_Strict):
         self._check_options(preset, rows)
         if self.data.env is not None and preset.dynamic_sampling:
             raise ValueError("data.env: dynamic sampling (refilling groups) is not supported")
-        if self.train.async_rollouts and self.rollout.engine == "vllm":
-            raise ValueError("train.async_rollouts: supported with the hf engine only")
+        if self.train.overlapped and self.rollout.engine == "vllm":
+            raise ValueError(f"train.pipeline {self.train.pipeline}: hf engine only")
+        if self.train.pipeline == "dora":
+            for bad, why in (
+                (self.data.env is not None, "data.env (multi-turn episodes)"),
+                (preset.feedback is not None, f"preset {preset.name!r}'s feedback rounds"),
+                (self.mutual is not None, "mutual"),
+            ):
+                if bad:
+                    raise ValueError(f"train.pipeline dora: streams plain groups, not {why}")
         return self
 
     def _check_options(self, preset: Preset, rows: int) -> None:
@@ -697,8 +734,8 @@ class Config(_Strict):
                     f"{where}: {bound} needs per-micro-batch gradient samples: "
                     f"optim.micro_batch_size ({mbs}) must be below the {rows} rows of a step"
                 )
-        if preset.stages > 1 and self.train.async_rollouts:
-            raise ValueError("algo.stages > 1 (Mu-GRPO) and train.async_rollouts are exclusive")
+        if preset.stages > 1 and self.train.overlapped:
+            raise ValueError("algo.stages > 1 (Mu-GRPO) needs train.pipeline sync")
         if preset.validation_reset and not self.run.eval_every:
             raise ValueError("validation_reset (REVA-PO's VAPR) needs run.eval_every > 0")
         teacher_inputs = {Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.TEACHER_FULL}
@@ -745,10 +782,10 @@ class Config(_Strict):
                     f"distill.memory ({mem.kind}): no distill.teachers[].template reads it; "
                     f"use {', '.join('{' + f + '}' for f in FIELDS[mem.kind])}"
                 )
-            if mem.reflector == "policy" and self.train.async_rollouts:
+            if mem.reflector == "policy" and self.train.overlapped:
                 raise ValueError(
                     "distill.memory.reflector=policy writes with the rollout engine: it needs "
-                    "synchronous rollouts (train.async_rollouts=false)"
+                    "synchronous rollouts (train.pipeline=sync)"
                 )
             if mem.reflector == "feedback" and self.data.path is not None:
                 raise ValueError(
@@ -802,8 +839,8 @@ class Config(_Strict):
                     pp.build_preset(self.rollout.group_size)
                 except (RegistryError, ValueError, TypeError) as exc:
                     raise ValueError(f"mutual.policies[{p.name}]: {exc}") from exc
-        if self.train.async_rollouts or preset.stages > 1:
-            raise ValueError("mutual: needs synchronous steps (no async_rollouts, no stages)")
+        if self.train.overlapped or preset.stages > 1:
+            raise ValueError("mutual: needs synchronous steps (train.pipeline sync, no stages)")
 
     def train_steps(self) -> int:
         """Total steps: the curriculum's when one is set, else ``train.steps``."""

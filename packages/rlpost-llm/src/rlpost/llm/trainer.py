@@ -37,6 +37,7 @@ global batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -89,6 +90,7 @@ from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_dis
 from rlpost.llm.rewards import RewardPool, as_verifier, math_verify_reward
 from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
 from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
+from rlpost.llm.stream import ChunkStream
 from rlpost.llm.tasks import Example, Task, format_reward, make_task
 
 
@@ -113,6 +115,47 @@ class Collected:
         if self.roles is None:
             return torch.ones(len(self.rewards), dtype=torch.bool)
         return self.roles == OWN
+
+    # DORA's chunks: plain groups (the fields collect() fills), split and merged by group
+    def n_groups(self) -> int:
+        return int(self.batch.group.max()) + 1 if len(self.batch) else 0
+
+    def split(self, k: int) -> tuple[Collected, Collected]:
+        """The first ``k`` groups and the rest."""
+        first = self.batch.group < k
+        return self._rows(torch.nonzero(first).flatten()), self._rows(
+            torch.nonzero(~first).flatten()
+        )
+
+    def _rows(self, rows: Tensor) -> Collected:
+        return Collected(
+            self.batch.select(rows),
+            [self.examples[i] for i in rows.tolist()],
+            self.rewards[rows],
+            self.components[rows],
+            self.accuracy[rows],
+            dict(self.metrics),
+        )
+
+    @staticmethod
+    def concat(parts: list[Collected]) -> Collected:
+        """One batch of the parts' groups, in order (each part's metrics averaged, its
+        rollout seconds summed)."""
+        metrics: dict[str, float] = {}
+        for c in parts:
+            for k, v in c.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        for k in metrics:
+            if k != "time/rollout":
+                metrics[k] /= len(parts)
+        return Collected(
+            RolloutBatch.concat([c.batch for c in parts]),
+            [e for c in parts for e in c.examples],
+            torch.cat([c.rewards for c in parts]),
+            torch.cat([c.components for c in parts]),
+            torch.cat([c.accuracy for c in parts]),
+            metrics,
+        )
 
 
 @dataclass
@@ -326,6 +369,7 @@ class Trainer:
         self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._stream: ChunkStream | None = None  # DORA's generator (train.pipeline dora)
         self._gen_spans: list[tuple[float, float]] = []  # collect()'s wall-clock spans
         self.staleness_counts: dict[int, int] = {}  # staleness -> steps trained at it
         # Mutual RL: ``exchange(trainer, collected) -> collected`` adds the peers' responses
@@ -380,7 +424,7 @@ class Trainer:
                 "rollouts use transformers generate"
             )
         return make_local_engine(
-            cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.async_rollouts
+            cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.overlapped
         )
 
     def _make_memory(self) -> TeacherMemory:
@@ -691,13 +735,14 @@ class Trainer:
         guided = torch.tensor([f is not None for f in failed])
         return guided, self._generate(second_prompts, 1), reflections, reflected, metrics
 
-    def collect(self) -> Collected:
-        """Generate, score, and (dynamic sampling) keep groups whose rewards differ."""
+    def collect(self, want: int | None = None) -> Collected:
+        """Generate, score, and (dynamic sampling) keep groups whose rewards differ:
+        ``want`` groups (default ``rollout.prompts_per_step``)."""
         if self.cfg.data.env is not None:
             return self._collect_env()
         if self.preset.feedback is not None:
             return self._collect_feedback()
-        p, want = self.preset, self.cfg.rollout.prompts_per_step
+        p, want = self.preset, want or self.cfg.rollout.prompts_per_step
         if self.curriculum is not None:
             self.curriculum.set_step(self.step)
         t0 = time.perf_counter()
@@ -1263,6 +1308,8 @@ class Trainer:
             return None
         if self.stages is not None:
             return self._next_staged()
+        if self.cfg.train.pipeline == "dora":
+            return self._stream_next()
         if not self.cfg.train.async_rollouts:
             return self._timed_collect()
         if self._executor is None:
@@ -1271,6 +1318,34 @@ class Trainer:
             self._pending = self._executor.submit(self._timed_collect)
         col = self._pending.result()
         return col
+
+    def _stream_next(self) -> Collected:
+        """DORA: the next step's groups from the stream, none more than
+        ``train.max_staleness`` versions old (rows of several versions may mix)."""
+        t = self.cfg.train
+        want = self.cfg.rollout.prompts_per_step
+        if self._stream is None:
+            chunk = t.stream_prompts or max(1, want // 4)
+            self._stream = ChunkStream(
+                lambda: self.collect(chunk),
+                Collected.n_groups,
+                lambda c: c.batch.policy_version,
+                Collected.split,
+                capacity=max(1, math.ceil(want / chunk) - 1),  # + the one in hand: a step ahead
+            )
+        parts, dropped = self._stream.take(want, self.version, t.max_staleness)
+        col = Collected.concat(parts)
+        v = col.batch.row_versions
+        col.metrics["dora/dropped_groups"] = float(dropped)
+        col.metrics["dora/versions"] = float(len(v.unique()))
+        col.metrics["dora/staleness_mean"] = float((self.version - v).float().mean())
+        return col
+
+    def _generator_paused(self):
+        """No rollout is being generated inside this block (DORA's weight loads)."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        return self._stream.exclusive()
 
     def _timed_collect(self) -> Collected:
         """:meth:`collect`, its wall-clock span recorded (the generator's busy time)."""
@@ -1286,8 +1361,10 @@ class Trainer:
         the step), and rows generated per second."""
         t1 = time.perf_counter()
         dt = max(t1 - t0, 1e-9)
-        busy = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self._gen_spans)
-        self._gen_spans = [(a, b) for a, b in self._gen_spans if b > t1]
+        spans = self._stream.busy if self._stream is not None else self._gen_spans
+        busy = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in list(spans))
+        if self._stream is None:  # (the stream's own list is only appended to)
+            self._gen_spans = [(a, b) for a, b in self._gen_spans if b > t1]
         return {
             "time/step": dt,
             "time/trainer_idle": min(waited / dt, 1.0),
@@ -1297,7 +1374,7 @@ class Trainer:
 
     def _diverged(self, exc: NonFiniteError) -> None:
         """Generation met non-finite logits: undo the update that caused them (or stop)."""
-        if self.world > 1 or self.cfg.train.async_rollouts or not self.guard.rollback():
+        if self.world > 1 or self.cfg.train.overlapped or not self.guard.rollback():
             raise RunStopped(f"step {self.step + 1}: {exc}; lower optim.lr, then --resume")
         self._pending = None
         self._applied = False
@@ -1368,7 +1445,8 @@ class Trainer:
                         t_wait = time.perf_counter()
                         self._pending.result()  # the engine's weights must not change mid-generation
                         waited += time.perf_counter() - t_wait
-                    self._sync_engine()  # weight sync (own-copy engines) and version bump
+                    with self._generator_paused():  # DORA: between two chunks
+                        self._sync_engine()  # weight sync (own-copy engines) and version bump
                 self.step += 1
                 if not self.main:
                     continue
@@ -1388,7 +1466,8 @@ class Trainer:
                     self.staleness_counts.get(int(staleness), 0) + 1
                 )
                 if due(cfg.run.eval_every, self.step, total):
-                    metrics.update(self._eval_metrics())
+                    with self._generator_paused():
+                        metrics.update(self._eval_metrics())
                 self.logger.log(self.step, metrics)
                 if due(cfg.run.save_every, self.step, total):
                     self.save()
@@ -1459,6 +1538,9 @@ class Trainer:
         )
 
     def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None

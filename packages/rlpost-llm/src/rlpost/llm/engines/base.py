@@ -48,7 +48,11 @@ class RolloutBatch:
     * ``group``: ``[N]`` int64 prompt index; ``policy_version``: weights version used;
     * ``context``: ``[N, L]`` 1 on every real completion token, where that differs from
       ``mask`` (a multi-turn episode's observation tokens: attended, never trained on);
-      ``None``: ``mask``. :attr:`attention` is whichever applies.
+      ``None``: ``mask``. :attr:`attention` is whichever applies;
+    * ``versions``: ``[N]`` int64, the weights version of each row where rows of several
+      versions were concatenated (DORA's multi-version batches); ``None``: all
+      ``policy_version``. :attr:`row_versions` is whichever applies, and ``policy_version``
+      of a concatenation is its oldest row's.
     """
 
     prompt_ids: list[list[int]]
@@ -60,6 +64,14 @@ class RolloutBatch:
     pad_id: int
     policy_version: int = 0
     context: Tensor | None = None
+    versions: Tensor | None = None
+
+    @property
+    def row_versions(self) -> Tensor:
+        """``[N]`` int64: the weights version that generated each row."""
+        if self.versions is not None:
+            return self.versions
+        return torch.full((len(self.prompt_ids),), self.policy_version, dtype=torch.long)
 
     @property
     def attention(self) -> Tensor:
@@ -120,8 +132,11 @@ class RolloutBatch:
             [self.finish_reasons[i] for i in idx.tolist()],
             group,
             self.pad_id,
-            self.policy_version,
+            int(self.versions[idx].min())
+            if self.versions is not None and len(idx)
+            else self.policy_version,
             self.context[idx] if self.context is not None else None,
+            self.versions[idx] if self.versions is not None else None,
         )
 
     @staticmethod
@@ -150,6 +165,9 @@ class RolloutBatch:
             min(b.policy_version for b in batches),
             torch.cat([pad(b.attention, 0.0) for b in batches])
             if any(b.context is not None for b in batches)
+            else None,
+            torch.cat([b.row_versions for b in batches])
+            if len({int(v) for b in batches for v in b.row_versions.unique()}) > 1
             else None,
         )
 

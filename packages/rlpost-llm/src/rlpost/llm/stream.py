@@ -1,0 +1,119 @@
+"""DORA's multi-version streaming rollout (001-29), on one generator thread.
+
+A producer thread generates *chunks* (a few complete groups) without pause, each chunk
+wholly under one weights version: it holds :attr:`ChunkStream.lock` while it generates,
+and the trainer loads new weights only under that lock (:meth:`ChunkStream.exclusive`),
+so versions change between chunks and never inside a trajectory. The trainer takes the
+next chunks in arrival order (:meth:`ChunkStream.take`) until it has a step's groups; a
+chunk more than ``max_stale`` versions older than the trainer is dropped, so the staleness
+bound holds by construction, and one step's batch may mix versions (rows of the
+versions in flight when it was assembled). The queue holds at most ``capacity`` chunks:
+the producer runs ahead of the trainer by about one step and no further.
+
+DORA runs several rollout instances on several versions at once; here one thread
+generates and versions coexist in the queue, not in concurrent engines (Ray rollout
+workers would make them concurrent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+
+class ChunkStream[T]:
+    """``produce()`` called back to back on a daemon thread, its results queued FIFO.
+
+    ``size(chunk)``: the chunk's groups; ``version(chunk)``: the weights version that
+    generated it; ``split(chunk, k)``: its first ``k`` groups and the rest."""
+
+    def __init__(
+        self,
+        produce: Callable[[], T],
+        size: Callable[[T], int],
+        version: Callable[[T], int],
+        split: Callable[[T, int], tuple[T, T]],
+        capacity: int,
+    ):
+        self.produce, self.size, self.version, self.split = produce, size, version, split
+        self.lock = threading.Lock()  # held while one chunk is produced
+        self._queue: queue.Queue[T] = queue.Queue(maxsize=max(1, capacity))
+        self._carry: list[T] = []  # the surplus groups of a chunk split across steps
+        self._yield = threading.Event()  # the trainer waits for the lock
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.busy: list[tuple[float, float]] = []  # (start, end) of each chunk's production
+        self._thread = threading.Thread(target=self._run, name="dora-stream", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                while self._yield.is_set() and not self._stop.is_set():
+                    time.sleep(0.0005)  # let the trainer load weights before the next chunk
+                with self.lock:
+                    if self._stop.is_set():
+                        return
+                    t0 = time.perf_counter()
+                    item = self.produce()
+                    self.busy.append((t0, time.perf_counter()))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # re-raised in the trainer's thread by take()
+            self._error = exc
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No chunk is being produced inside this block (weight loads, evaluation)."""
+        self._yield.set()
+        try:
+            with self.lock:
+                yield
+        finally:
+            self._yield.clear()
+
+    def _next(self) -> T:
+        if self._carry:
+            return self._carry.pop(0)
+        while True:
+            try:
+                return self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._error is not None:
+                    raise self._error from None
+                if not self._thread.is_alive():
+                    raise RuntimeError("the rollout stream stopped") from None
+
+    def take(self, want: int, version: int, max_stale: int) -> tuple[list[T], int]:
+        """The next chunks, in arrival order, holding exactly ``want`` groups no more than
+        ``max_stale`` versions behind ``version`` (a chunk's surplus waits for the next
+        step); returns them and how many groups were dropped as too stale."""
+        parts: list[T] = []
+        have = dropped = 0
+        while have < want:
+            chunk = self._next()
+            n = self.size(chunk)
+            if version - self.version(chunk) > max_stale:
+                dropped += n
+                continue
+            if have + n > want:
+                chunk, rest = self.split(chunk, want - have)
+                self._carry.insert(0, rest)
+                n = want - have
+            parts.append(chunk)
+            have += n
+        return parts, dropped
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        self._thread.join(timeout=60)
