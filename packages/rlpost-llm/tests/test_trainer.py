@@ -364,3 +364,12 @@ def test_memory_does_not_grow_across_steps(fast_cfg):
     tr.logger.log = record
     tr.train()
     assert seen[60] - seen[15] < 8.0, seen
+
+
+def test_a_wall_clock_budget_ends_the_run_like_its_last_step(fast_cfg):
+    cfg = fast_cfg("train.steps=1000", "train.max_minutes=0.0001", "run.eval_every=500")
+    result = Trainer(cfg, reward_fn=parity_reward).train()
+    assert result["steps"] == 1  # the first step is past a 6 ms budget
+    rows = [json.loads(ln) for ln in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/accuracy" in rows[-1]  # evaluated as a final step
+    assert "eval_after" in result and "summary" in result

@@ -410,6 +410,9 @@ class TrainConfig(_Strict):
     stream_prompts: int | None = Field(None, ge=1)
     """DORA: prompts (groups) per generation chunk; None: a quarter of a step's."""
     max_staleness: int = Field(1, ge=0)
+    max_minutes: float | None = Field(None, gt=0)
+    """A wall-clock budget: the run ends after the first step past it (its last step is
+    evaluated and saved like a final one); None: run all ``steps``."""
     guard: schema.GuardConfig = schema.GuardConfig()
     """Non-finite steps: skipped or rolled back, and too many in a row stop the run."""
 

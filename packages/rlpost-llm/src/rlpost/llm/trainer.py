@@ -1372,6 +1372,13 @@ class Trainer:
             "time/rollouts_per_s": rows / dt,
         }
 
+    def _out_of_time(self, t_start: float, budget: float) -> bool:
+        """Past the wall-clock budget (rank 0's clock decides for every rank)."""
+        flag = torch.tensor([float(time.perf_counter() - t_start >= budget)])
+        if self.world > 1:
+            dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
     def _diverged(self, exc: NonFiniteError) -> None:
         """Generation met non-finite logits: undo the update that caused them (or stop)."""
         if self.world > 1 or self.cfg.train.overlapped or not self.guard.rollback():
@@ -1406,6 +1413,7 @@ class Trainer:
         if self.main and self.step == 0 and cfg.run.eval_every:
             self.logger.log(0, self._eval_metrics())
         max_stale = cfg.train.max_staleness
+        budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
         if self.stages is not None:
             max_stale = max(max_stale, self.stage_len - 1)
         m = cfg.mutual
@@ -1448,6 +1456,8 @@ class Trainer:
                     with self._generator_paused():  # DORA: between two chunks
                         self._sync_engine()  # weight sync (own-copy engines) and version bump
                 self.step += 1
+                if budget is not None and self._out_of_time(t_start, budget):
+                    stop = total = self.step  # the budget's end is the run's end
                 if not self.main:
                     continue
                 own = col.own()
