@@ -185,6 +185,15 @@ class AuxDataConfig(_Strict):
     seed: int = 1
 
 
+class SpeculativeConfig(_Strict):
+    draft: int | str = 1
+    """An int: a self-speculative early-exit draft of the policy's first that many layers
+    (shares its weights, so it follows every update); a str: the local path or hub id of a
+    causal LM on the same tokenizer (frozen)."""
+    k: int = Field(4, ge=1)
+    """Draft tokens proposed per round."""
+
+
 class RolloutConfig(_Strict):
     engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
     """``lean``: rlpost's decode loop (one prefill per prompt, static KV cache,
@@ -198,6 +207,10 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
     stop: list[str] = []
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    speculative: SpeculativeConfig | None = None
+    """Lossless speculative decoding (001-27): rollouts from the policy's exact
+    distribution, a draft model proposing tokens the policy verifies in one forward
+    (rlpost.llm.engines.speculative; replaces the in-process engine)."""
 
 
 class ChoiceConfig(_Strict):
@@ -700,6 +713,14 @@ class Config(_Strict):
         self._check_options(preset, rows)
         if self.data.env is not None and preset.dynamic_sampling:
             raise ValueError("data.env: dynamic sampling (refilling groups) is not supported")
+        spec = self.rollout.speculative
+        if spec is not None and self.rollout.engine == "vllm":
+            raise ValueError("rollout.speculative: in-process engines only (not vllm)")
+        if spec is not None and isinstance(spec.draft, int) and self.model.lora is not None:
+            raise ValueError(
+                "rollout.speculative.draft: an early-exit draft needs full weights, not "
+                "model.lora (give a draft model's path instead)"
+            )
         if self.train.overlapped and self.rollout.engine == "vllm":
             raise ValueError(f"train.pipeline {self.train.pipeline}: hf engine only")
         if self.train.pipeline == "dora":

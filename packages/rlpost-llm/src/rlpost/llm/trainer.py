@@ -417,6 +417,23 @@ class Trainer:
             return eng
         from rlpost.llm.engines import lean_unsupported, make_local_engine
 
+        spec = cfg.rollout.speculative
+        if spec is not None:
+            from rlpost.llm.engines.speculative import SpeculativeEngine
+
+            draft = spec.draft
+            if isinstance(draft, str):
+                from transformers import AutoModelForCausalLM
+
+                try:
+                    draft = AutoModelForCausalLM.from_pretrained(draft, dtype=self.model.dtype)
+                except OSError as exc:
+                    raise ValueError(f"rollout.speculative.draft {draft!r}: {exc}") from exc
+                draft = draft.to(next(self.model.parameters()).device)
+            return SpeculativeEngine(
+                self.model, self.tok, draft, k=spec.k, own_copy=cfg.train.overlapped
+            )
+
         why = lean_unsupported(self.model) if cfg.rollout.engine == "auto" else None
         if why is not None and self.main:
             notice(
@@ -798,6 +815,10 @@ class Trainer:
         metrics["dynamic/kept_frac"] = kept / max(seen_groups, 1) if p.dynamic_sampling else 1.0
         metrics["dynamic/rounds"] = float(rounds)
         metrics["time/rollout"] = time.perf_counter() - t0
+        st = getattr(self.engine, "stats", None)
+        if st is not None:  # speculative decoding, over the run so far
+            metrics["spec/acceptance"] = st["accepted"] / max(st["proposed"], 1)
+            metrics["spec/tokens_per_forward"] = st["tokens"] / max(st["row_rounds"], 1)
         return Collected(
             merged,
             [exs[g] for g in merged.group.tolist()],
