@@ -6,7 +6,9 @@ addition, 32 prompts x 8 rollouts a step). Each run trains until ``--minutes`` h
 (``train.max_minutes``), then its last step is evaluated (held-out greedy accuracy). The
 runs go one after another, alone on the machine. The overlapped pipelines run generation
 on a second thread with one torch thread each (two cores in all); ``sync`` is run with one
-and with two torch threads, so it is compared with the same cores busy.
+and with two torch threads, so it is compared with the same cores busy. ``*-ray1`` /
+``*-ray2``: rollouts on 1 or 2 Ray worker processes (``rollout.workers``, one torch
+thread each) while the trainer keeps one thread.
 
 Per run: steps per minute, the mean trainer idle share (waiting for rollouts), generator
 idle share, rollouts per second, mean staleness and DORA's dropped groups, and held-out
@@ -30,11 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import mean_std, print_table, write_result
 
-MODES = {  # name -> (train.pipeline, torch threads)
-    "sync-1t": ("sync", 1),
-    "sync-2t": ("sync", 2),
-    "one_step_off": ("one_step_off", 1),
-    "dora": ("dora", 1),
+MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
+    "sync-1t": ("sync", 1, 0),
+    "sync-2t": ("sync", 2, 0),
+    "one_step_off": ("one_step_off", 1, 0),
+    "dora": ("dora", 1, 0),
+    "sync-ray1": ("sync", 1, 1),
+    "sync-ray2": ("sync", 1, 2),
+    "dora-ray2": ("dora", 1, 2),
 }
 
 
@@ -44,12 +49,13 @@ def run(mode: str, seed: int, minutes: float, root: str) -> dict[str, Any]:
     from rlpost.llm.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
-    pipeline, threads = MODES[mode]
+    pipeline, threads, workers = MODES[mode]
     run_dir = Path(root) / f"{mode}-{seed}"
     cfg = load_config(
         recipe_path("grpo_arithmetic"),
         [
             f"train.pipeline={pipeline}", "train.steps=100000", f"train.max_minutes={minutes}",
+            f"rollout.workers={workers}",
             "run.eval_every=100000", "run.save_every=0", f"run.seed={seed}",
             f"run.threads={threads}", "run.progress=false", "run.tensorboard=false",
             "reward.workers=0", f"run.dir={run_dir}",

@@ -207,6 +207,14 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
     stop: list[str] = []
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    workers: int = Field(0, ge=0)
+    """Ray rollout workers (rlpost.llm.engines.ray_workers): that many engine actors, each
+    with its own copy of the policy, generate a step's prompts in shards; weights go
+    through Ray's object store after each update; a dead worker is replaced and its shard
+    regenerated. 0: generate in this process."""
+    ray_address: str | None = None
+    """The Ray cluster the workers join (``ray.init(address=...)``); None: the cluster
+    this process already joined, else a local Ray with ``workers`` CPUs."""
     speculative: SpeculativeConfig | None = None
     """Lossless speculative decoding (001-27): rollouts from the policy's exact
     distribution, a draft model proposing tokens the policy verifies in one forward
@@ -713,6 +721,10 @@ class Config(_Strict):
         self._check_options(preset, rows)
         if self.data.env is not None and preset.dynamic_sampling:
             raise ValueError("data.env: dynamic sampling (refilling groups) is not supported")
+        if self.rollout.workers and self.rollout.engine == "vllm":
+            raise ValueError("rollout.workers: Ray workers run the lean or hf engine (not vllm)")
+        if self.rollout.workers and self.rollout.speculative is not None:
+            raise ValueError("rollout.workers and rollout.speculative: not together yet")
         spec = self.rollout.speculative
         if spec is not None and self.rollout.engine == "vllm":
             raise ValueError("rollout.speculative: in-process engines only (not vllm)")

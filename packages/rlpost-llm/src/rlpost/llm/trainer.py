@@ -347,9 +347,11 @@ class Trainer:
         self.env_next = 0  # the next training episode seed (multi-turn environments)
         if cfg.data.env is not None and cfg.data.env.chat:
             self._check_chat_template()
+        self._made_engine = False  # close() closes an engine the trainer made
         if self.main:
             if self.engine is None:
                 self.engine = self._make_engine()
+                self._made_engine = True
             fns = None  # an environment scores its episodes itself, in process
             if given is not None:
                 fns = {name: as_verifier(fn) for name, fn in given.items()}
@@ -417,6 +419,18 @@ class Trainer:
             return eng
         from rlpost.llm.engines import lean_unsupported, make_local_engine
 
+        if cfg.rollout.workers:
+            from rlpost.llm.engines.ray_workers import RayRolloutEngine
+
+            eng = RayRolloutEngine(
+                self.model,
+                self.tok,
+                cfg.rollout.workers,
+                engine=cfg.rollout.engine,
+                address=cfg.rollout.ray_address,
+            )
+            eng.update_weights(merged_state_dict(self.model), 0)
+            return eng
         spec = cfg.rollout.speculative
         if spec is not None:
             from rlpost.llm.engines.speculative import SpeculativeEngine
@@ -511,11 +525,8 @@ class Trainer:
             return
         own = getattr(eng, "own_copy", True)
         if own:  # an engine holding its own weights (async snapshot, vLLM)
-            sd = (
-                merged_state_dict(self.model)
-                if self.cfg.rollout.engine == "vllm"
-                else self.model.state_dict()
-            )
+            merged = self.cfg.rollout.engine == "vllm" or getattr(eng, "merged_weights", False)
+            sd = merged_state_dict(self.model) if merged else self.model.state_dict()
             eng.update_weights(sd, self.version)
         else:
             eng.update_weights({}, self.version)
@@ -815,6 +826,8 @@ class Trainer:
         metrics["dynamic/kept_frac"] = kept / max(seen_groups, 1) if p.dynamic_sampling else 1.0
         metrics["dynamic/rounds"] = float(rounds)
         metrics["time/rollout"] = time.perf_counter() - t0
+        if hasattr(self.engine, "restarts"):  # Ray rollout workers replaced so far
+            metrics["rollout/worker_restarts"] = float(self.engine.restarts)
         st = getattr(self.engine, "stats", None)
         if st is not None:  # speculative decoding, over the run so far
             metrics["spec/acceptance"] = st["accepted"] / max(st["proposed"], 1)
@@ -1578,5 +1591,8 @@ class Trainer:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self._made_engine and hasattr(self.engine, "close"):
+            self.engine.close()  # (Ray rollout workers)
+            self._made_engine = False
         if self.logger is not None:
             self.logger.close()
