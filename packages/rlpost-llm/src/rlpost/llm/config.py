@@ -411,6 +411,18 @@ class OptimConfig(schema.OptimConfig):
         return params
 
 
+class MipuConfig(_Strict):
+    """MIPU (004-26): each update is a candidate, its ratios referenced to the sampler's
+    own log-probs; it is synchronised to the rollout engine and kept only if the engine's
+    log-probs of the batch say the inference policy improved (``rlpost.core.mipu``:
+    ``gain - penalty * kl >= min_gain``); a rejected candidate leaves the weights, the
+    optimiser and the schedule as they were."""
+
+    penalty: float = Field(0.0, ge=0)
+    """Weight of the inference-side KL(mu || mu') subtracted from the surrogate gain."""
+    min_gain: float = 0.0
+
+
 class TrainConfig(_Strict):
     steps: int = Field(50, ge=1)
     overlong_mask: bool = True
@@ -431,6 +443,8 @@ class TrainConfig(_Strict):
     stream_prompts: int | None = Field(None, ge=1)
     """DORA: prompts (groups) per generation chunk; None: a quarter of a step's."""
     max_staleness: int = Field(1, ge=0)
+    mipu: MipuConfig | None = None
+    """Accept an update only if the inference policy improves (MIPU, 004-26)."""
     max_minutes: float | None = Field(None, gt=0)
     """A wall-clock budget: the run ends after the first step past it (its last step is
     evaluated and saved like a final one); None: run all ``steps``."""
@@ -721,6 +735,18 @@ class Config(_Strict):
         self._check_options(preset, rows)
         if self.data.env is not None and preset.dynamic_sampling:
             raise ValueError("data.env: dynamic sampling (refilling groups) is not supported")
+        if self.train.mipu is not None:
+            for bad, why in (
+                (self.rollout.workers > 0, "rollout.workers"),
+                (self.rollout.engine == "vllm", "the vllm engine"),
+                (self.train.overlapped, f"train.pipeline {self.train.pipeline}"),
+                (preset.stages > 1, "Mu-GRPO stages"),
+            ):
+                if bad:
+                    raise ValueError(
+                        f"train.mipu: scores the candidate on an in-process engine right "
+                        f"after its update, which {why} does not allow"
+                    )
         if self.rollout.workers and self.rollout.engine == "vllm":
             raise ValueError("rollout.workers: Ray workers run the lean or hf engine (not vllm)")
         if self.rollout.workers and self.rollout.speculative is not None:

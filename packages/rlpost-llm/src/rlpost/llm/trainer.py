@@ -38,6 +38,7 @@ global batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import time
@@ -255,6 +256,8 @@ class Trainer:
             )
         if self.world > 1 and cfg.regularizer is not None:
             raise ValueError("regularizer: supported on one process only")
+        if self.world > 1 and cfg.train.mipu is not None:
+            raise ValueError("train.mipu: supported on one process only")
         self.run_dir = Path(cfg.run.dir)
         if self.main:
             open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
@@ -367,6 +370,7 @@ class Trainer:
                 )
         self.step, self.version = 0, 0
         self.skipped = 0
+        self.mipu_rejected = 0  # MIPU candidates undone so far
         self._applied = False  # the last update was applied and not yet confirmed
         self.initial_entropy: float | None = None  # first batch's sampled-token entropy
         self._executor: ThreadPoolExecutor | None = None
@@ -853,6 +857,43 @@ class Trainer:
             )  # fmt: skip
 
     @torch.no_grad()
+    def _state_snapshot(self) -> tuple[dict, dict, dict]:
+        """The policy's weights, the optimiser's and the schedule's state, copied."""
+        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return weights, copy.deepcopy(self.optimizer.state_dict()), self.scheduler.state_dict()
+
+    def _mipu_accept(self, batch: RolloutBatch, mask: Tensor, adv: Tensor, snapshot) -> dict:
+        """MIPU: the candidate just applied, synchronised to the engine, scored there; a
+        rejected one is undone (weights, optimiser, schedule, version)."""
+        from rlpost.core.mipu import inference_gap
+
+        mc = self.cfg.train.mipu
+        self._sync_engine()  # the candidate on the inference side
+        eng_model = self.engine.model
+        was = eng_model.training
+        eng_model.eval()
+        try:
+            cand = self._forward_nograd(eng_model, batch).logp
+        finally:
+            eng_model.train(was)
+        gap = inference_gap(cand, batch.logprobs, adv, mask)
+        ok = gap.accepts(mc.penalty, mc.min_gain)
+        if not ok:
+            weights, opt_state, sched_state = snapshot
+            self.model.load_state_dict(weights)
+            self.optimizer.load_state_dict(opt_state)
+            self.scheduler.load_state_dict(sched_state)
+            self.version -= 1
+            self._applied = False
+            self.mipu_rejected += 1
+            self._sync_engine()  # the engine back on the kept weights
+        return {
+            "mipu/accepted": float(ok),
+            "mipu/gain": gap.gain,
+            "mipu/kl": gap.kl,
+            "mipu/rejected": float(self.mipu_rejected),
+        }
+
     def _forward_nograd(
         self, model, batch: RolloutBatch, entropy: bool = False, dists: bool = False
     ) -> Forward:
@@ -1008,6 +1049,11 @@ class Trainer:
         elif need_old:
             old = self._forward_nograd(model, batch, dists=want_dists)
         old_logp = old.logp if old is not None else None
+        mipu = cfg.train.mipu
+        snapshot = None
+        if mipu is not None:  # a candidate update referenced to the sampler's log-probs
+            old_logp = batch.logprobs * batch.mask
+            snapshot = self._state_snapshot()
         ref_logp = ref_entropy = None
         if self.reference is not None:
             with self.reference.active(model) as ref:
@@ -1222,6 +1268,9 @@ class Trainer:
         else:
             self.version += 1
             self.scheduler.step()
+        mipu_metrics = {}
+        if snapshot is not None and self._applied:
+            mipu_metrics = self._mipu_accept(batch, mask, adv, snapshot)
         if self.world > 1:
             t = torch.tensor([mism["abs"], mism["k3"], mism["tok"], ent_sum])
             dist.all_reduce(t)
@@ -1235,6 +1284,7 @@ class Trainer:
             )
             metrics.pop("value/clip_tokens", None)
         metrics.update(tw_metrics)
+        metrics.update(mipu_metrics)
         if self.memory is not None:
             metrics.update(self.memory.metrics())
         if self.critic is not None:
