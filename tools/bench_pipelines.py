@@ -1,5 +1,6 @@
-"""Generation/training pipelines on CPU (issue 21; DORA 001-29): synchronous vs one-step-off
-vs DORA's multi-version streaming, each for the same wall-clock budget.
+"""Generation/training pipelines on CPU (issue 21; DORA 001-29, BubbleSpec 001-05):
+synchronous vs one-step-off vs DORA's multi-version streaming vs BubbleSpec's verified
+pre-generated drafts, each for the same wall-clock budget.
 
 The workload is the ``grpo_arithmetic`` recipe (the demo: the embedded tiny model, 2-digit
 addition, 32 prompts x 8 rollouts a step). Each run trains until ``--minutes`` have passed
@@ -37,6 +38,7 @@ MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
     "sync-2t": ("sync", 2, 0),
     "one_step_off": ("one_step_off", 1, 0),
     "dora": ("dora", 1, 0),
+    "bubblespec": ("bubblespec", 1, 0),
     "sync-ray1": ("sync", 1, 1),
     "sync-ray2": ("sync", 1, 2),
     "dora-ray2": ("dora", 1, 2),
@@ -77,6 +79,8 @@ def run(mode: str, seed: int, minutes: float, root: str) -> dict[str, Any]:
         "rollouts_per_s": mean("time/rollouts_per_s"), "staleness": mean("staleness"),
         "dropped_groups": sum(r.get("dora/dropped_groups", 0.0) for r in rows),
         "eval_before": res.get("eval_before"), "eval_after": res.get("eval_after"),
+        "acceptance": rows[-1].get("spec/acceptance", 0.0),
+        "tokens_per_forward": rows[-1].get("spec/tokens_per_forward", 0.0),
     }  # fmt: skip
 
 
@@ -106,21 +110,23 @@ def main() -> None:
         rs = [r for r in runs if r["mode"] == mode]
         row: dict[str, Any] = {"mode": mode}
         for k in ("steps_per_min", "trainer_idle", "generator_idle", "rollouts_per_s",
-                  "staleness", "dropped_groups", "eval_after"):  # fmt: skip
+                  "staleness", "dropped_groups", "eval_after", "acceptance",
+                  "tokens_per_forward"):  # fmt: skip
             m, s = mean_std(r[k] for r in rs)
             row[k], row[f"{k}_std"] = m, s
         row["eval_before"] = rs[0]["eval_before"]
         rows.append(row)
     print_table(rows, ["mode", "steps_per_min", "trainer_idle", "generator_idle",
                        "rollouts_per_s", "staleness", "dropped_groups", "eval_before",
-                       "eval_after", "eval_after_std"])  # fmt: skip
+                       "eval_after", "eval_after_std", "acceptance",
+                       "tokens_per_forward"])  # fmt: skip
     by = {r["mode"]: r for r in rows}
     base = by.get("sync-2t", rows[0])
     best = by.get("dora", rows[-1])
     write_result(
         a.out,
         name="llm_pipelines",
-        catalog_ids=["001-29"],
+        catalog_ids=["001-29", "001-05"],
         config=vars(a),
         seeds=a.seeds,
         rows=rows + [{"run": r} for r in runs],

@@ -166,3 +166,100 @@ def test_speculative_config_refusals(overrides, message):
 
     with pytest.raises(ValueError, match=message):
         load_config(None, ["rollout.speculative={draft: 1}", *overrides])
+
+
+@pytest.mark.parametrize("source", ["own_greedy", "garbage"])
+def test_given_drafts_keep_the_greedy_output(tok, source):
+    """BubbleSpec's drafts (rollouts made earlier) are verified, never trusted: greedy
+    output equals generate's whether the drafts are the target's own or garbage."""
+    target = _model(tok, 0, layers=3)
+    prompts = [ids(tok, s) for s in PROMPTS]
+    sp = SamplingParams(12, 0.0)
+    ref = HFEngine(target, tok).generate(prompts, 1, sp)
+    g = torch.Generator().manual_seed(0)
+    drafts = (
+        [ref.completion_ids[i, : int(ref.mask[i].sum())].tolist() for i in range(len(prompts))]
+        if source == "own_greedy"
+        else [torch.randint(0, len(tok), (12,), generator=g).tolist() for _ in prompts]
+    )
+    eng = SpeculativeEngine(target, tok, None, k=4)
+    got = eng.generate_with_drafts(prompts, 1, sp, drafts)
+    assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.mask, ref.mask)
+    torch.testing.assert_close(got.logprobs, ref.logprobs, atol=1e-5, rtol=1e-5)
+    if source == "own_greedy":
+        assert eng.acceptance > 0.5  # (proposals past a row's end are the pad id)
+        assert eng.stats["tokens"] / eng.stats["row_rounds"] > 2
+    plain = eng.generate(prompts, 1, sp)  # no drafts, no draft model: plain decoding
+    assert torch.equal(plain.completion_ids, ref.completion_ids)
+
+
+def test_given_drafts_keep_the_targets_distribution(tok, peaked):
+    """Drafts sampled from another model, verified by the target: the target's exact
+    marginals of tokens 2 and 3 pass chi-square, the drafts' own are rejected."""
+    target, other = peaked
+    V = target.config.vocab_size
+    prompt = ids(tok, "12+34=")
+    p = _exact_marginals(target, prompt, V)
+    q = _exact_marginals(other, prompt, V)
+    torch.manual_seed(5)
+    gen = HFEngine(other, tok)
+    gen.eos_ids = set()
+    drafts = gen.generate([prompt], 6000, SamplingParams(3, 1.0)).completion_ids.tolist()
+    eng = SpeculativeEngine(target, tok, None, k=3, batch_size=6000)
+    eng.eos_ids = set()
+    b = eng.generate_with_drafts([prompt], 6000, SamplingParams(3, 1.0), drafts)
+    st = eng.stats
+    assert st["accepted"] > 200 and st["proposed"] - st["accepted"] > 200
+    for t in (1, 2):
+        c = torch.bincount(b.completion_ids[:, t], minlength=V).float()
+        assert _chi2_pvalue(c, p[t]) > 1e-3, f"token {t + 1}"
+        assert _chi2_pvalue(c, q[t]) < 1e-6, f"token {t + 1}: the test has no power"
+
+
+def test_bubblespec_trains_on_policy_from_pre_generated_drafts(fast_cfg):
+    """train.pipeline bubblespec: each step's rollouts verify drafts generated for its
+    prompts during the previous update; they stay exactly on-policy (staleness 0, the
+    mismatch at float error)."""
+    import json
+    from pathlib import Path
+
+    from rlpost.llm.trainer import Trainer
+
+    cfg = fast_cfg(
+        "train.pipeline=bubblespec", "train.steps=3", "train.draft_k=3", "run.eval_every=3"
+    )
+    tr = Trainer(cfg, reward_fn=parity)
+    assert isinstance(tr.engine, SpeculativeEngine) and tr.engine.draft is None
+    seen = []
+    orig = tr._drafts_for
+
+    def spy(examples):
+        out = orig(examples)
+        seen.append([e.prompt for e in examples])
+        return out
+
+    tr._drafts_for = spy
+    trained = []
+    update = tr.update
+
+    def checked(col):
+        trained.append(sorted({e.prompt for e in col.examples}))
+        return update(col)
+
+    tr.update = checked
+    tr.train()
+    rows = [json.loads(x) for x in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "accuracy" in r]
+    assert [r["staleness"] for r in steps] == [0.0, 0.0, 0.0]
+    assert all(r["mismatch/abs_max"] < 1e-4 for r in steps)
+    assert len(seen) == 2  # drafts for steps 2 and 3, made during updates 1 and 2
+    assert [sorted(set(p)) for p in seen] == trained[1:]  # for the prompts then trained
+    assert tr.engine.stats["proposed"] > 0
+    assert "eval/accuracy" in rows[-1]  # evaluation decodes plainly on the same engine
+
+
+def test_bubblespec_refusals():
+    from rlpost.llm.config import load_config
+
+    with pytest.raises(ValueError, match="refill rounds"):
+        load_config(None, ["train.pipeline=bubblespec", "algo.preset=dapo"])

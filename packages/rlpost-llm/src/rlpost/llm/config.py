@@ -432,14 +432,19 @@ class TrainConfig(_Strict):
     async_rollouts: bool = False
     """One-step-off: generate step t+1's rollouts while training on step t's (the same as
     ``pipeline: one_step_off``)."""
-    pipeline: Literal["sync", "one_step_off", "dora"] = "sync"
+    pipeline: Literal["sync", "one_step_off", "dora", "bubblespec"] = "sync"
     """How generation and training overlap. ``sync``: generate, then train. ``one_step_off``:
     step t+1's batch is generated on a weight snapshot while step t trains. ``dora``
     (DORA's multi-version streaming, 001-29): a generator streams chunks of
     ``stream_prompts`` groups without pause, each chunk wholly from one weights version
     (new weights load between chunks); a step trains on the next ``prompts_per_step``
     groups in arrival order, so its rows may come from several versions, and groups more
-    than ``max_staleness`` versions old are dropped (``dora/dropped_groups``)."""
+    than ``max_staleness`` versions old are dropped (``dora/dropped_groups``).
+    ``bubblespec`` (BubbleSpec, 001-05): while step t trains, a weight snapshot generates
+    rollouts of step t+1's prompts; at step t+1 they serve as drafts that the updated policy
+    verifies (``draft_k`` tokens a forward), so the rollouts stay exactly on-policy."""
+    draft_k: int = Field(4, ge=1)
+    """BubbleSpec: draft tokens verified per target forward."""
     stream_prompts: int | None = Field(None, ge=1)
     """DORA: prompts (groups) per generation chunk; None: a quarter of a step's."""
     max_staleness: int = Field(1, ge=0)
@@ -761,6 +766,18 @@ class Config(_Strict):
             )
         if self.train.overlapped and self.rollout.engine == "vllm":
             raise ValueError(f"train.pipeline {self.train.pipeline}: hf engine only")
+        if self.train.pipeline == "bubblespec":
+            for bad, why in (
+                (self.data.env is not None, "data.env (multi-turn episodes)"),
+                (preset.feedback is not None, f"preset {preset.name!r}'s feedback rounds"),
+                (preset.dynamic_sampling, f"preset {preset.name!r}'s refill rounds"),
+                (self.mutual is not None, "mutual"),
+                (self.rollout.workers > 0, "rollout.workers"),
+                (self.rollout.speculative is not None, "rollout.speculative (its own drafts)"),
+                (self.data.curriculum or self.data.mixture, "a curriculum or mixture"),
+            ):
+                if bad:
+                    raise ValueError(f"train.pipeline bubblespec: not with {why}")
         if self.train.pipeline == "dora":
             for bad, why in (
                 (self.data.env is not None, "data.env (multi-turn episodes)"),

@@ -435,6 +435,13 @@ class Trainer:
             )
             eng.update_weights(merged_state_dict(self.model), 0)
             return eng
+        if cfg.train.pipeline == "bubblespec":  # drafts from a snapshot, verified here
+            from rlpost.llm.engines.speculative import SpeculativeEngine
+
+            self._draft_engine = make_local_engine(
+                cfg.rollout.engine, self.model, self.tok, own_copy=True
+            )
+            return SpeculativeEngine(self.model, self.tok, None, k=cfg.train.draft_k)
         spec = cfg.rollout.speculative
         if spec is not None:
             from rlpost.llm.engines.speculative import SpeculativeEngine
@@ -650,8 +657,11 @@ class Trainer:
             turn_stages=stages,
         )  # fmt: skip
 
-    def _generate(self, prompts: list[list[int]], n: int) -> RolloutBatch:
-        batch = self.engine.generate(prompts, n, self.sampling)
+    def _generate(self, prompts: list[list[int]], n: int, drafts=None) -> RolloutBatch:
+        if drafts is not None:  # BubbleSpec: verify the given drafts
+            batch = self.engine.generate_with_drafts(prompts, n, self.sampling, drafts)
+        else:
+            batch = self.engine.generate(prompts, n, self.sampling)
         if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
             raise NonFiniteError(
                 "the engine's log-probs of the sampled tokens are not finite: the "
@@ -767,9 +777,10 @@ class Trainer:
         guided = torch.tensor([f is not None for f in failed])
         return guided, self._generate(second_prompts, 1), reflections, reflected, metrics
 
-    def collect(self, want: int | None = None) -> Collected:
+    def collect(self, want: int | None = None, given=None) -> Collected:
         """Generate, score, and (dynamic sampling) keep groups whose rewards differ:
-        ``want`` groups (default ``rollout.prompts_per_step``)."""
+        ``want`` groups (default ``rollout.prompts_per_step``). ``given``: BubbleSpec's
+        ``(examples, drafts)``, the step's prompts and the rows' drafts."""
         if self.cfg.data.env is not None:
             return self._collect_env()
         if self.preset.feedback is not None:
@@ -781,9 +792,12 @@ class Trainer:
         parts: list[tuple[RolloutBatch, list[Example], Tensor, Tensor]] = []
         kept, rounds, seen_groups, metrics = 0, 0, 0, {}
         while True:
-            examples = self.source.next_batch(want - kept if rounds else want)
+            if given is not None:
+                examples = given[0]
+            else:
+                examples = self.source.next_batch(want - kept if rounds else want)
             prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
-            batch = self._generate(prompts, p.group_size)
+            batch = self._generate(prompts, p.group_size, given[1] if given else None)
             res = self._score(batch, examples)
             rewards = res.rewards
             for k, v in res.metrics.items():
@@ -1394,6 +1408,8 @@ class Trainer:
             return self._next_staged()
         if self.cfg.train.pipeline == "dora":
             return self._stream_next()
+        if self.cfg.train.pipeline == "bubblespec":
+            return self._bubble_next()
         if not self.cfg.train.async_rollouts:
             return self._timed_collect()
         if self._executor is None:
@@ -1424,6 +1440,38 @@ class Trainer:
         col.metrics["dora/versions"] = float(len(v.unique()))
         col.metrics["dora/staleness_mean"] = float((self.version - v).float().mean())
         return col
+
+    def _bubble_next(self) -> Collected:
+        """BubbleSpec: this step's rollouts verify drafts a snapshot generated for its
+        prompts during the previous update; then the next step's drafts start on a snapshot
+        of the weights, beside this step's update (the generator's idle window)."""
+        want, G = self.cfg.rollout.prompts_per_step, self.preset.group_size
+        if self._pending is not None:
+            examples, drafts = self._pending.result()
+            self._pending = None
+        else:  # the first step (or after a resume): nothing was pre-generated
+            examples = self.source.next_batch(want)
+            drafts = [[] for _ in range(want * G)]
+        t0 = time.perf_counter()
+        col = self.collect(given=(examples, drafts))
+        self._gen_spans.append((t0, time.perf_counter()))
+        if self.step + 1 < self.total_steps:
+            nxt = self.source.next_batch(want)
+            self._draft_engine.update_weights(self.model.state_dict(), self.version)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafts")
+            self._pending = self._executor.submit(self._drafts_for, nxt)
+        return col
+
+    def _drafts_for(self, examples: list[Example]) -> tuple[list[Example], list[list[int]]]:
+        t0 = time.perf_counter()
+        try:
+            prompts = [encode_prompt(self.tok, e.prompt) for e in examples]
+            b = self._draft_engine.generate(prompts, self.preset.group_size, self.sampling)
+            lens = b.lengths.tolist()
+            return examples, [b.completion_ids[i, : lens[i]].tolist() for i in range(len(b))]
+        finally:
+            self._gen_spans.append((t0, time.perf_counter()))
 
     def _generator_paused(self):
         """No rollout is being generated inside this block (DORA's weight loads)."""

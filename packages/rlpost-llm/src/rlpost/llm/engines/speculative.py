@@ -67,14 +67,16 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 
 class SpeculativeEngine(HFEngine):
     """Speculative sampling with ``draft`` (a causal LM on the target's tokenizer, or an
-    int: an :func:`early_exit_draft` of that many layers) proposing ``k`` tokens a round.
-    ``own_copy`` / ``batch_size`` as for :class:`HFEngine`."""
+    int: an :func:`early_exit_draft` of that many layers; None: drafts only from
+    :meth:`generate_with_drafts`, plain ``generate`` otherwise) proposing ``k`` tokens a
+    round. ``own_copy`` /
+    ``batch_size`` as for :class:`HFEngine`."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         tokenizer,
-        draft: torch.nn.Module | int,
+        draft: torch.nn.Module | int | None,
         k: int = 4,
         own_copy: bool = False,
         batch_size: int = 256,
@@ -83,11 +85,28 @@ class SpeculativeEngine(HFEngine):
             raise ValueError(f"speculative decoding: k must be >= 1, got {k}")
         super().__init__(model, tokenizer, own_copy, batch_size)
         self.draft = early_exit_draft(self.model, draft) if isinstance(draft, int) else draft
-        if self.draft.config.vocab_size != self.model.config.vocab_size:
+        self._fixed: list[list[int]] | None = None  # generate_with_drafts' rows
+        if self.draft is not None and self.draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError("speculative decoding: the draft and target vocabularies differ")
         self.k = k
         # drafts proposed / accepted, target forwards, and per unfinished row: rounds, tokens
         self.stats = {"proposed": 0, "accepted": 0, "rounds": 0, "row_rounds": 0, "tokens": 0}
+
+    def generate_with_drafts(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, drafts: list[list[int]]
+    ):
+        """:meth:`generate`, verifying the given ``drafts`` (one token list per row, rows
+        ``n`` per prompt in order) instead of a draft model's: deterministic proposals, so
+        token ``d`` is accepted with probability ``p(d)`` and a rejection draws from ``p``
+        without ``d``; the output keeps the target's distribution whatever the drafts are
+        (BubbleSpec, 001-05: the drafts are rollouts pre-generated in idle time)."""
+        if len(drafts) != len(prompts) * n:
+            raise ValueError(f"{len(drafts)} drafts for {len(prompts) * n} rows")
+        self._fixed = [list(d) for d in drafts]
+        try:
+            return self.generate(prompts, n, sampling)
+        finally:
+            self._fixed = None
 
     @property
     def acceptance(self) -> float:
@@ -98,7 +117,18 @@ class SpeculativeEngine(HFEngine):
         from transformers import DynamicCache
 
         target, draft, k = self.model, self.draft, self.k
-        modes = [(m, m.training) for m in (target, draft)]
+        if draft is None and self._fixed is None:  # nothing to propose: plain generate
+            return super()._generate_chunk(prompts, n, sp)
+        fixed = None
+        if self._fixed is not None:  # generate_with_drafts: this chunk's rows' drafts
+            rows_d = self._fixed[: len(prompts) * n]
+            self._fixed = self._fixed[len(prompts) * n :]
+            width = sp.max_new_tokens + k + 1
+            fixed = torch.full((len(rows_d), width), self.pad_id, dtype=torch.long)
+            for i, d in enumerate(rows_d):
+                fixed[i, : min(len(d), width)] = torch.tensor(d[:width], dtype=torch.long)
+            fixed = fixed.to(next(target.parameters()).device)
+        modes = [(m, m.training) for m in (target, draft) if m is not None]
         for m, _ in modes:
             m.eval()
         dev = next(target.parameters()).device
@@ -163,10 +193,20 @@ class SpeculativeEngine(HFEngine):
             C = P
             while not bool(done.all()):
                 seq[:, C], valid[:, C] = pend, 1  # the last emitted token, then k drafts
-                q = []
-                for j in range(k):
+                qs = []  # the proposals' distributions [N, V] (probabilities)
+                if fixed is not None:  # given drafts: deterministic proposals, q one-hot
+                    at = (out_len[:, None] + torch.arange(k, device=dev)[None]).clamp_max(
+                        fixed.shape[1] - 1
+                    )
+                    seq[:, C + 1 : C + 1 + k] = fixed.gather(1, at)
+                    valid[:, C + 1 : C + 1 + k] = 1
+                    V = target.config.vocab_size
+                    qs = [
+                        torch.nn.functional.one_hot(seq[:, C + 1 + j], V).float() for j in range(k)
+                    ]
+                for j in range(k if fixed is None else 0):
                     s = forward("d", draft, C + 1 + j)[:, -1]
-                    q.append(s)
+                    qs.append(s.softmax(-1))
                     seq[:, C + 1 + j], valid[:, C + 1 + j] = draw(s), 1
                 prop = seq[:, C + 1 : C + 1 + k]
                 ps = forward("t", target, C + 1 + k)  # k + 1 outputs: predict C+1 .. C+k+1
@@ -174,7 +214,7 @@ class SpeculativeEngine(HFEngine):
                     ok = prop == ps[:, :k].argmax(-1)
                 else:
                     p_d = ps[:, :k].softmax(-1).gather(-1, prop[..., None]).squeeze(-1)
-                    q_d = torch.stack(q, 1).softmax(-1).gather(-1, prop[..., None]).squeeze(-1)
+                    q_d = torch.stack(qs, 1).gather(-1, prop[..., None]).squeeze(-1)
                     ok = torch.rand(N, k, device=dev) * q_d < p_d  # u < p/q without dividing
                 n_acc = ok.long().cumprod(1).sum(1)  # [N] each row's accepted drafts
                 cols = torch.arange(k, device=dev)[None]
@@ -183,7 +223,6 @@ class SpeculativeEngine(HFEngine):
                 if greedy:
                     nxt = p_at.argmax(-1)
                 else:
-                    qs = [x.softmax(-1) for x in q]
                     q_at = torch.stack([*qs, torch.zeros_like(qs[0])], 1)[ar, n_acc]
                     resid = (p_at.softmax(-1) - q_at).clamp_min(0)  # (all k accepted: p)
                     resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p_at.softmax(-1))
