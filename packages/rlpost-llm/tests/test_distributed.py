@@ -27,6 +27,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launch(*args) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--nnodes=1",
+            f"--master_port={_free_port()}",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("preset", ["grpo", "ppo"])
 def test_two_ranks_equal_one(tmp_path, fast_overrides, preset):
     common = [
@@ -41,23 +59,7 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset):
     initial = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
     tr.train()
     ddp = tmp_path / "ddp"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--nnodes=1",
-            f"--master_port={_free_port()}",
-            str(WORKER),
-            *common,
-            f"run.dir={ddp}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _launch(WORKER, *common, f"run.dir={ddp}")
     files = ["model.safetensors"] + (["critic.safetensors"] if preset == "ppo" else [])
     for f in files:
         a = load_file(single / "checkpoints/step-000002" / f)
@@ -66,24 +68,6 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset):
             torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5, msg=f"{f}: {k}")
     a = load_file(single / "checkpoints/step-000002/model.safetensors")
     assert any(not torch.allclose(a[k], initial[k]) for k in a), "training must move the weights"
-
-
-def _launch(*args) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--nnodes=1",
-            f"--master_port={_free_port()}",
-            *map(str, args),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("share", [7, 10])  # rank 1: 3 rows, or none (a zero-weight pass)

@@ -241,8 +241,10 @@ class Trainer:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.world, self.rank = 1, 0
+        self._own_group = False  # this trainer started the process group (close ends it)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            self._own_group = True
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.main = self.rank == 0
@@ -1694,3 +1696,6 @@ class Trainer:
             self._made_engine = False
         if self.logger is not None:
             self.logger.close()
+        if self._own_group and dist.is_initialized():  # (no rank exits with gloo threads up)
+            dist.destroy_process_group()
+            self._own_group = False
