@@ -1,6 +1,7 @@
-"""Generation/training pipelines on CPU (issue 21; DORA 001-29, BubbleSpec 001-05):
-synchronous vs one-step-off vs DORA's multi-version streaming vs BubbleSpec's verified
-pre-generated drafts, each for the same wall-clock budget.
+"""Generation/training pipelines on CPU (issue 21; DORA 001-29, BubbleSpec 001-05,
+RolloutPipe 004-30): synchronous vs one-step-off vs DORA's multi-version streaming vs
+BubbleSpec's verified pre-generated drafts vs RolloutPipe's complete-group pipelining, each
+for the same wall-clock budget.
 
 The workload is the ``grpo_arithmetic`` recipe (the demo: the embedded tiny model, 2-digit
 addition, 32 prompts x 8 rollouts a step). Each run trains until ``--minutes`` have passed
@@ -11,11 +12,12 @@ and with two torch threads, so it is compared with the same cores busy. ``*-ray1
 ``*-ray2``: rollouts on 1 or 2 Ray worker processes (``rollout.workers``, one torch
 thread each) while the trainer keeps one thread.
 
-Per run: steps per minute, the mean trainer idle share (waiting for rollouts), generator
+Per run: steps per minute, the mean step seconds (rollout start to train end: RolloutPipe's
+measure), the mean trainer idle share (waiting for rollouts), generator
 idle share, rollouts per second, mean staleness and DORA's dropped groups, and held-out
 accuracy before and after. Prints the table and writes the common JSON shape.
 
-    uv run --frozen python tools/bench_pipelines.py              # about 9 min
+    uv run --frozen python tools/bench_pipelines.py              # about 22 min
     uv run --frozen python tools/bench_pipelines.py --quick      # a smoke run
 """
 
@@ -39,6 +41,7 @@ MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
     "one_step_off": ("one_step_off", 1, 0),
     "dora": ("dora", 1, 0),
     "bubblespec": ("bubblespec", 1, 0),
+    "rolloutpipe": ("rolloutpipe", 1, 0),
     "sync-ray1": ("sync", 1, 1),
     "sync-ray2": ("sync", 1, 2),
     "dora-ray2": ("dora", 1, 2),
@@ -75,7 +78,7 @@ def run(mode: str, seed: int, minutes: float, root: str) -> dict[str, Any]:
     return {
         "mode": mode, "seed": seed, "steps": res["steps"], "seconds": wall,
         "steps_per_min": 60 * res["steps"] / res["seconds"],  # (train(): without the setup)
-        "trainer_idle": mean("time/trainer_idle"), "generator_idle": mean("time/generator_idle"),
+        "step_s": mean("time/step"), "trainer_idle": mean("time/trainer_idle"), "generator_idle": mean("time/generator_idle"),
         "rollouts_per_s": mean("time/rollouts_per_s"), "staleness": mean("staleness"),
         "dropped_groups": sum(r.get("dora/dropped_groups", 0.0) for r in rows),
         "eval_before": res.get("eval_before"), "eval_after": res.get("eval_after"),
@@ -109,14 +112,14 @@ def main() -> None:
     for mode in a.modes:
         rs = [r for r in runs if r["mode"] == mode]
         row: dict[str, Any] = {"mode": mode}
-        for k in ("steps_per_min", "trainer_idle", "generator_idle", "rollouts_per_s",
+        for k in ("steps_per_min", "step_s", "trainer_idle", "generator_idle", "rollouts_per_s",
                   "staleness", "dropped_groups", "eval_after", "acceptance",
                   "tokens_per_forward"):  # fmt: skip
             m, s = mean_std(r[k] for r in rs)
             row[k], row[f"{k}_std"] = m, s
         row["eval_before"] = rs[0]["eval_before"]
         rows.append(row)
-    print_table(rows, ["mode", "steps_per_min", "trainer_idle", "generator_idle",
+    print_table(rows, ["mode", "steps_per_min", "step_s", "trainer_idle", "generator_idle",
                        "rollouts_per_s", "staleness", "dropped_groups", "eval_before",
                        "eval_after", "eval_after_std", "acceptance",
                        "tokens_per_forward"])  # fmt: skip
@@ -126,7 +129,7 @@ def main() -> None:
     write_result(
         a.out,
         name="llm_pipelines",
-        catalog_ids=["001-29", "001-05"],
+        catalog_ids=["001-29", "001-05", "004-30"],
         config=vars(a),
         seeds=a.seeds,
         rows=rows + [{"run": r} for r in runs],

@@ -79,3 +79,29 @@ def test_masked_tokens_get_zero_gradient(name, params):
 def test_all_masked_is_finite():
     out = AGGREGATIONS.build("seq_mean_token_mean")(AggregationInput(LOSS, torch.zeros(2, 3)))
     assert out.loss.item() == 0.0
+
+
+@pytest.mark.parametrize("name", AGGREGATIONS.names())
+def test_count_scale_defers_the_normaliser_of_every_entry(name):
+    """RolloutPipe back-propagates chunks with unit global counts and rescales the summed
+    gradient once: exact only if every entry is (local sum) / f(global counts)."""
+    from rlpost.core.aggregation import count_scale
+
+    torch.manual_seed(0)
+    agg = AGGREGATIONS.build(name)
+    parts = [
+        (torch.randn(3, 5, dtype=torch.float64, requires_grad=True), torch.rand(3, 5) > 0.3),
+        (torch.randn(2, 4, dtype=torch.float64, requires_grad=True), torch.rand(2, 4) > 0.5),
+    ]
+    tokens = float(sum(m.sum() for _, m in parts))
+    seqs = float(sum((m.sum(1) > 0).sum() for _, m in parts))
+    budget = 6.0
+    full = sum(agg(AggregationInput(x, m.double(), tokens, seqs, budget)).loss for x, m in parts)
+    gx = torch.autograd.grad(full, [x for x, _ in parts])
+    unit = sum(agg(AggregationInput(x, m.double(), 1.0, 1.0, budget)).loss for x, m in parts)
+    gu = torch.autograd.grad(unit, [x for x, _ in parts])
+    s = count_scale(agg, tokens, seqs, budget)
+    assert s != 1.0  # the counts matter
+    assert_close(unit * s, full)
+    for a, b in zip(gu, gx, strict=True):
+        assert_close(a * s, b)

@@ -432,7 +432,7 @@ class TrainConfig(_Strict):
     async_rollouts: bool = False
     """One-step-off: generate step t+1's rollouts while training on step t's (the same as
     ``pipeline: one_step_off``)."""
-    pipeline: Literal["sync", "one_step_off", "dora", "bubblespec"] = "sync"
+    pipeline: Literal["sync", "one_step_off", "dora", "bubblespec", "rolloutpipe"] = "sync"
     """How generation and training overlap. ``sync``: generate, then train. ``one_step_off``:
     step t+1's batch is generated on a weight snapshot while step t trains. ``dora``
     (DORA's multi-version streaming, 001-29): a generator streams chunks of
@@ -442,11 +442,16 @@ class TrainConfig(_Strict):
     than ``max_staleness`` versions old are dropped (``dora/dropped_groups``).
     ``bubblespec`` (BubbleSpec, 001-05): while step t trains, a weight snapshot generates
     rollouts of step t+1's prompts; at step t+1 they serve as drafts that the updated policy
-    verifies (``draft_k`` tokens a forward), so the rollouts stay exactly on-policy."""
+    verifies (``draft_k`` tokens a forward), so the rollouts stay exactly on-policy.
+    ``rolloutpipe`` (RolloutPipe, 004-30): a step's groups are generated at its fixed
+    weights in chunks of ``stream_prompts`` complete groups, the groups the batch needs
+    first, and each chunk is back-propagated as soon as it is scored while later ones
+    generate; one optimiser step at the end, equal to the synchronous update."""
     draft_k: int = Field(4, ge=1)
     """BubbleSpec: draft tokens verified per target forward."""
     stream_prompts: int | None = Field(None, ge=1)
-    """DORA: prompts (groups) per generation chunk; None: a quarter of a step's."""
+    """DORA and RolloutPipe: prompts (groups) per generation chunk; None: a quarter of a
+    step's."""
     max_staleness: int = Field(1, ge=0)
     mipu: MipuConfig | None = None
     """Accept an update only if the inference policy improves (MIPU, 004-26)."""
@@ -786,7 +791,36 @@ class Config(_Strict):
             ):
                 if bad:
                     raise ValueError(f"train.pipeline dora: streams plain groups, not {why}")
+        if self.train.pipeline == "rolloutpipe":
+            self._check_rolloutpipe(preset)
         return self
+
+    def _check_rolloutpipe(self, preset: Preset) -> None:
+        """RolloutPipe back-propagates each chunk of complete groups before the rest of the
+        step exists: whatever reads more of the batch than a group cannot be pipelined."""
+        recipe = preset.build()
+        whole = [
+            str(e)
+            for e in (recipe.advantage, *recipe.loss_entries())
+            if e.coupling == Coupling.BATCH
+        ]
+        for bad, why in (
+            (bool(whole), f"{', '.join(whole)} (reads the whole step batch)"),
+            (Input.DYNAMICS in recipe.reads(), "an entry reading the batch's entropy (dynamics)"),
+            (Input.VALUES in recipe.reads(), "a critic (its loss is normalised by the batch)"),
+            (self.optim.updates_per_batch > 1, "optim.updates_per_batch > 1"),
+            (self.algo.token_weights is not None, "algo.token_weights"),
+            (self.regularizer is not None, "a gradient regularizer"),
+            (self.distill.memory is not None, "distill.memory"),
+            (self.data.env is not None, "data.env (multi-turn episodes)"),
+            (preset.feedback is not None, f"preset {preset.name!r}'s feedback rounds"),
+            (preset.peers is not None or self.mutual is not None, "peers (mutual)"),
+        ):
+            if bad:
+                raise ValueError(
+                    f"train.pipeline rolloutpipe: trains each complete group as it arrives, "
+                    f"so not with {why}"
+                )
 
     def _check_options(self, preset: Preset, rows: int) -> None:
         """Token weightings, the regulariser and the schedules against this trainer."""

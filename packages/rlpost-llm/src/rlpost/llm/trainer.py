@@ -41,10 +41,11 @@ import contextlib
 import copy
 import math
 import os
+import queue
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput, TrainingDynamics
+from rlpost.core.aggregation import count_scale
 from rlpost.core.contract import Coupling, Input
 from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard, all_finite
 from rlpost.core.io.checkpoint import (
@@ -168,6 +170,59 @@ class Forward:
     dists: tuple[Tensor, Tensor] | None = None  # (ids, logp) [N, L, K]
 
 
+@dataclass
+class _Prepared:
+    """A batch's inputs to the policy loss besides the training forward (the whole step's
+    batch, or one of RolloutPipe's chunks of complete groups)."""
+
+    col: Collected
+    mask: Tensor  # [N, L] the loss mask (overlong and peer-baseline rows zeroed)
+    truncated: Tensor  # [N] cut by max_new_tokens
+    old: Forward | None
+    old_logp: Tensor | None
+    ref_logp: Tensor | None
+    ref_entropy: Tensor | None
+    adv: Tensor
+    clip_range: Tensor | None
+    dynamics: TrainingDynamics | None
+    token_weights: Tensor | None
+    teach: TeacherScores | None
+    teacher_mask: Tensor | None
+    old_values: Tensor | None
+    returns: Tensor | None
+    trained: Tensor  # [N] bool: the rows the policy loss sees
+    metrics: dict[str, float]  # the advantage estimator's and the token weighting's
+
+    @property
+    def batch(self) -> RolloutBatch:
+        return self.col.batch
+
+    def counts(self) -> tuple[float, float]:
+        """Valid tokens and responses: the loss normalisers' counts."""
+        return float(self.mask.sum()), float((self.mask.sum(1) > 0).sum())
+
+
+@dataclass
+class _Accum:
+    """One update's sums over micro-batches (and RolloutPipe's chunks)."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    mism: dict[str, float] = field(
+        default_factory=lambda: {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0}
+    )
+    ent_sum: float = 0.0
+    samples: list[Tensor] = field(default_factory=list)  # per-micro-batch gradients (GAC)
+    bad: bool = False
+    why: str = "non-finite loss or gradient"
+    grad_norm: float = float("nan")
+
+    def add(self, ms: dict[str, float]) -> None:
+        for k, v in ms.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+
 def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     """Full weights for an external engine: LoRA adapters merged, PEFT prefixes removed."""
     if not hasattr(model, "merge_adapter"):
@@ -258,6 +313,8 @@ class Trainer:
             )
         if self.world > 1 and cfg.regularizer is not None:
             raise ValueError("regularizer: supported on one process only")
+        if self.world > 1 and cfg.train.pipeline == "rolloutpipe":
+            raise ValueError("train.pipeline rolloutpipe: supported on one process only")
         if self.world > 1 and cfg.train.mipu is not None:
             raise ValueError("train.mipu: supported on one process only")
         self.run_dir = Path(cfg.run.dir)
@@ -1047,11 +1104,12 @@ class Trainer:
             return torch.arange(v).expand(*sub.completion_ids.shape, v)
         return teach.topk[0][idx] if teach.topk is not None else None
 
-    def update(self, col: Collected) -> dict[str, float]:
+    def _prepare(self, col: Collected, sampler_ref: bool = False) -> _Prepared:
+        """Everything the policy loss reads besides the training forward: the loss mask,
+        the behaviour / reference / teacher passes, the advantages and token weights.
+        ``sampler_ref`` (MIPU): the ratio is referenced to the sampler's own log-probs."""
         cfg, p, batch = self.cfg, self.preset, col.batch
         model = self.model
-        model.train()
-        t0 = time.perf_counter()
         mask = batch.mask.clone()
         truncated = torch.tensor([r == "length" for r in batch.finish_reasons])
         if cfg.train.overlong_mask:
@@ -1065,11 +1123,8 @@ class Trainer:
         elif need_old:
             old = self._forward_nograd(model, batch, dists=want_dists)
         old_logp = old.logp if old is not None else None
-        mipu = cfg.train.mipu
-        snapshot = None
-        if mipu is not None:  # a candidate update referenced to the sampler's log-probs
+        if sampler_ref:
             old_logp = batch.logprobs * batch.mask
-            snapshot = self._state_snapshot()
         ref_logp = ref_entropy = None
         if self.reference is not None:
             with self.reference.active(model) as ref:
@@ -1109,7 +1164,6 @@ class Trainer:
                 **extras,
             )
         )
-        adv, clip_range = adv_out.advantages, adv_out.clip_range
         dynamics = extras.get("dynamics")
         token_weights, tw_metrics = None, {}
         if self.token_weighting is not None:
@@ -1119,219 +1173,274 @@ class Trainer:
         returns = adv_out.returns if self.critic is not None else None
         if self.critic is not None and returns is None:
             raise ValueError(f"{self.recipe.advantage} returns no value targets for the critic")
-        own = col.own().float().unsqueeze(1)  # the behaviour-mismatch metrics: own rows
         trained = torch.ones(len(batch), dtype=torch.bool)
         if col.roles is not None:  # XGRPO's peer rows: in the advantage's baseline only
             trained = col.roles != BASELINE
             mask[~trained] = 0.0
-        global_tokens = float(mask.sum())
-        global_seqs = float((mask.sum(1) > 0).sum())
-        mine = torch.nonzero(trained).flatten()[self.rank :: self.world]  # this rank's rows
-        mbs = cfg.optim.micro_batch_size
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        adv_metrics = {
+            f"adv/{k}": v
+            for k, v in adv_out.metrics.items()  # the estimator's own (turn groups, credit)
+            if k not in ("reward_mean", "adv_abs_mean")
+        }
+        return _Prepared(
+            col, mask, truncated, old, old_logp, ref_logp, ref_entropy, adv_out.advantages,
+            adv_out.clip_range, dynamics, token_weights, teach, teacher_mask, old_values,
+            returns, trained, {**tw_metrics, **adv_metrics},
+        )  # fmt: skip
 
-        def add(ms: dict[str, float]) -> None:
-            for k, v in ms.items():
-                sums[k] = sums.get(k, 0.0) + v
-                counts[k] = counts.get(k, 0) + 1
-
-        mism = {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0}
-        ent_sum = 0.0
-        bad, grad_norm = False, float("nan")
-        why = "non-finite loss or gradient"
+    def _backward(
+        self,
+        prep: _Prepared,
+        rows: Tensor,
+        epoch: int,
+        counts: tuple[float, float],
+        acc: _Accum,
+        warmup: bool,
+    ) -> None:
+        """Forward and backward of ``rows`` of a prepared batch in micro-batches, gradients
+        summed into ``.grad`` (normalised by ``counts``: the step's valid tokens and
+        responses) and metrics into ``acc``; stops at a non-finite loss (``acc.bad``)."""
+        cfg, batch, model = self.cfg, prep.batch, self.model
+        global_tokens, global_seqs = counts
+        own = prep.col.own().float().unsqueeze(1)  # the behaviour-mismatch metrics: own rows
+        want_dists = Input.TOKEN_DISTS in self.reads
+        reg_needs = self.regularizer.needs if self.regularizer is not None else frozenset()
         params = [q for q in model.parameters() if q.requires_grad]
+        teach, mask, old = prep.teach, prep.mask, prep.old
+        chunks = self.learner.micro_batches(
+            rows, cfg.optim.micro_batch_size, torch.arange(len(batch))
+        )
+        n_mb = len(chunks)
+        for j, (idx, weight) in enumerate(chunks):
+            self.learner.sync(last=j == n_mb - 1)  # all-reduce on the last micro-batch
+            sub = batch.select(idx) if len(idx) != len(batch) else batch
+            if self.critic is not None:
+                vsb = make_seq_batch(
+                    sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id,
+                    attend=sub.attention,
+                )  # fmt: skip
+                self.critic.learner.sync(last=j == n_mb - 1)
+                vloss, vm = self.critic.loss(
+                    vsb, prep.old_values[idx], prep.returns[idx], mask[idx], global_tokens
+                )
+                (vloss * (weight * self.critic.learner.scale)).backward()
+                if weight:
+                    acc.add(vm)
+            if warmup:
+                continue
+            sb = make_seq_batch(
+                sub.prompt_ids,
+                sub.completion_ids,
+                sub.mask,
+                batch.pad_id,
+                pack=cfg.model.pack_prompts,
+                layout=cfg.model.pack_layout,
+                attend=sub.attention,
+            )
+            student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
+            res = self.learner(
+                completion_logprobs,
+                sb,
+                self.sampling.temperature,
+                impl=cfg.model.logprob_impl,
+                dists=old.dists[0][idx] if want_dists else None,
+                student_ids=student_ids,
+            )
+            logp, ent = res[0], res[1]
+            t_topk = t_full = None
+            if teach is not None and student_ids is not None:
+                t = teach.full[idx] if teach.full is not None else teach.topk[1][idx]
+                d = student_distributions(res[-1], t, student_ids, sub.completion_ids)
+                t_topk, t_full = (None, d) if teach.full is not None else (d, None)
+            m = mask[idx]
+            old_mb = prep.old_logp[idx] if prep.old_logp is not None else logp.detach()
+            dists = None
+            if want_dists:
+                behaviour = (old.dists[0][idx], old.dists[1][idx])
+                dists = token_distributions(res[2], behaviour, sub.completion_ids)
+
+            def sl(t: Tensor | None, idx=idx) -> Tensor | None:
+                return t[idx] if t is not None else None
+
+            out = self.recipe.policy_loss(
+                PolicyBatch(
+                    logp,
+                    old_mb,
+                    prep.adv[idx],
+                    m,
+                    rollout_logp=batch.logprobs[idx],
+                    ref_logp=sl(prep.ref_logp),
+                    ref_entropy=sl(prep.ref_entropy),
+                    entropy=ent,
+                    clip_range=sl(prep.clip_range),
+                    token_weights=sl(prep.token_weights),
+                    group_ids=batch.group[idx],
+                    token_dists=dists,
+                    dynamics=prep.dynamics,
+                    global_tokens=global_tokens,
+                    global_sequences=global_seqs,
+                    generation_budget=float(cfg.rollout.max_new_tokens),
+                    teacher_logp=teach.logp[idx] if teach is not None else None,
+                    teacher_topk=t_topk,
+                    teacher_full=t_full,
+                    teacher_mask=sl(prep.teacher_mask),
+                    teacher_spans=teach.spans[idx]
+                    if teach is not None and teach.spans is not None
+                    else None,
+                    turn_ids=sl(prep.col.turn_ids),
+                )
+            )
+            if not torch.isfinite(out.loss):
+                acc.bad = True
+                if self.world == 1:
+                    break  # (data-parallel ranks all take the synchronised backward)
+            before = flat_grad(params) if Input.GRAD_SAMPLES in reg_needs else None
+            scale = weight * self.learner.scale
+            (out.loss * scale if scale != 1.0 else out.loss).backward()
+            if before is not None:  # this micro-batch's share, rescaled to the batch
+                acc.samples.append((flat_grad(params) - before) * n_mb)
+            if not weight:
+                continue  # a rank without rows: its zero-weight pass only syncs
+            acc.add(out.metrics)
+            if epoch == 0:  # training-inference mismatch on the behaviour policy's tokens
+                bm = sub.mask * own[idx]
+                d = (logp.detach() - sub.logprobs) * bm
+                mism = acc.mism
+                mism["abs"] += float(d.abs().sum())
+                mism["max"] = max(mism["max"], float(d.abs().max()) if d.numel() else 0.0)
+                mism["k3"] += float((((-d).exp() - 1 + d) * bm).sum())
+                mism["tok"] += float(bm.sum())
+                acc.ent_sum += float((ent.detach() * bm).sum())
+
+    def _optimizer_step(self, acc: _Accum, aux: Tensor | None, epoch: int) -> None:
+        """Regularise, clip and apply the summed gradients (or drop them: ``acc.bad``)."""
+        params = [q for q in self.model.parameters() if q.requires_grad]
+        if self.world > 1:
+            flag = torch.tensor([float(acc.bad)])
+            dist.all_reduce(flag)
+            acc.bad = bool(flag.item())
+        if not acc.bad and self.regularizer is not None:
+            acc.add(self._regularize(params, aux, acc.samples, first=epoch == 0))
+        if not acc.bad:
+            clip = self.cfg.optim.grad_clip
+            clip = clip if clip is not None else float("inf")
+            acc.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            acc.bad = not math.isfinite(acc.grad_norm)
+        if not acc.bad and not self.guard.step(self.optimizer.step):
+            acc.bad = True
+            acc.why = "an update made parameters non-finite; it was rolled back"
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _close_update(self, acc: _Accum, warmup: bool) -> None:
+        """The update's bookkeeping: a skipped one is recorded, an applied one advances the
+        version and the schedule."""
+        if acc.bad and not warmup:
+            notice(f"step {self.step + 1}: update skipped: {acc.why}")
+            self.guard.record(False, acc.why)
+        self._applied = not acc.bad and not warmup  # confirmed by the next generation
+        if warmup:
+            pass  # only the critic trained: the policy and its schedule stay
+        elif acc.bad:  # the schedule advances with applied updates only
+            self.skipped += 1
+        else:
+            self.version += 1
+            self.scheduler.step()
+
+    def update(self, col: Collected) -> dict[str, float]:
+        cfg, batch = self.cfg, col.batch
+        self.model.train()
+        t0 = time.perf_counter()
+        mipu = cfg.train.mipu
+        snapshot = self._state_snapshot() if mipu is not None else None
+        prep = self._prepare(col, sampler_ref=mipu is not None)
+        counts = prep.counts()
+        mine = torch.nonzero(prep.trained).flatten()[self.rank :: self.world]  # this rank's
+        params = [q for q in self.model.parameters() if q.requires_grad]
         warmup = self.critic is not None and self.step < cfg.critic.warmup_steps
         reg_needs = self.regularizer.needs if self.regularizer is not None else frozenset()
+        acc = _Accum()
         for epoch in range(cfg.optim.updates_per_batch):
             aux = None
             if Input.AUX_GRADIENTS in reg_needs and not warmup:
                 rc = cfg.regularizer
                 aux, aux_loss = aux_gradients(
-                    model, params, self.tok, self.aux, rc.batches, rc.batch_size
+                    self.model, params, self.tok, self.aux, rc.batches, rc.batch_size
                 )
-                add({"aux/loss": aux_loss})
-            samples: list[Tensor] = []
-            chunks = self.learner.micro_batches(mine, mbs, torch.arange(len(batch)))
-            n_mb = len(chunks)
-            for j, (idx, weight) in enumerate(chunks):
-                self.learner.sync(last=j == n_mb - 1)  # all-reduce on the last micro-batch
-                sub = batch.select(idx) if len(idx) != len(batch) else batch
-                if self.critic is not None:
-                    vsb = make_seq_batch(
-                        sub.prompt_ids, sub.completion_ids, sub.mask, batch.pad_id,
-                        attend=sub.attention,
-                    )  # fmt: skip
-                    self.critic.learner.sync(last=j == n_mb - 1)
-                    vloss, vm = self.critic.loss(
-                        vsb, old_values[idx], returns[idx], mask[idx], global_tokens
-                    )
-                    (vloss * (weight * self.critic.learner.scale)).backward()
-                    if weight:
-                        add(vm)
-                if warmup:
-                    continue
-                sb = make_seq_batch(
-                    sub.prompt_ids,
-                    sub.completion_ids,
-                    sub.mask,
-                    batch.pad_id,
-                    pack=cfg.model.pack_prompts,
-                    layout=cfg.model.pack_layout,
-                    attend=sub.attention,
-                )
-                student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
-                res = self.learner(
-                    completion_logprobs,
-                    sb,
-                    self.sampling.temperature,
-                    impl=cfg.model.logprob_impl,
-                    dists=old.dists[0][idx] if want_dists else None,
-                    student_ids=student_ids,
-                )
-                logp, ent = res[0], res[1]
-                t_topk = t_full = None
-                if teach is not None and student_ids is not None:
-                    t = teach.full[idx] if teach.full is not None else teach.topk[1][idx]
-                    d = student_distributions(res[-1], t, student_ids, sub.completion_ids)
-                    t_topk, t_full = (None, d) if teach.full is not None else (d, None)
-                m = mask[idx]
-                old_mb = old_logp[idx] if old_logp is not None else logp.detach()
-                dists = None
-                if want_dists:
-                    behaviour = (old.dists[0][idx], old.dists[1][idx])
-                    dists = token_distributions(res[2], behaviour, sub.completion_ids)
-
-                def sl(t: Tensor | None, idx=idx) -> Tensor | None:
-                    return t[idx] if t is not None else None
-
-                out = self.recipe.policy_loss(
-                    PolicyBatch(
-                        logp,
-                        old_mb,
-                        adv[idx],
-                        m,
-                        rollout_logp=batch.logprobs[idx],
-                        ref_logp=sl(ref_logp),
-                        ref_entropy=sl(ref_entropy),
-                        entropy=ent,
-                        clip_range=sl(clip_range),
-                        token_weights=sl(token_weights),
-                        group_ids=batch.group[idx],
-                        token_dists=dists,
-                        dynamics=dynamics,
-                        global_tokens=global_tokens,
-                        global_sequences=global_seqs,
-                        generation_budget=float(cfg.rollout.max_new_tokens),
-                        teacher_logp=teach.logp[idx] if teach is not None else None,
-                        teacher_topk=t_topk,
-                        teacher_full=t_full,
-                        teacher_mask=sl(teacher_mask),
-                        teacher_spans=teach.spans[idx]
-                        if teach is not None and teach.spans is not None
-                        else None,
-                        turn_ids=sl(col.turn_ids),
-                    )
-                )
-                if not torch.isfinite(out.loss):
-                    bad = True
-                    if self.world == 1:
-                        break  # (data-parallel ranks all take the synchronised backward)
-                before = flat_grad(params) if Input.GRAD_SAMPLES in reg_needs else None
-                scale = weight * self.learner.scale
-                (out.loss * scale if scale != 1.0 else out.loss).backward()
-                if before is not None:  # this micro-batch's share, rescaled to the batch
-                    samples.append((flat_grad(params) - before) * n_mb)
-                if not weight:
-                    continue  # a rank without rows: its zero-weight pass only syncs
-                add(out.metrics)
-                if epoch == 0:  # training-inference mismatch on the behaviour policy's tokens
-                    bm = sub.mask * own[idx]
-                    d = (logp.detach() - sub.logprobs) * bm
-                    mism["abs"] += float(d.abs().sum())
-                    mism["max"] = max(mism["max"], float(d.abs().max()) if d.numel() else 0.0)
-                    mism["k3"] += float((((-d).exp() - 1 + d) * bm).sum())
-                    mism["tok"] += float(bm.sum())
-                    ent_sum += float((ent.detach() * bm).sum())
+                acc.add({"aux/loss": aux_loss})
+            acc.samples = []
+            self._backward(prep, mine, epoch, counts, acc, warmup)
             if self.critic is not None:
-                add({"value/grad_norm": self.critic.step()})
+                acc.add({"value/grad_norm": self.critic.step()})
             if warmup:
                 continue
-            if self.world > 1:
-                flag = torch.tensor([float(bad)])
-                dist.all_reduce(flag)
-                bad = bool(flag.item())
-            if not bad and self.regularizer is not None:
-                add(self._regularize(params, aux, samples, first=epoch == 0))
-            if not bad:
-                clip = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else float("inf")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                bad = not math.isfinite(grad_norm)
-            if not bad and not self.guard.step(self.optimizer.step):
-                bad, why = True, "an update made parameters non-finite; it was rolled back"
-            if bad:
-                self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer_step(acc, aux, epoch)
+            if acc.bad:
                 break
-            self.optimizer.zero_grad(set_to_none=True)
-        if bad and not warmup:
-            notice(f"step {self.step + 1}: update skipped: {why}")
-            self.guard.record(False, why)
-        self._applied = not bad and not warmup  # confirmed by the next generation
-        if warmup:
-            pass  # only the critic trained: the policy and its schedule stay
-        elif bad:  # the schedule advances with applied updates only
-            self.skipped += 1
-        else:
-            self.version += 1
-            self.scheduler.step()
-        mipu_metrics = {}
+        self._close_update(acc, warmup)
+        metrics = self._update_metrics([prep], acc, warmup, t0)
         if snapshot is not None and self._applied:
-            mipu_metrics = self._mipu_accept(batch, mask, adv, snapshot)
+            metrics.update(self._mipu_accept(batch, prep.mask, prep.adv, snapshot))
+        if self.critic is not None:
+            metrics["value/explained_variance"] = explained_variance(
+                prep.old_values, prep.returns, batch.mask
+            )
+        return metrics
+
+    def _update_metrics(
+        self, preps: list[_Prepared], acc: _Accum, warmup: bool, t0: float
+    ) -> dict[str, float]:
+        """The update's metrics over its prepared batches (one, or RolloutPipe's chunks)."""
+        cfg = self.cfg
+        mism = acc.mism
         if self.world > 1:
-            t = torch.tensor([mism["abs"], mism["k3"], mism["tok"], ent_sum])
+            t = torch.tensor([mism["abs"], mism["k3"], mism["tok"], acc.ent_sum])
             dist.all_reduce(t)
-            mism["abs"], mism["k3"], mism["tok"], ent_sum = t.tolist()
+            mism["abs"], mism["k3"], mism["tok"], acc.ent_sum = t.tolist()
         ntok = max(mism["tok"], 1.0)
-        lengths = batch.mask.sum(1)
-        metrics = {k: sums[k] / counts[k] for k in sums}
+        sums = dict(acc.sums)
+        metrics = {k: sums[k] / acc.counts[k] for k in sums}
+        global_tokens = sum(p.counts()[0] for p in preps)
         if "value/clip_tokens" in sums:  # a count: the fraction of clipped value tokens
             metrics["value/clip_frac"] = sums.pop("value/clip_tokens") / max(
                 global_tokens * cfg.optim.updates_per_batch, 1.0
             )
             metrics.pop("value/clip_tokens", None)
-        metrics.update(tw_metrics)
-        metrics.update(mipu_metrics)
+        for p in preps:  # (the estimator's and token weighting's: their mean over chunks)
+            for k, v in p.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v / len(preps)
         if self.memory is not None:
             metrics.update(self.memory.metrics())
-        if self.critic is not None:
-            metrics["value/explained_variance"] = explained_variance(
-                old_values, returns, batch.mask
-            )
         if not warmup:
             metrics.update(
                 {
-                    "entropy": ent_sum / ntok,
+                    "entropy": acc.ent_sum / ntok,
                     "mismatch/abs_mean": mism["abs"] / ntok,
                     "mismatch/abs_max": mism["max"],
                     "mismatch/k3": mism["k3"] / ntok,
-                    "grad_norm": grad_norm,
+                    "grad_norm": acc.grad_norm,
                 }
             )
+        lengths = torch.cat([p.batch.mask.sum(1) for p in preps])
+        truncated = torch.cat([p.truncated for p in preps]).float()
+        adv_abs = sum(
+            float(masked_mean(p.adv.detach().abs(), p.batch.mask)) * float(p.batch.mask.sum())
+            for p in preps
+        )
+        own_tokens = sum(
+            float((p.batch.mask * p.col.own().float().unsqueeze(1)).sum()) for p in preps
+        )
         metrics.update(
             {
                 "response_length": float(lengths.mean()),
-                "truncated_frac": float(truncated.float().mean()),
+                "truncated_frac": float(truncated.mean()),
                 "lr": self.scheduler.get_last_lr()[0],
-                "adv_abs_mean": float(masked_mean(adv.abs(), batch.mask)),
+                "adv_abs_mean": adv_abs / max(float(lengths.sum()), 1.0),
                 "skipped_steps": float(self.skipped),
                 "tokens/trained": global_tokens,
-                "tokens/generated": float((batch.mask * own).sum()),
+                "tokens/generated": own_tokens,
                 "time/update": time.perf_counter() - t0,
             }
         )
-        for k, v in adv_out.metrics.items():  # the estimator's own (turn groups, step credit)
-            if k not in ("reward_mean", "adv_abs_mean"):
-                metrics[f"adv/{k}"] = v
         return metrics
 
     # -------------------------------------------------------------------- loop
@@ -1442,6 +1551,90 @@ class Trainer:
         col.metrics["dora/versions"] = float(len(v.unique()))
         col.metrics["dora/staleness_mean"] = float((self.version - v).float().mean())
         return col
+
+    def _pipe_step(self) -> tuple[Collected, dict[str, float], float]:
+        """RolloutPipe (004-30): one step whose rollouts are generated in chunks of
+        ``train.stream_prompts`` complete groups on a generator thread, at the step's fixed
+        weights, while the trainer back-propagates each chunk as soon as it arrives.
+
+        Complete-group pipelining: a chunk holds every sample of each of its groups
+        (trainable ones only, under dynamic sampling), so it goes to the trainer FIFO the
+        moment it is scored. Frontier-group dispatch: the generator admits the requests of
+        the groups the batch still needs, in order, and no others, so ready groups arrive
+        early and steadily. The loss normaliser counts the whole batch's tokens, unknown
+        until its last group: chunks are back-propagated with unit counts and the summed
+        gradient is rescaled once at the end (:func:`rlpost.core.aggregation.count_scale`),
+        so the update equals the synchronous one on the same groups. Returns the step's
+        rollouts, the update's metrics and the seconds the trainer waited for rollouts."""
+        cfg = self.cfg
+        want = cfg.rollout.prompts_per_step
+        size = cfg.train.stream_prompts or max(1, want // 4)
+        chunks: queue.Queue = queue.Queue()
+
+        def produce() -> None:  # the frontier groups first: the next ones the batch needs
+            have = 0
+            try:
+                while have < want:
+                    ask = min(size, want - have)
+                    t0 = time.perf_counter()
+                    part = self.collect(ask)
+                    self._gen_spans.append((t0, time.perf_counter()))
+                    chunks.put(part)
+                    have += part.n_groups()
+                    if part.n_groups() < ask:  # dynamic sampling ran out of refill rounds
+                        break
+            except BaseException as exc:  # re-raised on the trainer's thread
+                chunks.put(exc)
+            finally:
+                chunks.put(None)
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutpipe")
+        done = self._executor.submit(produce)
+        self.model.train()
+        t0 = time.perf_counter()
+        acc, preps, parts, waited, last = _Accum(), [], [], 0.0, None
+        while True:
+            t_wait = time.perf_counter()
+            part = chunks.get()
+            waited += time.perf_counter() - t_wait
+            if part is None:
+                break
+            if isinstance(part, BaseException):
+                done.result()
+                self.optimizer.zero_grad(set_to_none=True)
+                raise part
+            last = part
+            if not len(part.batch):
+                continue  # (every group of the chunk was degenerate)
+            parts.append(part)
+            prep = self._prepare(part)
+            preps.append(prep)
+            if not acc.bad:
+                rows = torch.nonzero(prep.trained).flatten()
+                self._backward(prep, rows, 0, (1.0, 1.0), acc, False)
+        done.result()
+        if self._applied:  # the last update generated finite logits: it was good
+            self.guard.record(True)
+            self._applied = False
+        if not parts:  # no trainable group: nothing to update
+            self.optimizer.zero_grad(set_to_none=True)
+            return last, {}, waited
+        col = Collected.concat(parts)
+        tokens = sum(p.counts()[0] for p in preps)
+        seqs = sum(p.counts()[1] for p in preps)
+        scale = count_scale(
+            self.recipe.aggregation, tokens, seqs, float(cfg.rollout.max_new_tokens)
+        )
+        with torch.no_grad():
+            for q in self.model.parameters():
+                if q.grad is not None:
+                    q.grad.mul_(scale)
+        self._optimizer_step(acc, None, 0)
+        self._close_update(acc, False)
+        metrics = self._update_metrics(preps, acc, False, t0)
+        metrics["pipe/chunks"] = float(len(parts))
+        return col, metrics, waited
 
     def _bubble_next(self) -> Collected:
         """BubbleSpec: this step's rollouts verify drafts a snapshot generated for its
@@ -1560,25 +1753,33 @@ class Trainer:
         try:
             while self.step < stop:
                 t_step = time.perf_counter()
+                pipe = cfg.train.pipeline == "rolloutpipe"
                 try:
-                    col = self._broadcast(self._next_collected())
+                    if pipe:  # generation and the update interleaved, chunk by chunk
+                        col, upd, waited = self._pipe_step()
+                    else:
+                        col = self._broadcast(self._next_collected())
                 except NonFiniteError as exc:
                     self._diverged(exc)  # the last update rolled back: this step again
                     continue
-                waited = time.perf_counter() - t_step  # the trainer waited for rollouts
+                if not pipe:
+                    waited = time.perf_counter() - t_step  # the trainer waited for rollouts
                 if self.exchange is not None:
                     col = self.exchange(self, col)
-                if self._applied:  # the last update generated finite logits: it was good
+                if self._applied and not pipe:  # the last update generated finite logits
                     self.guard.record(True)
                     self._applied = False
-                staleness = self.version - col.batch.policy_version
+                # (RolloutPipe updated already, on rollouts of the weights it updated)
+                staleness = 0 if pipe else self.version - col.batch.policy_version
                 if staleness > max_stale:
                     raise RuntimeError(f"rollouts are {staleness} versions stale (max {max_stale})")
                 if self.main and cfg.train.async_rollouts and self.step + 1 < stop:
                     # overlaps the update
                     self._pending = self._executor.submit(self._timed_collect)
                 metrics = dict(col.metrics)
-                if len(col.batch) and len(col.rewards):
+                if pipe and upd:
+                    metrics.update(upd)
+                elif len(col.batch) and len(col.rewards) and not pipe:
                     metrics.update(self.update(col))
                 else:
                     self.skipped += 1

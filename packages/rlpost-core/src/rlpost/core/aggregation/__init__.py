@@ -2,6 +2,11 @@
 correct under micro-batching (global normalisers). Entries: :mod:`.modes`."""
 
 from rlpost.core.aggregation import modes  # noqa: F401  (registration)
-from rlpost.core.aggregation.base import AGGREGATIONS, AggregationInput, AggregationOutput
+from rlpost.core.aggregation.base import (
+    AGGREGATIONS,
+    AggregationInput,
+    AggregationOutput,
+    count_scale,
+)
 
-__all__ = ["AGGREGATIONS", "AggregationInput", "AggregationOutput"]
+__all__ = ["AGGREGATIONS", "AggregationInput", "AggregationOutput", "count_scale"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from rlpost.core.contract import Input
@@ -62,3 +63,30 @@ AGGREGATIONS: Registry[AggregationInput, AggregationOutput] = Registry(
 
 def _masked(inp: AggregationInput) -> Tensor:
     return inp.loss * inp.mask.to(inp.loss.dtype)
+
+
+def count_scale(
+    aggregation,
+    global_tokens: float,
+    global_sequences: float,
+    generation_budget: float | None = None,
+) -> float:
+    """The factor that turns a loss aggregated with unit global counts
+    (``global_tokens = global_sequences = 1``) into the same loss aggregated with these
+    counts, and so its gradient too.
+
+    A deferred normaliser (RolloutPipe, 004-30, back-propagates a chunk of complete groups
+    before the rest of the step's batch exists, so before its counts are known). Every
+    entry divides a sum over its own rows by a function of the global counts alone, so the
+    factor is the same for any rows; it is read off the entry itself on a one-token probe
+    (``aggregation``: an ``AGGREGATIONS`` entry, built). The contract tests check, for
+    every registered entry, that ``agg(counts) == count_scale(...) * agg(1, 1)`` on random
+    losses: an entry of any other form fails them.
+    """
+
+    def probe(tokens: float, sequences: float) -> float:
+        one = torch.ones(1, 1, dtype=torch.float64)
+        inp = AggregationInput(one, one, tokens, sequences, generation_budget)
+        return float(aggregation(inp).loss)
+
+    return probe(global_tokens, global_sequences) / probe(1.0, 1.0)
