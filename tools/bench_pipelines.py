@@ -45,6 +45,7 @@ MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
     "sync-ray1": ("sync", 1, 1),
     "sync-ray2": ("sync", 1, 2),
     "dora-ray2": ("dora", 1, 2),
+    "rolloutpipe-ray1": ("rolloutpipe", 1, 1),
 }
 
 

@@ -194,6 +194,25 @@ class SpeculativeConfig(_Strict):
     """Draft tokens proposed per round."""
 
 
+class KVCompressionConfig(_Strict):
+    """Rollouts under a compressed KV cache (001-13): each generated token attends to the
+    row's first ``sink`` tokens and its last ``window`` ones (rlpost.llm.engines.
+    kv_compressed; the prompt's prefill stays dense)."""
+
+    sink: int = Field(4, ge=0)
+    window: int = Field(64, ge=1)
+    correction: Literal["shadow", "none"] = "shadow"
+    """``shadow``: the learner computes every log-prob under the sampler's own attention
+    pattern (the shadow mask), so the update is on-policy for the policy that sampled, with
+    no importance weights, and ``distill`` pulls the dense-context policy towards it;
+    ``none``: the learner scores with the full context as if nothing were compressed (the
+    biased baseline; ``algo.correction: tis`` adds importance reweighting to it)."""
+    distill: float = Field(0.1, ge=0)
+    """Weight of the shadow-to-dense distillation: ``0.5 (log pi_dense(y) - sg log
+    pi_shadow(y))^2`` per sampled token, token-mean; 0 in value and gradient when the two
+    views agree (no compression)."""
+
+
 class RolloutConfig(_Strict):
     engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
     """``lean``: rlpost's decode loop (one prefill per prompt, static KV cache,
@@ -219,6 +238,9 @@ class RolloutConfig(_Strict):
     """Lossless speculative decoding (001-27): rollouts from the policy's exact
     distribution, a draft model proposing tokens the policy verifies in one forward
     (rlpost.llm.engines.speculative; replaces the in-process engine)."""
+    kv_compression: KVCompressionConfig | None = None
+    """Rollouts under a sink + window compressed KV cache, and the learner's correction
+    (001-13; replaces the in-process engine)."""
 
 
 class ChoiceConfig(_Strict):
@@ -793,6 +815,16 @@ class Config(_Strict):
                     raise ValueError(f"train.pipeline dora: streams plain groups, not {why}")
         if self.train.pipeline == "rolloutpipe":
             self._check_rolloutpipe(preset)
+        if self.rollout.kv_compression is not None:
+            for bad, why in (
+                (self.rollout.engine == "vllm", "the vllm engine"),
+                (self.rollout.workers > 0, "rollout.workers"),
+                (self.rollout.speculative is not None, "rollout.speculative"),
+                (self.train.pipeline in ("bubblespec", "rolloutpipe"), self.train.pipeline),
+                (self.data.env is not None, "data.env (multi-turn episodes)"),
+            ):
+                if bad:
+                    raise ValueError(f"rollout.kv_compression: not with {why}")
         return self
 
     def _check_rolloutpipe(self, preset: Preset) -> None:

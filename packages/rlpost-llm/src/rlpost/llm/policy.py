@@ -145,6 +145,7 @@ class SeqBatch:
     targets: Tensor  # [B, L] completion tokens
     P: int
     packed: Any = None  # rlpost.kernels.ops.shared_prompt.PackedGroups when packing
+    shadow: Tensor | None = None  # [B, 1, S, S] bool: a compressed-KV sampler's attention
 
 
 def make_seq_batch(
@@ -155,6 +156,7 @@ def make_seq_batch(
     pack: bool = False,
     layout: str = "ragged",
     attend: Tensor | None = None,
+    kv: tuple[int, int] | None = None,
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
@@ -163,7 +165,9 @@ def make_seq_batch(
     response's real tokens and attends through the model's own attention with a 4D mask;
     ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (Triton
     on CUDA). ``attend``: the completion tokens attended to where they are more than the
-    ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations)."""
+    ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
+    ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
+    (:func:`rlpost.llm.engines.kv_compressed.shadow_mask`; no packing)."""
     if layout not in ("ragged", "uniform"):
         raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
@@ -175,13 +179,18 @@ def make_seq_batch(
     real = attend if attend is not None else mask
     attn[:, P:] = real.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
-    packed = None
+    packed = shadow = None
+    if kv is not None:
+        from rlpost.llm.engines.kv_compressed import shadow_mask
+
+        shadow = shadow_mask(attn, P, *kv)
+        pack = False
     if pack:
         from rlpost.kernels.ops.shared_prompt import pack_groups
 
         lengths = real.sum(1).long() if layout == "ragged" else None
         packed = pack_groups(prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS)
-    return SeqBatch(ids, attn, pos, completion_ids, P, packed)
+    return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
 
 
 def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
@@ -250,6 +259,14 @@ def completion_logprobs(
         "position_ids": sb.position_ids.to(dev),
         "use_cache": False,
     }
+    if sb.shadow is not None:  # boolean for SDPA, additive for eager implementations
+        allow = sb.shadow.to(dev)
+        if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+            inputs["attention_mask"] = allow
+        else:
+            dtype = next(model.parameters()).dtype
+            zero = torch.zeros((), dtype=dtype, device=dev)
+            inputs["attention_mask"] = torch.where(allow, zero, torch.finfo(dtype).min)
 
     def select_hidden(x: Tensor) -> Tensor:  # position P-1+t predicts completion token t
         return x[:, sb.P - 1 : sb.P - 1 + L]

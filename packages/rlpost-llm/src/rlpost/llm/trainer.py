@@ -313,6 +313,11 @@ class Trainer:
             )
         if self.world > 1 and cfg.regularizer is not None:
             raise ValueError("regularizer: supported on one process only")
+        kv = cfg.rollout.kv_compression
+        # the learner's view of a compressed-KV sampler: its attention pattern (or dense)
+        self._kv = (kv.sink, kv.window) if kv is not None and kv.correction == "shadow" else None
+        if self.world > 1 and kv is not None:
+            raise ValueError("rollout.kv_compression: supported on one process only")
         if self.world > 1 and cfg.train.pipeline == "rolloutpipe":
             raise ValueError("train.pipeline rolloutpipe: supported on one process only")
         if self.world > 1 and cfg.train.mipu is not None:
@@ -494,6 +499,13 @@ class Trainer:
             )
             eng.update_weights(merged_state_dict(self.model), 0)
             return eng
+        kv = cfg.rollout.kv_compression
+        if kv is not None:
+            from rlpost.llm.engines.kv_compressed import KVCompressedEngine
+
+            return KVCompressedEngine(
+                self.model, self.tok, kv.sink, kv.window, own_copy=cfg.train.overlapped
+            )
         if cfg.train.pipeline == "bubblespec":  # drafts from a snapshot, verified here
             from rlpost.llm.engines.speculative import SpeculativeEngine
 
@@ -906,7 +918,9 @@ class Trainer:
         if hasattr(self.engine, "restarts"):  # Ray rollout workers replaced so far
             metrics["rollout/worker_restarts"] = float(self.engine.restarts)
         st = getattr(self.engine, "stats", None)
-        if st is not None:  # speculative decoding, over the run so far
+        if st is not None and "cache_columns_max" in st:  # compressed-KV rollouts
+            metrics["kv/cache_fraction"] = st["cache_columns_max"] / max(st["dense_columns_max"], 1)
+        elif st is not None:  # speculative decoding, over the run so far
             metrics["spec/acceptance"] = st["accepted"] / max(st["proposed"], 1)
             metrics["spec/tokens_per_forward"] = st["tokens"] / max(st["row_rounds"], 1)
         return Collected(
@@ -927,6 +941,7 @@ class Trainer:
             yield sl, make_seq_batch(
                 batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
                 pack=pack, layout=self.cfg.model.pack_layout, attend=batch.attention[sl],
+                kv=self._kv,
             )  # fmt: skip
 
     @torch.no_grad()
@@ -1236,6 +1251,7 @@ class Trainer:
                 pack=cfg.model.pack_prompts,
                 layout=cfg.model.pack_layout,
                 attend=sub.attention,
+                kv=self._kv,
             )
             student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
             res = self.learner(
@@ -1290,13 +1306,16 @@ class Trainer:
                     turn_ids=sl(prep.col.turn_ids),
                 )
             )
-            if not torch.isfinite(out.loss):
+            loss = out.loss
+            if self._kv is not None and cfg.rollout.kv_compression.distill > 0:
+                loss = loss + self._shadow_distill(sub, logp, m, global_tokens, acc)
+            if not torch.isfinite(loss):
                 acc.bad = True
                 if self.world == 1:
                     break  # (data-parallel ranks all take the synchronised backward)
             before = flat_grad(params) if Input.GRAD_SAMPLES in reg_needs else None
             scale = weight * self.learner.scale
-            (out.loss * scale if scale != 1.0 else out.loss).backward()
+            (loss * scale if scale != 1.0 else loss).backward()
             if before is not None:  # this micro-batch's share, rescaled to the batch
                 acc.samples.append((flat_grad(params) - before) * n_mb)
             if not weight:
@@ -1311,6 +1330,26 @@ class Trainer:
                 mism["k3"] += float((((-d).exp() - 1 + d) * bm).sum())
                 mism["tok"] += float(bm.sum())
                 acc.ent_sum += float((ent.detach() * bm).sum())
+
+    def _shadow_distill(
+        self, sub: RolloutBatch, logp: Tensor, m: Tensor, global_tokens: float, acc: _Accum
+    ) -> Tensor:
+        """Compressed-KV rollouts (001-13): ``distill * 0.5 (log pi_dense(y) - sg log
+        pi_shadow(y))^2`` over the sampled tokens, normalised by the step's valid tokens
+        (so micro-batches sum to the full batch): the dense-context policy, the one that is
+        deployed, pulled towards the shadow policy being trained; 0 in value and gradient
+        when the two views agree."""
+        cfg = self.cfg
+        dense = make_seq_batch(
+            sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, attend=sub.attention
+        )
+        logp_d = self.learner(
+            completion_logprobs, dense, self.sampling.temperature, impl=cfg.model.logprob_impl
+        )[0]
+        gap = (logp_d - logp.detach()) * m
+        acc.add({"kv/dense_gap": float(gap.detach().abs().sum() / m.sum().clamp_min(1.0))})
+        beta = cfg.rollout.kv_compression.distill
+        return beta * 0.5 * (gap**2).sum() / max(global_tokens, 1.0)
 
     def _optimizer_step(self, acc: _Accum, aux: Tensor | None, epoch: int) -> None:
         """Regularise, clip and apply the summed gradients (or drop them: ``acc.bad``)."""
