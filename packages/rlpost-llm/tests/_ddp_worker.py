@@ -1,4 +1,5 @@
-"""Launched by test_distributed.py under torch.distributed.run: one trainer per rank."""
+"""Launched by test_distributed.py under torch.distributed.run: one trainer per rank
+(``--resume``: continue the run in ``run.dir``)."""
 
 import sys
 
@@ -14,4 +15,6 @@ def parity_reward(completion: str, example) -> float:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    Trainer(load_config(None, sys.argv[1:]), reward_fn=parity_reward).train()
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    resume = "--resume" in sys.argv[1:]
+    Trainer(load_config(None, args), reward_fn=parity_reward, resume=resume).train()

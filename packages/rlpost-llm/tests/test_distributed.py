@@ -1,5 +1,6 @@
-"""A 2-process data-parallel run (DDP over gloo, CPU) equals a 1-process run with the same
-global batch: for GRPO, and for PPO, whose critic is data-parallel too."""
+"""A 2-process data-parallel run (DDP or FSDP2 over gloo, CPU) equals a 1-process run with
+the same global batch: for GRPO, and for PPO, whose critic is data-parallel too; an FSDP2
+run resumes from its checkpoint to the same weights and optimiser state."""
 
 import socket
 import subprocess
@@ -45,11 +46,12 @@ def _launch(*args) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("preset", ["grpo", "ppo"])
-def test_two_ranks_equal_one(tmp_path, fast_overrides, preset):
+@pytest.mark.parametrize("preset, parallel", [("grpo", "ddp"), ("ppo", "ddp"), ("grpo", "fsdp2")])
+def test_two_ranks_equal_one(tmp_path, fast_overrides, preset, parallel):
     common = [
         *fast_overrides,
         f"algo.preset={preset}",
+        f"train.parallel={parallel}",
         "train.steps=2",
         "run.save_every=2",
         "optim.micro_batch_size=5",  # 8 rows a rank: two micro-batches, one all-reduce
@@ -84,3 +86,38 @@ def test_learner_gradient_equals_the_full_batch_gradient(tmp_path, share):
     ((model(x) - y) ** 2).sum().div(10).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-5, msg=n)
+
+
+def test_fsdp2_resumes_to_the_uninterrupted_run(tmp_path, fast_overrides):
+    """Two FSDP2 ranks train 2 steps and stop; relaunched with --resume they load the whole
+    weights and Adam state into their shards and train step 3: the checkpoint equals a
+    one-process run's of 3 steps (weights and optimiser state)."""
+    common = [*fast_overrides, "run.save_every=1", "optim.micro_batch_size=5"]
+    single = tmp_path / "single"
+    Trainer(
+        load_config(None, [*common, "train.steps=3", f"run.dir={single}"]),
+        reward_fn=parity_reward,
+    ).train()
+    sharded = tmp_path / "fsdp2"
+    args = [*common, "train.parallel=fsdp2", f"run.dir={sharded}"]
+    _launch(WORKER, *args, "train.steps=2")
+    _launch(WORKER, *args, "train.steps=3", "--resume")
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        a = load_file(single / "checkpoints/step-000003" / f)
+        b = load_file(sharded / "checkpoints/step-000003" / f)
+        assert a.keys() == b.keys(), f
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5, msg=f"{f}: {k}")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.lora.r=4"], "model.lora"),
+        (["algo.preset=ppo"], "a critic"),
+        (["train.pipeline=dora"], "train.pipeline dora"),
+    ],
+)
+def test_fsdp2_refuses_what_needs_whole_weights_on_one_rank(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, ["train.parallel=fsdp2", *overrides])

@@ -482,6 +482,11 @@ class TrainConfig(_Strict):
     evaluated and saved like a final one); None: run all ``steps``."""
     guard: schema.GuardConfig = schema.GuardConfig()
     """Non-finite steps: skipped or rolled back, and too many in a row stop the run."""
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
+    """Several processes (``torchrun``): ``ddp`` replicates the weights and all-reduces the
+    gradients; ``fsdp2`` shards weights, gradients and optimiser state over the ranks
+    (``torch.distributed.fsdp.fully_shard``), gathering whole weights only for the rollout
+    engine and checkpoints. One process: no difference."""
 
     @model_validator(mode="before")
     @classmethod
@@ -815,6 +820,29 @@ class Config(_Strict):
                     raise ValueError(f"train.pipeline dora: streams plain groups, not {why}")
         if self.train.pipeline == "rolloutpipe":
             self._check_rolloutpipe(preset)
+        if self.train.parallel == "fsdp2":
+            for bad, why in (
+                (self.model.lora is not None, "model.lora"),
+                (Input.VALUES in recipe.reads(), "a critic"),
+                (self.algo.token_weights is not None, "algo.token_weights"),
+                (
+                    bool({Input.PROMPT_FEATURES, Input.COMPLETION_FEATURES} & set(recipe.reads())),
+                    "prompt / completion features",
+                ),
+                (bool(self.distill.teachers), "distill.teachers"),
+                (self.train.mipu is not None, "train.mipu"),
+                (self.regularizer is not None, "a gradient regularizer"),
+                (self.rollout.kv_compression is not None, "rollout.kv_compression"),
+                (self.rollout.speculative is not None, "rollout.speculative"),
+                (self.rollout.workers > 0, "rollout.workers"),
+                (self.rollout.engine == "vllm", "the vllm engine"),
+                (self.train.pipeline != "sync", f"train.pipeline {self.train.pipeline}"),
+                (preset.stages > 1, "Mu-GRPO stages"),
+                (preset.validation_reset, "validation resets (REVA-PO)"),
+                (self.data.env is not None, "data.env"),
+            ):
+                if bad:
+                    raise ValueError(f"train.parallel fsdp2: not with {why} yet")
         if self.rollout.kv_compression is not None:
             for bad, why in (
                 (self.rollout.engine == "vllm", "the vllm engine"),

@@ -369,7 +369,12 @@ class Trainer:
                 )
         self.memory = self._make_memory() if cfg.distill.memory is not None else None
         o = cfg.optim
-        self.learner = Learner(model)  # DDP when data-parallel: rank 0's weights everywhere
+        self._sharded = self.world > 1 and cfg.train.parallel == "fsdp2"
+        self._early_engine = None
+        if self._sharded and self.main and engine is None:  # its own whole copy, made
+            self._early_engine = self._make_engine()  # before the weights are sharded
+        # DDP (or FSDP2) when data-parallel: rank 0's weights everywhere
+        self.learner = Learner(model, cfg.train.parallel)
         self.optimizer = build_optimizer(model, o)
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -417,7 +422,7 @@ class Trainer:
         self._made_engine = False  # close() closes an engine the trainer made
         if self.main:
             if self.engine is None:
-                self.engine = self._make_engine()
+                self.engine = self._early_engine or self._make_engine()
                 self._made_engine = True
             fns = None  # an environment scores its episodes itself, in process
             if given is not None:
@@ -536,8 +541,8 @@ class Trainer:
                 f"rollout.engine auto: the lean engine does not run this model ({why}); "
                 "rollouts use transformers generate"
             )
-        return make_local_engine(
-            cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.overlapped
+        return make_local_engine(  # (FSDP2: the engine holds the whole weights)
+            cfg.rollout.engine, self.model, self.tok, own_copy=cfg.train.overlapped or self._sharded
         )
 
     def _make_memory(self) -> TeacherMemory:
@@ -575,7 +580,17 @@ class Trainer:
         )
         if ckpt is None:
             return None
-        state = load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler, self._extras())
+        sharded = {}
+        if self._sharded:  # whole weights and optimiser state, each rank keeping its shard
+            sharded = {
+                "load_model_state": self.learner.load_full_state_dict,
+                "load_optimizer_state": lambda sd: self.learner.load_optimizer_state(
+                    self.optimizer, sd
+                ),
+            }
+        state = load_checkpoint(
+            ckpt, self.model, self.optimizer, self.scheduler, self._extras(), **sharded
+        )
         self.step, self.version, self.skipped = state["step"], state["version"], state["skipped"]
         self.initial_entropy = state.get("initial_entropy")
         self.env_next = int(state.get("env_next", 0))
@@ -595,6 +610,8 @@ class Trainer:
             self.memory.load_state_dict(state["memory"])
         if self.engine is not None:
             self._sync_engine()
+        elif self._sharded:
+            self.learner.full_state_dict()  # (rank 0's engine sync gathers collectively)
         return self.step
 
     @staticmethod
@@ -606,7 +623,9 @@ class Trainer:
         if eng is None:
             return
         own = getattr(eng, "own_copy", True)
-        if own:  # an engine holding its own weights (async snapshot, vLLM)
+        if self._sharded:  # FSDP2: the whole weights gathered (every rank takes part)
+            eng.update_weights(self.learner.full_state_dict(), self.version)
+        elif own:  # an engine holding its own weights (async snapshot, vLLM)
             merged = self.cfg.rollout.engine == "vllm" or getattr(eng, "merged_weights", False)
             sd = merged_state_dict(self.model) if merged else self.model.state_dict()
             eng.update_weights(sd, self.version)
@@ -991,11 +1010,16 @@ class Trainer:
         out = torch.zeros_like(mask)
         ent = torch.zeros_like(mask) if entropy else None
         ids_parts, lp_parts = [], []
+        sharded = self._sharded and model is self.model
+
+        def forward(sb, **kw):  # (FSDP2: through the learner, which gathers the shards)
+            if sharded:
+                return self.learner(completion_logprobs, sb, self.sampling.temperature, **kw)
+            return completion_logprobs(model, sb, self.sampling.temperature, **kw)
+
         for sl, sb in self._seq_batches(batch):
-            res = completion_logprobs(
-                model,
+            res = forward(
                 sb,
-                self.sampling.temperature,
                 impl=self.cfg.model.logprob_impl,
                 dists=self.cfg.algo.topk if dists else None,
             )
@@ -1363,7 +1387,10 @@ class Trainer:
         if not acc.bad:
             clip = self.cfg.optim.grad_clip
             clip = clip if clip is not None else float("inf")
-            acc.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor (the global norm, replicated)
+                norm = norm.full_tensor()
+            acc.grad_norm = float(norm)
             acc.bad = not math.isfinite(acc.grad_norm)
         if not acc.bad and not self.guard.step(self.optimizer.step):
             acc.bad = True
@@ -1829,10 +1856,14 @@ class Trainer:
                         waited += time.perf_counter() - t_wait
                     with self._generator_paused():  # DORA: between two chunks
                         self._sync_engine()  # weight sync (own-copy engines) and version bump
+                elif self._sharded:
+                    self.learner.full_state_dict()  # (rank 0's engine sync is collective)
                 self.step += 1
                 if budget is not None and self._out_of_time(t_start, budget):
                     stop = total = self.step  # the budget's end is the run's end
                 if not self.main:
+                    if self._sharded and due(cfg.run.save_every, self.step, total):
+                        self.learner.optimizer_state(self.optimizer)  # (rank 0 saves it)
                     continue
                 own = col.own()
                 rew, acc = col.rewards[own], col.accuracy[own]
@@ -1905,10 +1936,14 @@ class Trainer:
             state["vapr"] = self.anchor.state_dict()
         if self.memory is not None:
             state["memory"] = self.memory.state_dict()
+        model, optimizer_state = self.model, None
+        if self._sharded:  # the engine holds the current whole weights (synced after the
+            model = self.engine.model  # update); the optimiser state is gathered
+            optimizer_state = self.learner.optimizer_state(self.optimizer)
         return save_checkpoint(
             self.run_dir / "checkpoints",
             self.step,
-            self.model,
+            model,
             self.optimizer,
             self.scheduler,
             state,
@@ -1918,7 +1953,8 @@ class Trainer:
             trainable_only=is_peft(self.model),
             extras=self._extras(),
             tensors=tensors,
-            write_extra=lambda folder: save_pretrained_files(self.model, self.tok, folder),
+            write_extra=lambda folder: save_pretrained_files(model, self.tok, folder),
+            optimizer_state=optimizer_state,
         )
 
     def close(self) -> None:

@@ -46,8 +46,10 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    sd = opt.state_dict()
+def _optimizer_tensors(
+    opt: torch.optim.Optimizer, sd: dict | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict() if sd is None else sd
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         for k, v in st.items():
@@ -58,9 +60,8 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def _load_optimizer(
-    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
-) -> None:
+def _optimizer_dict(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The ``optimizer.state_dict()`` layout back from its saved tensors and metadata."""
     state: dict[int, dict[str, Any]] = {}
     for key, v in tensors.items():
         idx, k = key.split(".", 1)
@@ -68,11 +69,19 @@ def _load_optimizer(
     for key, v in meta["scalars"].items():
         idx, k = key.split(".", 1)
         state.setdefault(int(idx), {})[k] = v
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def _save_optimizer(opt: torch.optim.Optimizer, folder: Path, stem: str) -> None:
-    tensors, meta = _optimizer_tensors(opt)
+def _load_optimizer(
+    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
+) -> None:
+    opt.load_state_dict(_optimizer_dict(tensors, meta))
+
+
+def _save_optimizer(
+    opt: torch.optim.Optimizer, folder: Path, stem: str, sd: dict | None = None
+) -> None:
+    tensors, meta = _optimizer_tensors(opt, sd)
     save_file(tensors, str(folder / f"{stem}.safetensors"))
     (folder / f"{stem}.json").write_text(json.dumps(meta))
 
@@ -103,9 +112,12 @@ def save_checkpoint(
     tensors: Mapping[str, torch.Tensor] | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
     write_extra: Callable[[Path], None] | None = None,
+    optimizer_state: dict | None = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
+    ``optimizer_state``: the optimiser's state dict when ``optimizer.state_dict()`` is not
+    the whole of it (a sharded learner's, gathered: ``rlpost.llm.parallel.Learner``).
     ``trainable_only``: store only the parameters with ``requires_grad`` (LoRA adapters on
     a frozen multi-billion-parameter base); the frozen rest comes from the base on load.
     ``extras``: further ``name -> (module, optimizer or None)`` pairs saved beside the
@@ -125,7 +137,7 @@ def save_checkpoint(
         save_file(_trainable_state(model), str(tmp / "model.safetensors"), metadata=PT)
     else:
         save_model(model, str(tmp / "model.safetensors"), metadata=PT)
-    _save_optimizer(optimizer, tmp, "optimizer")
+    _save_optimizer(optimizer, tmp, "optimizer", optimizer_state)
     for name, (module, opt) in (extras or {}).items():
         save_model(module, str(tmp / f"{name}.safetensors"))
         if opt is not None:
@@ -310,12 +322,28 @@ def load_checkpoint(
     scheduler: Any,
     extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
+    load_model_state: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    load_optimizer_state: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
     """Restore everything saved by :func:`save_checkpoint` (with the same ``extras`` and
-    ``generators`` names); returns ``state.json``."""
+    ``generators`` names); returns ``state.json``. ``load_model_state`` /
+    ``load_optimizer_state``: load the saved weights / optimiser state dict in place of
+    ``model.load_state_dict`` / ``optimizer.load_state_dict`` (a sharded learner)."""
     path = Path(path)
-    state = load_weights(path, model)
-    _restore_optimizer(optimizer, path, "optimizer")
+    if load_model_state is None:
+        state = load_weights(path, model)
+    else:
+        state = json.loads((path / "state.json").read_text())
+        load_model_state(load_file(str(path / "model.safetensors")))
+    if load_optimizer_state is None:
+        _restore_optimizer(optimizer, path, "optimizer")
+    else:
+        load_optimizer_state(
+            _optimizer_dict(
+                load_file(str(path / "optimizer.safetensors")),
+                json.loads((path / "optimizer.json").read_text()),
+            )
+        )
     for name, (module, opt) in (extras or {}).items():
         if not (path / f"{name}.safetensors").is_file():
             raise FileNotFoundError(f"checkpoint {path} has no {name}.safetensors")
