@@ -208,9 +208,9 @@ class KVCompressionConfig(_Strict):
     ``none``: the learner scores with the full context as if nothing were compressed (the
     biased baseline; ``algo.correction: tis`` adds importance reweighting to it)."""
     distill: float = Field(0.1, ge=0)
-    """Weight of the shadow-to-dense distillation: ``0.5 (log pi_dense(y) - sg log
-    pi_shadow(y))^2`` per sampled token, token-mean; 0 in value and gradient when the two
-    views agree (no compression)."""
+    """Weight of the distillation of the compressed-context (shadow) policy towards the
+    full-context one: ``0.5 (log pi_shadow(y) - sg log pi_dense(y))^2`` per sampled token,
+    token-mean; 0 in value and gradient when the two views agree (no compression)."""
 
 
 class RolloutConfig(_Strict):

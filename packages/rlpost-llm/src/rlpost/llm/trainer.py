@@ -1358,19 +1358,21 @@ class Trainer:
     def _shadow_distill(
         self, sub: RolloutBatch, logp: Tensor, m: Tensor, global_tokens: float, acc: _Accum
     ) -> Tensor:
-        """Compressed-KV rollouts (001-13): ``distill * 0.5 (log pi_dense(y) - sg log
-        pi_shadow(y))^2`` over the sampled tokens, normalised by the step's valid tokens
-        (so micro-batches sum to the full batch): the dense-context policy, the one that is
-        deployed, pulled towards the shadow policy being trained; 0 in value and gradient
-        when the two views agree."""
+        """Compressed-KV rollouts (001-13): ``distill * 0.5 (log pi_shadow(y) - sg log
+        pi_dense(y))^2`` over the sampled tokens, normalised by the step's valid tokens
+        (so micro-batches sum to the full batch): the policy under the sampler's
+        compressed context, the one being trained, pulled towards the full-context policy
+        on its own samples, so the two views drift no further apart; 0 in value and
+        gradient when they agree (no compression)."""
         cfg = self.cfg
         dense = make_seq_batch(
             sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, attend=sub.attention
         )
-        logp_d = self.learner(
-            completion_logprobs, dense, self.sampling.temperature, impl=cfg.model.logprob_impl
-        )[0]
-        gap = (logp_d - logp.detach()) * m
+        with torch.no_grad():
+            logp_d = completion_logprobs(
+                self.model, dense, self.sampling.temperature, impl=cfg.model.logprob_impl
+            )[0]
+        gap = (logp - logp_d) * m
         acc.add({"kv/dense_gap": float(gap.detach().abs().sum() / m.sum().clamp_min(1.0))})
         beta = cfg.rollout.kv_compression.distill
         return beta * 0.5 * (gap**2).sum() / max(global_tokens, 1.0)
