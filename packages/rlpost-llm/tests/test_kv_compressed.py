@@ -63,7 +63,7 @@ def test_shadow_mask_is_causal_dense_over_the_prompt_and_bounded_after():
     assert m[3, 1:4].tolist() == [True, True, True]  # the last prompt token: dense
     assert m[6].tolist() == [False, True, False, False, False, True, True, False]  # sink + 2
     assert not m[:7, 7].any() and not m[1:, 0].any()  # padding is attended by no real token
-    assert m[7].tolist() == [False] * 7 + [True]  # (a padding row sees itself: no NaN)
+    assert m.any(-1).all()  # every row attends to something: no NaN from a softmax
 
 
 def _grads(tr, col):
