@@ -17,7 +17,7 @@ measure), the mean trainer idle share (waiting for rollouts), generator
 idle share, rollouts per second, mean staleness and DORA's dropped groups, and held-out
 accuracy before and after. Prints the table and writes the common JSON shape.
 
-    uv run --frozen python tools/bench_pipelines.py              # about 22 min
+    uv run --frozen python tools/bench_pipelines.py              # about 35 min
     uv run --frozen python tools/bench_pipelines.py --quick      # a smoke run
 """
 
@@ -44,8 +44,12 @@ MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
     "rolloutpipe": ("rolloutpipe", 1, 0),
     "sync-ray1": ("sync", 1, 1),
     "sync-ray2": ("sync", 1, 2),
+    "one_step_off-ray1": ("one_step_off", 1, 1),
+    "one_step_off-ray2": ("one_step_off", 1, 2),
+    "dora-ray1": ("dora", 1, 1),
     "dora-ray2": ("dora", 1, 2),
     "rolloutpipe-ray1": ("rolloutpipe", 1, 1),
+    "rolloutpipe-ray2": ("rolloutpipe", 1, 2),
 }
 
 

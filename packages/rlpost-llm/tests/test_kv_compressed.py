@@ -102,7 +102,7 @@ def test_kv_compressed_rollouts_train_from_the_config(fast_cfg):
     from rlpost.llm.runlog import read_metrics
 
     cfg = fast_cfg("rollout.kv_compression.sink=1", "rollout.kv_compression.window=3",
-                   "rollout.max_new_tokens=6")  # fmt: skip
+                   "rollout.kv_compression.distill=0.1", "rollout.max_new_tokens=6")  # fmt: skip
     Trainer(cfg, reward_fn=parity).train()
     rows = [r for r in read_metrics(cfg.run.dir) if "accuracy" in r]
     assert len(rows) == 2

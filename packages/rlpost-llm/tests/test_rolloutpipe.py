@@ -128,3 +128,21 @@ def test_rolloutpipe_trains_from_the_config(fast_cfg):
 def test_rolloutpipe_refuses_what_reads_more_than_a_group(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_config(None, ["train.pipeline=rolloutpipe", *overrides])
+
+
+def test_rolloutpipe_resumes_exactly(fast_cfg, tmp_path):
+    """A step is whole at its end (its chunks generated, trained and applied), so a run
+    stopped after its step-2 checkpoint and resumed ends on the uninterrupted weights."""
+    over = ["train.pipeline=rolloutpipe", "train.stream_prompts=2", "train.steps=4",
+            "run.save_every=2"]  # fmt: skip
+    ref = Trainer(fast_cfg(*over, f"run.dir={tmp_path / 'ref'}"), reward_fn=parity)
+    ref.train()
+    cut = fast_cfg(*over, f"run.dir={tmp_path / 'cut'}")
+    first = Trainer(cut, reward_fn=parity)
+    first.train(until=2)  # the step-2 checkpoint is written; the process "dies" here
+    first.close()
+    resumed = Trainer(cut, reward_fn=parity, resume=True)
+    assert resumed.step == 2
+    resumed.train()
+    a, b = ref.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -207,10 +207,11 @@ class KVCompressionConfig(_Strict):
     no importance weights, and ``distill`` pulls the dense-context policy towards it;
     ``none``: the learner scores with the full context as if nothing were compressed (the
     biased baseline; ``algo.correction: tis`` adds importance reweighting to it)."""
-    distill: float = Field(0.1, ge=0)
+    distill: float = Field(0.0, ge=0)
     """Weight of the distillation of the compressed-context (shadow) policy towards the
     full-context one: ``0.5 (log pi_shadow(y) - sg log pi_dense(y))^2`` per sampled token,
-    token-mean; 0 in value and gradient when the two views agree (no compression)."""
+    token-mean; 0 in value and gradient when the two views agree (no compression). Off by
+    default: at 0.1 it did not help on tools/bench_kv_compressed.py."""
 
 
 class RolloutConfig(_Strict):
