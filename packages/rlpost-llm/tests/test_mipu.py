@@ -53,6 +53,17 @@ def test_rejected_candidates_leave_everything_unchanged(fast_cfg):
     assert all(math.isfinite(r["mipu/gain"]) and r["mipu/kl"] >= 0 for r in rows)
 
 
+def test_the_rejection_count_survives_a_resume(fast_cfg):
+    cfg = fast_cfg("train.mipu={min_gain: 1.0e9}", "train.steps=3", "run.save_every=2")
+    first = Trainer(cfg, reward_fn=parity)
+    first.train(until=2)  # two rejections, then the step-2 checkpoint
+    first.close()
+    resumed = Trainer(cfg, reward_fn=parity, resume=True)
+    assert resumed.step == 2 and resumed.mipu_rejected == 2
+    resumed.train()
+    assert _rows(cfg)[-1]["mipu/rejected"] == 3.0
+
+
 def test_accepted_candidates_are_the_sampler_referenced_update(tmp_path, fast_overrides):
     """Always accepting gives the plain update: on CPU the sampler's log-probs equal the
     trainer's to float error, so the sampler-referenced ratio is the on-policy one."""

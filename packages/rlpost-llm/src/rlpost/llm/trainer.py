@@ -594,6 +594,7 @@ class Trainer:
         self.step, self.version, self.skipped = state["step"], state["version"], state["skipped"]
         self.initial_entropy = state.get("initial_entropy")
         self.env_next = int(state.get("env_next", 0))
+        self.mipu_rejected = int(state.get("mipu_rejected", 0))
         self.source.load_state_dict(state["data"])
         tensors = load_tensors(ckpt)
         if self.regularizer is not None:
@@ -1922,6 +1923,7 @@ class Trainer:
             "data": self.source.state_dict(),
             "initial_entropy": self.initial_entropy,
             "env_next": self.env_next,
+            "mipu_rejected": self.mipu_rejected,
         }
         tensors: dict[str, Tensor] = {}
         if self.regularizer is not None:
