@@ -34,3 +34,27 @@ def fast_cfg(tmp_path):
 @pytest.fixture
 def fast_overrides():
     return list(FAST)
+
+
+@pytest.fixture
+def applied_grads():
+    """``grads(trainer, fn) -> (gradients, fn())``: the gradients the trainer's update guard
+    is handed to apply while ``fn`` runs (the last update's, by parameter name)."""
+
+    def grads(tr, fn):
+        seen, step = {}, tr.guard.step
+
+        def recording(apply):
+            for name, q in tr.model.named_parameters():
+                if q.grad is not None:
+                    seen[name] = q.grad.detach().clone()
+            return step(apply)
+
+        tr.guard.step = recording
+        try:
+            out = fn()
+        finally:
+            tr.guard.step = step
+        return seen, out
+
+    return grads

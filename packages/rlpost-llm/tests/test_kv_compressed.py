@@ -66,32 +66,19 @@ def test_shadow_mask_is_causal_dense_over_the_prompt_and_bounded_after():
     assert m.any(-1).all()  # every row attends to something: no NaN from a softmax
 
 
-def _grads(tr, col):
-    seen, step = {}, tr.guard.step
-
-    def recording(fn):
-        for name, q in tr.model.named_parameters():
-            if q.grad is not None:
-                seen[name] = q.grad.detach().clone()
-        return step(fn)
-
-    tr.guard.step = recording
-    tr.update(col)
-    tr.guard.step = step
-    return seen
-
-
 @pytest.mark.parametrize("window, identity", [(10_000, True), (2, False)])
-def test_the_correction_is_the_identity_at_zero_compression(fast_cfg, window, identity):
+def test_the_correction_is_the_identity_at_zero_compression(
+    fast_cfg, applied_grads, window, identity
+):
     cfg = fast_cfg("rollout.kv_compression.sink=0", f"rollout.kv_compression.window={window}",
                    "rollout.kv_compression.distill=0.5", "rollout.max_new_tokens=8")  # fmt: skip
     tr = Trainer(cfg, reward_fn=parity)
     col = tr.collect()
     start = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    corrected = _grads(tr, col)  # the shadow view and the distillation term
+    corrected, _ = applied_grads(tr, lambda: tr.update(col))  # shadow view + distillation
     tr.model.load_state_dict(start)
     tr._kv = None  # the plain learner: dense context, no distillation
-    plain = _grads(tr, col)
+    plain, _ = applied_grads(tr, lambda: tr.update(col))
     assert corrected.keys() == plain.keys() and plain
     same = all(torch.allclose(corrected[k], plain[k], rtol=1e-4, atol=1e-7) for k in plain)
     assert same == identity

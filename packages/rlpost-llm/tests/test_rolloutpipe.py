@@ -15,20 +15,6 @@ def parity(completion: str, example) -> float:
     return float(len(completion) % 2 == 0)
 
 
-def _grads_of_next_step(tr: Trainer, step) -> dict[str, torch.Tensor]:
-    """Wraps the update guard's step: the gradients about to be applied, into the dict."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def recording(fn):
-        for name, q in tr.model.named_parameters():
-            if q.grad is not None:
-                seen[name] = q.grad.detach().clone()
-        return step(fn)
-
-    tr.guard.step = recording
-    return seen
-
-
 @pytest.mark.parametrize(
     "preset, extra",
     [
@@ -39,7 +25,7 @@ def _grads_of_next_step(tr: Trainer, step) -> dict[str, torch.Tensor]:
         ("lpo", []),  # a loss coupling the rows of a group
     ],
 )
-def test_the_pipelined_update_equals_the_synchronous_one(fast_cfg, preset, extra):
+def test_the_pipelined_update_equals_the_synchronous_one(fast_cfg, applied_grads, preset, extra):
     cfg = fast_cfg(f"algo.preset={preset}", "train.pipeline=rolloutpipe",
                    "train.stream_prompts=1", "rollout.max_new_tokens=6", *extra)  # fmt: skip
     torch.manual_seed(0)
@@ -50,16 +36,11 @@ def test_the_pipelined_update_equals_the_synchronous_one(fast_cfg, preset, extra
         if len(c.batch) and float(c.rewards.std()) > 0:
             parts.append(c)
     start = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    step = tr.guard.step
-
-    sync_grads = _grads_of_next_step(tr, step)
-    sync = tr.update(Collected.concat(parts))
+    sync_grads, sync = applied_grads(tr, lambda: tr.update(Collected.concat(parts)))
     tr.model.load_state_dict(start)  # the same weights again (Adam's state plays no part)
-
-    pipe_grads = _grads_of_next_step(tr, step)
     given = iter(parts)
     tr.collect = lambda want=None, given_=None: next(given)
-    col, piped, _ = tr._pipe_step()
+    pipe_grads, (col, piped, _) = applied_grads(tr, tr._pipe_step)
     assert len(col.batch) == 4 * 4 and piped["pipe/chunks"] == 4.0
     assert sync_grads.keys() == pipe_grads.keys() and sync_grads
     for k, g in sync_grads.items():

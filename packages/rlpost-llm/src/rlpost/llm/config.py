@@ -820,7 +820,7 @@ class Config(_Strict):
                 if bad:
                     raise ValueError(f"train.pipeline dora: streams plain groups, not {why}")
         if self.train.pipeline == "rolloutpipe":
-            self._check_rolloutpipe(preset)
+            self._check_rolloutpipe(preset, recipe)
         if self.train.parallel == "fsdp2":
             for bad, why in (
                 (self.model.lora is not None, "model.lora"),
@@ -856,10 +856,9 @@ class Config(_Strict):
                     raise ValueError(f"rollout.kv_compression: not with {why}")
         return self
 
-    def _check_rolloutpipe(self, preset: Preset) -> None:
+    def _check_rolloutpipe(self, preset: Preset, recipe: Any) -> None:
         """RolloutPipe back-propagates each chunk of complete groups before the rest of the
         step exists: whatever reads more of the batch than a group cannot be pipelined."""
-        recipe = preset.build()
         whole = [
             str(e)
             for e in (recipe.advantage, *recipe.loss_entries())

@@ -95,6 +95,12 @@ class HFEngine(LocalEngine):
             rows.append((prompts[i // n], toks, lp[i, : len(toks)].tolist(), reason))
         return rows
 
+    def _stopped_rows(self, toks: Tensor, stops: tuple[str, ...]) -> Tensor:
+        """``[N]`` bool: the rows of ``toks`` whose text holds one of ``stops`` (the manual
+        decode loops of the speculative and compressed-KV engines)."""
+        texts = self.tokenizer.batch_decode(toks.tolist(), skip_special_tokens=False)
+        return torch.tensor([any(s in t for s in stops) for t in texts], dtype=torch.bool)
+
     def _truncate(self, toks: list[int], sp: SamplingParams) -> tuple[list[int], FinishReason]:
         """Cut after the first EOS (kept) or the first completed stop string (kept)."""
         for j, t in enumerate(toks):

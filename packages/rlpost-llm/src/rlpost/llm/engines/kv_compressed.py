@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rlpost.llm.engines.base import SamplingParams
 from rlpost.llm.engines.hf import HFEngine
-from rlpost.llm.engines.lean import process_logits
+from rlpost.llm.engines.lean import process_logits, sample
 from rlpost.llm.engines.speculative import _cache_kwarg
 
 
@@ -94,15 +94,9 @@ class KVCompressedEngine(HFEngine):
                         "the policy's logits are not finite at generation: its weights "
                         "have diverged"
                     )
-                scores = process_logits(logits, sp)
-                if greedy:
-                    tok = scores.argmax(-1)
-                else:
-                    race = scores.softmax(-1) / torch.empty_like(scores).exponential_()
-                    tok = race.argmax(-1)
+                tok, lp = sample(process_logits(logits, sp), greedy)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-                out_tok[:, t] = tok
-                out_lp[:, t] = scores.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+                out_tok[:, t], out_lp[:, t] = tok, lp
                 done = done | torch.isin(tok, eos)
                 if sp.stop and not bool(done.all()):
                     done |= self._stopped_rows(out_tok[:, : t + 1], sp.stop).to(dev)
@@ -139,7 +133,3 @@ class KVCompressedEngine(HFEngine):
             toks, reason = self._truncate(toks_all[i].tolist(), sp)
             res.append((rows[i], toks, lp_all[i, : len(toks)].tolist(), reason))
         return res
-
-    def _stopped_rows(self, toks: Tensor, stops: tuple[str, ...]) -> Tensor:
-        texts = self.tokenizer.batch_decode(toks.tolist(), skip_special_tokens=False)
-        return torch.tensor([any(s in t for s in stops) for t in texts], dtype=torch.bool)

@@ -257,7 +257,3 @@ class SpeculativeEngine(HFEngine):
             toks, reason = self._truncate(toks_all[i, :ln].tolist(), sp)
             out.append((rows[i], toks, lp_all[i, : len(toks)].tolist(), reason))
         return out
-
-    def _stopped_rows(self, toks: Tensor, stops: tuple[str, ...]) -> Tensor:
-        texts = self.tokenizer.batch_decode(toks.tolist(), skip_special_tokens=False)
-        return torch.tensor([any(s in t for s in stops) for t in texts], dtype=torch.bool)
