@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DeployJob",
+    "FleetJob",
     "RecordJob",
     "ResidualJob",
     "load_config",
@@ -277,11 +278,116 @@ class RecordJob(_Strict):
     _known_task = field_validator("task")(Config._known_task.__func__)
 
 
+# ----------------------------------------------------------------------- fleet job
+
+
+class FleetSection(_Strict):
+    robots: int = Field(4, ge=1)
+    """Robots in the fleet (``rlpost-robot fleet --robots N``)."""
+    minutes: float = Field(5.0, gt=0)
+    """Wall-clock budget of the fleet (``--minutes M``); a resumed run spends what is left."""
+    max_episodes: int | None = Field(None, ge=1)
+    """Stop once the store holds this many episodes (default: only the time budget)."""
+    variants: list[dict[str, Any]] | None = None
+    """The robots' :class:`~rlpost.robot.fleet.variants.RobotVariant` s (robot ``i`` takes
+    ``i mod len``); default :data:`~rlpost.robot.fleet.variants.DEFAULT_VARIANTS`."""
+    realtime: float = Field(4.0, ge=0)
+    """Simulation pace: this many times the task's control rate (0: as fast as possible)."""
+    eval_episodes: int = Field(25, ge=0)
+    """Held-out episodes per variant (no interventions) for the policy before and after."""
+    view_every: int = Field(500, ge=0)
+    """Bring the store's LeRobotDataset up to date every this many episodes (and at the
+    end; 0: only at the end)."""
+    ray_address: str | None = None
+    """A Ray cluster to join (``ray.init(address=...)``); default: a local Ray."""
+
+    def variant_list(self) -> list[Any]:
+        from rlpost.robot.fleet.variants import DEFAULT_VARIANTS, RobotVariant
+
+        if self.variants is None:
+            return list(DEFAULT_VARIANTS)
+        return [RobotVariant.from_dict(v) for v in self.variants]
+
+    @model_validator(mode="after")
+    def _variants(self) -> FleetSection:
+        if self.variants is not None and not self.variants:
+            raise ValueError("variants: give at least one robot variant (or leave it unset)")
+        self.variant_list()
+        return self
+
+
+class LearnerSection(_Strict):
+    params: dict[str, Any] = {}
+    """:class:`rlpost.robot.algos.lwd.LWDConfig` fields (``seed`` is ``run.seed``; the
+    single-robot budget fields ``episodes`` / ``envs`` are not used)."""
+    max_staleness: int = Field(8, ge=0)
+    """Episodes of a policy more than this many versions behind the learner's are kept in
+    the store but not trained on."""
+    updates_per_version: int = Field(10, ge=1)
+    save_every: int = Field(10, ge=1)
+    """Checkpoint every this many versions (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    snapshot_every: int = Field(0, ge=0)
+    """Save the policy of every this many versions in ``run.dir/policies/`` (0: never)."""
+
+    def lwd_config(self, seed: int) -> Any:
+        from rlpost.core.registry import make_params
+        from rlpost.robot.algos.lwd import LWDConfig
+
+        return make_params(LWDConfig, "fleet learner", {**self.params, "seed": seed})
+
+
+class FleetJob(_Strict):
+    """``rlpost-robot fleet``: LWD (catalog 001-23) with a fleet of simulated robots on
+    Ray, one learner, a crash-safe LeRobotDataset store."""
+
+    task: str = "multimodal_reach"
+    fleet: FleetSection = FleetSection()
+    intervention: dict[str, Any] = {}
+    """:class:`rlpost.robot.fleet.human.InterventionConfig` fields (``enabled``,
+    ``stall_steps``, ``min_progress``, ``takeover_steps``, ``max_per_episode``)."""
+    learner: LearnerSection = LearnerSection()
+    policy: PolicyConfig = PolicyConfig()
+    demos: DemoConfig = DemoConfig()
+    run: schema.RunConfig = schema.RunConfig(dir="runs/fleet")
+
+    _known_task = field_validator("task")(Config._known_task.__func__)
+
+    @model_validator(mode="after")
+    def _check(self) -> FleetJob:
+        from rlpost.robot.envs import TASKS, make_env
+        from rlpost.robot.fleet.human import InterventionConfig
+        from rlpost.robot.fleet.variants import apply_variant
+
+        if self.policy.kind != "flow":
+            raise ValueError(
+                f"policy.kind: the fleet learner fine-tunes a flow policy, got {self.policy.kind!r}"
+            )
+        if TASKS[self.task].image_shape is not None:
+            raise ValueError(f"task: the fleet runs state tasks; {self.task} has a camera")
+        try:
+            InterventionConfig(**self.intervention)
+        except TypeError as exc:
+            raise ValueError(f"intervention: {exc}") from None
+        try:
+            self.learner.lwd_config(self.run.seed)
+        except RegistryError as exc:
+            raise ValueError(f"learner.params: {exc}") from exc
+        for v in self.fleet.variant_list():  # a variant the task cannot take fails here
+            env = make_env(self.task, seed=0)
+            try:
+                apply_variant(env, v)
+            finally:
+                env.close()
+        return self
+
+
 JOBS: dict[str, type[_Strict]] = {
     "train": Config,
     "residual": ResidualJob,
     "deploy": DeployJob,
     "record": RecordJob,
+    "fleet": FleetJob,
 }
 """Each CLI command with recipes, and the model its recipes validate against; a command's
 recipes live in ``recipes/`` (``train``) or ``recipes/<command>/``."""

@@ -49,10 +49,13 @@ import numpy as np
 from rlpost.robot.envs import CONTOUR, TASKS, ContourEnv, make_env
 
 __all__ = [
+    "FLEET_COLUMNS",
     "Episode",
     "Expert",
+    "add_lerobot_episode",
     "collect_demos",
     "collect_episodes",
+    "lerobot_features",
     "load_lerobot_dataset",
     "make_expert",
     "open_lerobot_dataset",
@@ -72,7 +75,8 @@ class Episode:
     Extras: ``terminated`` (ended by the task rather than the time limit),
     ``step_success [T]`` bool and, for contact tasks, ``contact_force [T]`` float32 (N)
     from the per-step infos; ``quality`` (``"good"`` / ``"poor"`` for demonstrations, else
-    ``""``), ``task`` and the reset ``seed``.
+    ``""``), ``task`` and the reset ``seed``; for a fleet's episodes, which steps a human
+    drove, the policy version, the robot and the episode's id.
     """
 
     obs: np.ndarray
@@ -86,6 +90,14 @@ class Episode:
     quality: str = ""
     task: str = ""
     seed: int | None = None
+    intervention: np.ndarray | None = None
+    """``[T]`` bool, fleet episodes: the steps a human drove (:mod:`rlpost.robot.fleet`)."""
+    policy_version: int = -1
+    """Fleet episodes: the version of the policy that acted (-1: none, e.g. scripted)."""
+    robot: int = -1
+    """Fleet episodes: the index of the robot that recorded it."""
+    episode_id: int = -1
+    """Fleet episodes: the id the fleet dispatched it under (unique in a run)."""
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -524,6 +536,96 @@ def obs_split(task: str) -> tuple[np.ndarray, np.ndarray]:
     return state_idx, env_idx
 
 
+#: per-frame columns of a fleet's episodes (:mod:`rlpost.robot.fleet`), int64 ``(1,)``
+#: each but ``intervention`` (bool): who drove, which policy, which robot, which episode
+FLEET_COLUMNS = ("intervention", "policy_version", "robot_index", "episode_id")
+
+
+def lerobot_features(
+    task: str, rename: dict[str, str] | None = None, fleet: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The LeRobotDataset features :func:`write_lerobot_dataset` writes for ``task`` (the
+    robot's names through ``rename``), with the fleet's :data:`FLEET_COLUMNS` when
+    ``fleet``."""
+    spec = TASKS[task]
+    state_idx, env_idx = obs_split(task)
+    rename = rename or {}
+    obs_names = [rename.get(n, n) for n in spec.obs_names]  # an image task's: front.<i>
+    vec = {"dtype": "float32", "names": None}
+    flag = {"dtype": "bool", "shape": (1,), "names": None}
+    features: dict[str, dict[str, Any]] = {
+        "observation.state": {
+            "dtype": "float32",
+            "shape": (len(state_idx),),
+            "names": [obs_names[i] for i in state_idx],
+        },
+        "observation.environment_state": {
+            "dtype": "float32",
+            "shape": (len(env_idx),),
+            "names": [obs_names[i] for i in env_idx],
+        },
+        "action": {
+            "dtype": "float32",
+            "shape": (spec.act_dim,),
+            "names": [rename.get(n, n) for n in spec.act_names],
+        },
+        "next.reward": {**vec, "shape": (1,)},
+        "next.done": flag,
+        "next.terminated": flag,
+        "next.success": flag,
+        "next.observation": {**vec, "shape": (spec.obs_dim,)},
+        "quality": {"dtype": "int64", "shape": (1,), "names": None},
+    }
+    if spec.has_force:
+        features["next.contact_force"] = {**vec, "shape": (1,)}
+    if fleet:
+        features["intervention"] = flag
+        for name in FLEET_COLUMNS[1:]:
+            features[name] = {"dtype": "int64", "shape": (1,), "names": None}
+    return features
+
+
+def add_lerobot_episode(ds: Any, ep: Episode, task: str, fleet: bool = False) -> None:
+    """Append ``ep`` to an open, writable LeRobotDataset (frames, then ``save_episode``),
+    in the layout of :func:`lerobot_features`."""
+    spec = TASKS[task]
+    state_idx, env_idx = obs_split(task)
+    language = spec.description or task
+    obs = np.asarray(ep.obs, dtype=np.float32)
+    t_len = len(ep.actions)
+    succ = ep.step_success if ep.step_success is not None else np.zeros(t_len, bool)
+    if ep.step_success is None:
+        succ[-1] = ep.success
+    quality = np.array([_QUALITY_CODES.get(ep.quality, 0)], dtype=np.int64)
+    human = ep.intervention if ep.intervention is not None else np.zeros(t_len, bool)
+    ids = {
+        "policy_version": np.array([ep.policy_version], dtype=np.int64),
+        "robot_index": np.array([ep.robot], dtype=np.int64),
+        "episode_id": np.array([ep.episode_id], dtype=np.int64),
+    }
+    for t in range(t_len):
+        frame = {
+            "observation.state": obs[t, state_idx],
+            "observation.environment_state": obs[t, env_idx],
+            "action": np.asarray(ep.actions[t], dtype=np.float32),
+            "next.reward": np.array([ep.rewards[t]], dtype=np.float32),
+            "next.done": np.array([t == t_len - 1]),
+            "next.terminated": np.array([ep.terminated and t == t_len - 1]),
+            "next.success": np.array([bool(succ[t])]),
+            "next.observation": obs[t + 1],
+            "quality": quality,
+            "task": language,
+        }
+        if spec.has_force:
+            f = 0.0 if ep.contact_force is None else float(ep.contact_force[t])
+            frame["next.contact_force"] = np.array([f], dtype=np.float32)
+        if fleet:
+            frame["intervention"] = np.array([bool(human[t])])
+            frame.update(ids)
+        ds.add_frame(frame)
+    ds.save_episode()
+
+
 def write_lerobot_dataset(
     demos: Sequence[Episode],
     root: str | os.PathLike,
@@ -549,70 +651,17 @@ def write_lerobot_dataset(
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
     lerobot_dataset = _lerobot_dataset_cls()
     spec, root = TASKS[task], Path(root)
-    state_idx, env_idx = obs_split(task)
-    rename = rename or {}
-    obs_names = [rename.get(n, n) for n in spec.obs_names]  # an image task's: front.<i>
-    vec = {"dtype": "float32", "names": None}
-    features: dict[str, dict[str, Any]] = {
-        "observation.state": {
-            "dtype": "float32",
-            "shape": (len(state_idx),),
-            "names": [obs_names[i] for i in state_idx],
-        },
-        "observation.environment_state": {
-            "dtype": "float32",
-            "shape": (len(env_idx),),
-            "names": [obs_names[i] for i in env_idx],
-        },
-        "action": {
-            "dtype": "float32",
-            "shape": (spec.act_dim,),
-            "names": [rename.get(n, n) for n in spec.act_names],
-        },
-        "next.reward": {**vec, "shape": (1,)},
-        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
-        "next.terminated": {"dtype": "bool", "shape": (1,), "names": None},
-        "next.success": {"dtype": "bool", "shape": (1,), "names": None},
-        "next.observation": {**vec, "shape": (spec.obs_dim,)},
-        "quality": {"dtype": "int64", "shape": (1,), "names": None},
-    }
-    if spec.has_force:
-        features["next.contact_force"] = {**vec, "shape": (1,)}
     ds = lerobot_dataset.create(
         repo_id=f"local/{root.name}",
         fps=round(fps or spec.fps),
-        features=features,
+        features=lerobot_features(task, rename),
         root=root,
         robot_type=robot_type or task,
         use_videos=False,
         video_backend="pyav",
     )
-    language = spec.description or task
     for ep in demos:
-        obs = np.asarray(ep.obs, dtype=np.float32)
-        t_len = len(ep.actions)
-        succ = ep.step_success if ep.step_success is not None else np.zeros(t_len, bool)
-        if ep.step_success is None:
-            succ[-1] = ep.success
-        quality = np.array([_QUALITY_CODES.get(ep.quality, 0)], dtype=np.int64)
-        for t in range(t_len):
-            frame = {
-                "observation.state": obs[t, state_idx],
-                "observation.environment_state": obs[t, env_idx],
-                "action": np.asarray(ep.actions[t], dtype=np.float32),
-                "next.reward": np.array([ep.rewards[t]], dtype=np.float32),
-                "next.done": np.array([t == t_len - 1]),
-                "next.terminated": np.array([ep.terminated and t == t_len - 1]),
-                "next.success": np.array([bool(succ[t])]),
-                "next.observation": obs[t + 1],
-                "quality": quality,
-                "task": language,
-            }
-            if spec.has_force:
-                f = 0.0 if ep.contact_force is None else float(ep.contact_force[t])
-                frame["next.contact_force"] = np.array([f], dtype=np.float32)
-            ds.add_frame(frame)
-        ds.save_episode()
+        add_lerobot_episode(ds, ep, task)
     ds.finalize()
     return root
 
@@ -752,6 +801,7 @@ def load_lerobot_dataset(
         elif "contact_force" in spec.obs_names:
             forces = np.empty(n, np.float32)  # the next frame's reading, per episode
     codes = {v: k for k, v in _QUALITY_CODES.items()}
+    fleet = {name: col(name).reshape(-1) for name in FLEET_COLUMNS if has(name)}
     episodes_out = []
     for e in np.unique(ep_index):
         sel = np.flatnonzero(ep_index == e)
@@ -785,6 +835,14 @@ def load_lerobot_dataset(
                 contact_force=f,
                 quality=codes.get(int(quality[sel[0]]), ""),
                 task=task,
+                intervention=fleet["intervention"][sel].astype(bool)
+                if "intervention" in fleet
+                else None,
+                policy_version=int(fleet["policy_version"][sel[0]])
+                if "policy_version" in fleet
+                else -1,
+                robot=int(fleet["robot_index"][sel[0]]) if "robot_index" in fleet else -1,
+                episode_id=int(fleet["episode_id"][sel[0]]) if "episode_id" in fleet else -1,
             )
         )
     return episodes_out

@@ -221,6 +221,7 @@ class MultimodalReachEnv(_MjcfEnv):
 
     def __init__(self, render_mode: str | None = None, render_size: int = 128) -> None:
         super().__init__(render_mode, render_size)
+        self.const = MULTIMODAL  # a task variant replaces fields (goal_radius, goal_angle)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (8,), np.float64)
         self._goal_sites = [self.model.site(f"goal{i}").id for i in range(2)]
         self.goals = np.zeros((2, 2))
@@ -231,11 +232,11 @@ class MultimodalReachEnv(_MjcfEnv):
 
     def _measure(self) -> dict[str, Any]:
         dist = float(np.min(np.linalg.norm(self.goals - self.data.qpos, axis=1)))
-        return {"success": dist < MULTIMODAL.success_radius, "distance": dist}
+        return {"success": dist < self.const.success_radius, "distance": dist}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        c, rng = MULTIMODAL, self.np_random
+        c, rng = self.const, self.np_random
         mujoco.mj_resetData(self.model, self.data)
         start = rng.uniform(-c.start_noise, c.start_noise, 2)
         theta = rng.uniform(-c.goal_angle, c.goal_angle)

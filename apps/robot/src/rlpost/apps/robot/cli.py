@@ -13,6 +13,8 @@ rlpost-robot deploy --config contour policy.run=runs/pac_act_contour
 rlpost-robot eval runs/x --episodes 100          # a train run's policy on its task
 rlpost-robot record --config contour_gantry run.dir=my_data   # demos as a LeRobotDataset
 rlpost-robot train --config pac_act_contour data.path=my_data/dataset "data.rename={...}"
+rlpost-robot fleet --robots 4 --minutes 5     # LWD: a fleet of robots on Ray, one learner
+rlpost-robot fleet --robots 8 --minutes 10 run.dir=runs/f8 --resume   # continue it
 rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
@@ -70,6 +72,21 @@ def _job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    from rlpost.robot.config import load_job, recipe_path
+    from rlpost.robot.fleet.job import format_fleet, run_fleet
+
+    overrides = list(args.overrides)
+    if args.robots is not None:
+        overrides.append(f"fleet.robots={args.robots}")
+    if args.minutes is not None:
+        overrides.append(f"fleet.minutes={args.minutes}")
+    job = load_job("fleet", recipe_path(args.config, "fleet"), overrides)
+    print(format_fleet(run_fleet(job, resume=args.resume, overwrite=args.overwrite)))
+    print(f"run: {job.run.dir} (fleet.png, metrics.jsonl, store/current, policy/)")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rlpost.robot import jobs
 
@@ -98,6 +115,9 @@ def _recipes(_: argparse.Namespace) -> int:
     for path in sorted(recipes_dir("record").glob("*.yaml")):
         job = load_job("record", path)
         print(f"record    {path.stem:<24} {job.robot_type:<13} {'':<9} {job.task}")
+    for path in sorted(recipes_dir("fleet").glob("*.yaml")):
+        job = load_job("fleet", path)
+        print(f"fleet     {path.stem:<24} {'lwd':<13} {job.fleet.robots:<9} {job.task}")
     return 0
 
 
@@ -173,6 +193,16 @@ def build_app() -> App:
         j.add_argument(
             "--overwrite", action="store_true", help="replace the run in run.dir (its metrics)"
         )
+    f = app.command(
+        "fleet",
+        _fleet,
+        "LWD: a fleet of simulated robots on Ray, one learner, a crash-safe store",
+        config="lwd_multimodal_reach",
+        run=True,
+    )
+    f.add_argument("--robots", type=int, default=None, help="robots in the fleet (fleet.robots)")
+    f.add_argument("--minutes", type=float, default=None, help="wall-clock budget (fleet.minutes)")
+    f.set_defaults(config="lwd_multimodal_reach")
     e = app.command("eval", _eval, "evaluate a train run's policy on its simulated task")
     e.add_argument("run", help="a rlpost-robot train run directory")
     e.add_argument("--episodes", type=int, default=100)

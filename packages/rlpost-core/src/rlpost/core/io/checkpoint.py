@@ -183,7 +183,7 @@ MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"step-(\d+)$")
 
 
-def _safetensors_problem(f: Path) -> str | None:
+def safetensors_problem(f: Path) -> str | None:
     """Why ``f`` is not a whole safetensors file (header and data), or None."""
     size = f.stat().st_size
     if size < 8:
@@ -227,7 +227,7 @@ def validate_checkpoint(path: Path) -> str | None:
             return f"{req} is missing"
     for f in sorted(path.iterdir()):
         if f.suffix == ".safetensors":
-            problem = _safetensors_problem(f)
+            problem = safetensors_problem(f)
             if problem:
                 return problem
         elif f.suffix == ".json":

@@ -25,6 +25,10 @@ class MujocoRobot(Robot):
             raise ValueError(f"unknown task {config.task!r}; valid: {sorted(TASKS)}")
         super().__init__(config)
         self.config = config
+        from rlpost.robot.fleet.variants import RobotVariant
+
+        self.variant = RobotVariant.from_dict(dict(config.variant))
+        self._noise = np.random.default_rng([config.seed, 1])
         self.spec = TASKS[config.task]
         self.features = FeatureMap.for_task(config.task).renamed(config.rename)
         self.env = None
@@ -65,7 +69,10 @@ class MujocoRobot(Robot):
     def connect(self, calibrate: bool = True) -> None:
         if self.is_connected:
             raise DeviceAlreadyConnectedError(f"{self} is already connected")
+        from rlpost.robot.fleet.variants import apply_variant
+
         self.env = make_env(self.config.task, seed=self.config.seed)
+        apply_variant(self.env, self.variant)
         self.reset(self.config.seed)
         self.configure()
 
@@ -82,6 +89,8 @@ class MujocoRobot(Robot):
     def reset(self, seed: int | None = None) -> None:
         """Start a new episode (a real arm would move to its home pose here)."""
         self._require()
+        if seed is not None:
+            self._noise = np.random.default_rng([seed, 1])
         self._obs, self._info = self.env.reset(seed=seed)
         self.last_reward = 0.0
         self.episode_done = False
@@ -119,7 +128,10 @@ class MujocoRobot(Robot):
         a = np.clip(
             np.array([float(action[k]) for k in self.action_features], dtype=np.float32), -1, 1
         )
-        self._obs, self.last_reward, terminated, truncated, self._info = self.env.step(a)
+        applied = a
+        if self.variant.action_noise > 0:  # the actuators' own noise, after the command
+            applied = a + self._noise.normal(0.0, self.variant.action_noise, a.shape)
+        self._obs, self.last_reward, terminated, truncated, self._info = self.env.step(applied)
         self.episode_done = bool(terminated or truncated)
         return {k: float(v) for k, v in zip(self.action_features, a, strict=True)}
 

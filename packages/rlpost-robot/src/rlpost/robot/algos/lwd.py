@@ -1,0 +1,564 @@
+"""LWD's learner: DIVL values and QAM policy extraction for flow policies (catalog 001-23).
+
+Learning While Deploying improves one shared flow policy from fleet data: demonstrations,
+autonomous rollouts and human interventions, with a sparse reward (1 when an episode
+ends in success, else 0). The abstract names the two parts; the equations below are our
+reading of the paper's method section (as summarised in ``docs/algorithms/lwd.md``, with
+what it leaves open and what we chose).
+
+**DIVL: Distributional Implicit Value Learning.** Twin scalar critics ``Q1, Q2(s, a)`` over
+action chunks and a categorical distribution ``p(v | s)`` over ``K`` atoms ``z_k`` evenly
+spaced on ``[v_min, v_max]``: the spread of the (target) critic's values over the actions
+the data holds at ``s``.
+
+* value: ``L_V = -E[sum_k m_k log p(z_k | s)]`` with ``m`` the projection onto the two
+  neighbouring atoms of ``min(Qbar1, Qbar2)(s, a)`` for replayed ``(s, a)``
+  (:func:`categorical_projection`);
+* bootstrap: the ``tau``-quantile of ``p(. | s')`` (:func:`distribution_quantile`),
+  ``y = R + gamma^k Quant_tau(s')(V(s'))``, ``L_Q = sum_j (Q_j(s, a) - y)^2``;
+* adaptive ``tau`` (:func:`adaptive_tau`): ``tau(s') = clip(tau_base - alpha H(s'), tau_min,
+  tau_max)`` with ``H`` the normalised entropy of ``p(. | s')``: the more uncertain the value,
+  the more pessimistic the bootstrap. ``tau_base`` is 0.6 offline and 0.9 online.
+
+Fitting the distribution and then taking its ``tau``-quantile has the optimum of direct
+quantile regression (the paper's Proposition 1; tested), so DIVL is IQL's in-sample
+value learning with a state-dependent expectile replaced by a state-dependent quantile.
+
+**QAM: Q-learning via Adjoint Matching.** The target policy is
+``pi*(a | s) ~ pi_base(a | s) exp(inv_temp Q(s, a))``, with ``pi_base`` the frozen
+behaviour-cloned flow and ``pi`` (initialised from it) the policy that acts. In the flow
+convention of :mod:`rlpost.robot.policies.flow` (``sigma = 1`` noise, ``0`` data,
+``v ~ eps - a``), on the grid ``sigma_i = 1 - i h``, ``h = 1 / N``:
+
+* trajectories of the memoryless SDE of ``pi`` (no gradient), ``g_i^2 = 2 (sigma_i + h) /
+  (1 - sigma_i + h)``::
+
+      x_{i+1} = x_i - h [2 v(x_i, sigma_i) + x_i / (1 - sigma_i + h)] + sqrt(h) g_i xi_i
+
+  with a plain Euler (ODE) last step, ``x_N = x_{N-1} - h v(x_{N-1}, sigma_{N-1})``;
+* the lean adjoint, the exact adjoint of that recursion with the *base* drift:
+  ``a_N = -inv_temp grad_a mean_j Qbar_j(s, clip(x_N))`` and
+  ``a_i = a_{i+1} - h [2 J_i^T a_{i+1} + a_{i+1} / (1 - sigma_i + h)]`` (``J_i`` the base
+  velocity's Jacobian at ``(x_i, sigma_i)``; the last step's has no SDE terms);
+* the loss ``sum_i |2 (v - v_base)(x_i, sigma_i) / g_i - g_i a_i|^2``, whose minimiser is
+  ``v = v_base + g_i^2 a_i / 2``: no back-propagation through the sampling chain.
+
+On a 1-D Gaussian base with a linear critic the tilted policy is Gaussian with its mean
+moved by ``inv_temp c s^2``; the tests check the adjoint against its closed form and
+against autograd through the chain, and that the loss's optimum samples the tilted law.
+
+:class:`LWDLearner` holds the critic, the value distribution, the target critic, the
+policy and the frozen base, and updates them from a batch of chunk transitions;
+:func:`run_lwd` is the single-robot loop (``rlpost-robot train --config lwd_...``) and
+:mod:`rlpost.robot.fleet` runs the same learner behind a fleet of robots on Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.common import (
+    Checkpoints,
+    ChunkBuffer,
+    LearnerState,
+    chunk_transitions,
+    online_loop,
+)
+from rlpost.robot.nets import mlp
+from rlpost.robot.policies.flow import FlowChunkPolicy
+
+# ------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class LWDConfig:
+    episodes: int = 60
+    """Online budget of the single-robot loop (episodes summed over the parallel envs)."""
+    envs: int = 4
+    sample_steps: int = 10
+    """Flow integration steps: acting, and the grid of the QAM update."""
+    gamma: float = 0.99
+    """Discount per control step (a chunk of ``k`` executed steps discounts ``gamma^k``)."""
+    atoms: int = 51
+    v_min: float = -0.1
+    v_max: float = 1.1
+    tau_offline: float = 0.6
+    tau_online: float = 0.9
+    tau_alpha: float = 0.3
+    tau_min: float = 0.1
+    tau_max: float = 0.95
+    inv_temp: float = 10.0
+    """``1 / lambda`` of the tilted target ``pi_base exp(Q / lambda)``."""
+    offline_steps: int = 1000
+    """Updates on the demonstrations alone before the first online episode."""
+    updates_per_round: int = 20
+    batch_size: int = 128
+    online_fraction: float = 0.5
+    """Share of each batch drawn from online data once there is some (LWD: 1:1)."""
+    critic_lr: float = 3e-4
+    policy_lr: float = 1e-4
+    hidden: int = 256
+    target_tau: float = 0.005
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_ranges(
+            self,
+            nonneg=("offline_steps", "inv_temp", "tau_alpha"),
+            positive=("critic_lr", "policy_lr", "grad_clip"),
+            counts=("episodes", "envs", "sample_steps", "updates_per_round", "batch_size"),
+            unit=("gamma", "target_tau", "online_fraction", "tau_offline", "tau_online"),
+        )
+        if self.atoms < 2:
+            raise ValueError(f"atoms must be >= 2, got {self.atoms}")
+        if not self.v_min < self.v_max:
+            raise ValueError(f"v_min must be < v_max, got {self.v_min} >= {self.v_max}")
+        if not 0.0 < self.tau_min <= self.tau_max < 1.0:
+            raise ValueError(
+                f"need 0 < tau_min <= tau_max < 1, got tau_min={self.tau_min}, "
+                f"tau_max={self.tau_max}"
+            )
+
+
+# ------------------------------------------------------------------------- DIVL math
+
+
+def categorical_projection(values: Tensor, support: Tensor) -> Tensor:
+    """Project scalars ``values [B]`` onto the evenly spaced ``support [K]``: ``[B, K]``
+    rows with two neighbouring non-zero entries (one on an atom) whose mean is the value
+    clipped to the support's range."""
+    k = support.numel()
+    lo, hi = support[0], support[-1]
+    dz = (hi - lo) / (k - 1)
+    b = ((values.clamp(lo, hi) - lo) / dz).clamp(0, k - 1)
+    low = b.floor().long()
+    up = (low + 1).clamp(max=k - 1)
+    w_up = b - low.to(b.dtype)
+    out = torch.zeros(values.shape[0], k, dtype=values.dtype, device=values.device)
+    out.scatter_add_(1, low[:, None], (1.0 - w_up)[:, None])
+    out.scatter_add_(1, up[:, None], w_up[:, None])
+    return out
+
+
+def distribution_quantile(probs: Tensor, support: Tensor, tau: Tensor | float) -> Tensor:
+    """The ``tau``-quantile of categorical distributions ``probs [B, K]`` on ``support``:
+    the first atom whose cumulative probability reaches ``tau`` (``[B]``)."""
+    cdf = probs.cumsum(1)
+    tau = torch.as_tensor(tau, dtype=probs.dtype, device=probs.device).expand(probs.shape[0])
+    # a rounding margin: a CDF that sums to tau in exact arithmetic counts as reaching it
+    idx = (cdf < tau[:, None] - 1e-6).sum(1).clamp(max=support.numel() - 1)
+    return support[idx]
+
+
+def normalized_entropy(probs: Tensor) -> Tensor:
+    """``-sum_k p_k log p_k / log K`` in ``[0, 1]`` (``[B]``)."""
+    k = probs.shape[1]
+    ent = -(probs * probs.clamp_min(1e-12).log()).sum(1)
+    return ent / math.log(k)
+
+
+def adaptive_tau(probs: Tensor, base: float, alpha: float, lo: float, hi: float) -> Tensor:
+    """DIVL's bootstrap quantile ``clip(base - alpha H(p), lo, hi)`` per row (``[B]``,
+    no gradient): the more spread the value distribution, the more pessimistic."""
+    with torch.no_grad():
+        return (base - alpha * normalized_entropy(probs)).clamp(lo, hi)
+
+
+def divl_value_loss(logits: Tensor, targets: Tensor, support: Tensor) -> Tensor:
+    """Cross-entropy of ``softmax(logits) [B, K]`` against the projected ``targets [B]``."""
+    m = categorical_projection(targets.detach(), support)
+    return -(m * F.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+class DIVLCritic(nn.Module):
+    """Twin ``Q(s, a_chunk)`` heads and the categorical value distribution ``p(v | s)``
+    over normalised observations."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        chunk_dim: int,
+        hidden: int = 256,
+        atoms: int = 51,
+        v_min: float = -0.1,
+        v_max: float = 1.1,
+    ):
+        super().__init__()
+        self.q1 = mlp(obs_dim + chunk_dim, 1, hidden)
+        self.q2 = mlp(obs_dim + chunk_dim, 1, hidden)
+        self.v = mlp(obs_dim, atoms, hidden)
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+        self.register_buffer("support", torch.linspace(v_min, v_max, atoms))
+
+    def _n(self, obs: Tensor) -> Tensor:
+        return (obs - self.obs_mean) / self.obs_std
+
+    def q(self, obs: Tensor, chunk: Tensor) -> tuple[Tensor, Tensor]:
+        x = torch.cat([self._n(obs), chunk.flatten(1)], -1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def value_logits(self, obs: Tensor) -> Tensor:
+        return self.v(self._n(obs))
+
+    def value_probs(self, obs: Tensor) -> Tensor:
+        return torch.softmax(self.value_logits(obs), dim=1)
+
+
+# -------------------------------------------------------------------------- QAM math
+
+
+def memoryless_g2(sigma: Tensor | float, h: float) -> Tensor:
+    """``g^2 = 2 (sigma + h) / (1 - sigma + h)``: the memoryless noise schedule, shifted by
+    one grid step so that it is finite at ``sigma = 1``."""
+    sigma = torch.as_tensor(sigma)
+    return 2.0 * (sigma + h) / (1.0 - sigma + h)
+
+
+VelocityFn = Callable[[Tensor, Tensor], Tensor]  # (x [B, ...], sigma scalar tensor) -> v
+
+
+def memoryless_trajectory(
+    velocity: VelocityFn, noise: Tensor, n_steps: int, generator: torch.Generator | None = None
+) -> list[Tensor]:
+    """``[x_0, ..., x_N]`` of the memoryless SDE of ``velocity`` from ``x_0 = noise``
+    (``sigma = 1``) down to ``sigma = 0``, the last step a plain Euler step (no gradient)."""
+    h = 1.0 / n_steps
+    sig = torch.linspace(1.0, 0.0, n_steps + 1, dtype=noise.dtype, device=noise.device)
+    xs = [noise]
+    x = noise
+    with torch.no_grad():
+        for i in range(n_steps):
+            v = velocity(x, sig[i])
+            if i == n_steps - 1:
+                x = x - h * v
+            else:
+                drift = 2.0 * v + x / (1.0 - sig[i] + h)
+                xi = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+                x = x - h * drift + math.sqrt(h) * memoryless_g2(sig[i], h).sqrt() * xi
+            xs.append(x)
+    return xs
+
+
+def lean_adjoint(
+    velocity_base: VelocityFn, xs: Sequence[Tensor], grad_final: Tensor
+) -> list[Tensor]:
+    """The lean adjoints ``[a_0, ..., a_N]`` of :func:`memoryless_trajectory`'s recursion
+    under the base drift, from ``a_N = grad_final`` (``-inv_temp grad_a Q``): each step is
+    the transpose of that step's Jacobian applied to the next adjoint (a vector-Jacobian
+    product through ``velocity_base``; no gradient flows out)."""
+    n = len(xs) - 1
+    h = 1.0 / n
+    sig = torch.linspace(1.0, 0.0, n + 1, dtype=grad_final.dtype, device=grad_final.device)
+    adj = [grad_final.detach()]
+    a = grad_final.detach()
+    for i in range(n - 1, -1, -1):
+        x = xs[i].detach().requires_grad_(True)
+        with torch.enable_grad():
+            v = velocity_base(x, sig[i])
+            (jta,) = torch.autograd.grad(v, x, grad_outputs=a)
+        # the last step is Euler, x_N = x - h v; the others x - h (2 v + x / (1 - sigma + h))
+        last = i == n - 1
+        a = a - h * jta if last else a - h * (2.0 * jta + a / (1.0 - sig[i] + h))
+        adj.append(a.detach())
+    return adj[::-1]
+
+
+def adjoint_matching_loss(
+    velocity: VelocityFn, velocity_base: VelocityFn, xs: Sequence[Tensor], adj: Sequence[Tensor]
+) -> Tensor:
+    """``mean_batch sum_i |2 (v - v_base)(x_i, sigma_i) / g_i - g_i a_i|^2`` over the
+    ``N`` steps (``xs``, ``adj`` from :func:`memoryless_trajectory` / :func:`lean_adjoint`);
+    the gradient reaches ``velocity``'s parameters only."""
+    n = len(xs) - 1
+    h = 1.0 / n
+    sig = torch.linspace(1.0, 0.0, n + 1, dtype=xs[0].dtype, device=xs[0].device)
+    total = xs[0].new_zeros(())
+    for i in range(n):
+        g = memoryless_g2(sig[i], h).sqrt()
+        x = xs[i].detach()
+        with torch.no_grad():
+            vb = velocity_base(x, sig[i])
+        r = 2.0 * (velocity(x, sig[i]) - vb) / g - g * adj[i]
+        total = total + r.pow(2).flatten(1).sum(1).mean()
+    return total
+
+
+# -------------------------------------------------------------------------- learner
+
+
+def sparse_rewards(episodes: Sequence[Any]) -> list[Any]:
+    """The episodes with LWD's sparse reward: 1 on the last step of a successful episode,
+    0 elsewhere (a copy; the inputs are not changed)."""
+    out = []
+    for ep in episodes:
+        e = copy.copy(ep)
+        r = np.zeros(len(ep.actions), dtype=np.float32)
+        if ep.success and len(r):
+            r[-1] = 1.0
+        e.rewards = r
+        out.append(e)
+    return out
+
+
+class LWDLearner:
+    """DIVL critic + value distribution, target critic, QAM policy and frozen base; one
+    :meth:`update` per batch of chunk transitions (see the module docstring)."""
+
+    def __init__(self, policy: FlowChunkPolicy, cfg: LWDConfig):
+        self.cfg, self.policy = cfg, policy
+        pc = policy.cfg
+        self.base = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.critic = DIVLCritic(
+            pc.obs_dim, pc.horizon * pc.act_dim, cfg.hidden, cfg.atoms, cfg.v_min, cfg.v_max
+        )
+        self.critic.obs_mean.copy_(policy.obs_mean)
+        self.critic.obs_std.copy_(policy.obs_std)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.q_opt = torch.optim.Adam(
+            [*self.critic.q1.parameters(), *self.critic.q2.parameters()], lr=cfg.critic_lr
+        )
+        self.v_opt = torch.optim.Adam(self.critic.v.parameters(), lr=cfg.critic_lr)
+        self.pi_opt = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.online = False  # tau_base: offline until the first online batch
+
+    # ------------------------------------------------------------------- critic
+    def critic_step(self, b: dict[str, Tensor]) -> dict[str, float]:
+        c, cr = self.cfg, self.critic
+        with torch.no_grad():
+            tq = torch.minimum(*self.target.q(b["obs"], b["chunks"]))
+        v_loss = divl_value_loss(cr.value_logits(b["obs"]), tq, cr.support)
+        self.v_opt.zero_grad()
+        v_loss.backward()
+        self.v_opt.step()
+        with torch.no_grad():
+            p_next = cr.value_probs(b["next_obs"])
+            base = c.tau_online if self.online else c.tau_offline
+            tau = adaptive_tau(p_next, base, c.tau_alpha, c.tau_min, c.tau_max)
+            y = b["returns"] + b["discount"] * distribution_quantile(p_next, cr.support, tau)
+        q1, q2 = cr.q(b["obs"], b["chunks"])
+        q_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.q_opt.zero_grad()
+        q_loss.backward()
+        self.q_opt.step()
+        with torch.no_grad():
+            for p, tp in zip(cr.parameters(), self.target.parameters(), strict=True):
+                tp.lerp_(p, c.target_tau)
+        return {
+            "v_loss": v_loss.item(),
+            "q_loss": q_loss.item(),
+            "q_mean": q1.mean().item(),
+            "tau": tau.mean().item(),
+        }
+
+    # ------------------------------------------------------------------- policy
+    def policy_step(self, obs: Tensor) -> dict[str, float]:
+        c, pol, base = self.cfg, self.policy, self.base
+        pc = pol.cfg
+        noise = torch.randn(obs.shape[0], pc.horizon, pc.act_dim, generator=self.gen)
+        cond = pol.condition(obs)
+        cond_b = base.condition(obs)
+
+        def vel(x: Tensor, s: Tensor) -> Tensor:
+            return pol.velocity(obs, x, s, cond)
+
+        def vel_base(x: Tensor, s: Tensor) -> Tensor:
+            return base.velocity(obs, x, s, cond_b)
+
+        xs = memoryless_trajectory(vel, noise, c.sample_steps, self.gen)
+        a = xs[-1].detach().clamp(-1, 1).requires_grad_(True)
+        with torch.enable_grad():
+            q = torch.stack(self.target.q(obs, a)).mean(0).sum()
+            (dq,) = torch.autograd.grad(q, a)
+        adj = lean_adjoint(vel_base, xs, -c.inv_temp * dq)
+        loss = adjoint_matching_loss(vel, vel_base, xs, adj)
+        self.pi_opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(pol.parameters(), c.grad_clip)
+        self.pi_opt.step()
+        return {"pi_loss": loss.item(), "grad_q": dq.flatten(1).norm(dim=1).mean().item()}
+
+    def update(self, b: dict[str, Tensor]) -> dict[str, float]:
+        return {**self.critic_step(b), **self.policy_step(b["obs"])}
+
+    # ------------------------------------------------------------------- state
+    def modules(self) -> dict[str, tuple[nn.Module, torch.optim.Optimizer | None]]:
+        """Every module beside the policy, with its optimiser, for a checkpoint."""
+        return {
+            "critic": (self.critic, self.q_opt),
+            "critic_v": (self.critic.v, self.v_opt),
+            "target": (self.target, None),
+            "base": (self.base, None),
+        }
+
+
+class ReplayMix:
+    """The offline buffer (demonstrations) and the online one (rollouts, interventions);
+    a batch draws ``online_fraction`` of its rows from the online buffer once it has any."""
+
+    def __init__(self, offline: ChunkBuffer, online: ChunkBuffer | None = None):
+        self.offline, self.online = offline, online
+
+    def add(self, buf: ChunkBuffer) -> None:
+        self.online = buf if self.online is None else self.online.extend(buf)
+
+    def sample(self, n: int, frac: float, gen: torch.Generator) -> dict[str, Tensor]:
+        if self.online is None or len(self.online) == 0 or frac <= 0:
+            return self.offline.sample(n, gen)
+        k = min(n, max(1, round(n * frac)))
+        on = self.online.sample(k, gen)
+        if k == n:
+            return on
+        off = self.offline.sample(n - k, gen)
+        return {key: torch.cat([off[key], on[key]]) for key in off}
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        out = self.offline.state_tensors("offline")
+        if self.online is not None:
+            out.update(self.online.state_tensors("online"))
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor]) -> ReplayMix:
+        online = None
+        if any(k.startswith("online.") for k in tensors):
+            online = ChunkBuffer.from_tensors(tensors, "online")
+        return cls(ChunkBuffer.from_tensors(tensors, "offline"), online)
+
+
+def transitions(episodes: Sequence[Any], horizon: int, gamma: float) -> ChunkBuffer:
+    """Chunk transitions (chunks executed open loop) of ``episodes`` under the sparse reward."""
+    return chunk_transitions(sparse_rewards(episodes), horizon, horizon, gamma)
+
+
+def offline_phase(learner: LWDLearner, replay: ReplayMix, steps: int) -> dict[str, float]:
+    """``steps`` updates on the offline buffer (critic, value and policy); mean metrics."""
+    c = learner.cfg
+    m: dict[str, float] = {}
+    for _ in range(steps):
+        b = replay.offline.sample(c.batch_size, learner.gen)
+        for k, v in learner.update(b).items():
+            m[k] = m.get(k, 0.0) + v / steps
+    return m
+
+
+# ------------------------------------------------------------------ single-robot loop
+
+
+class _LWDRounds:
+    """LWD with one simulated robot (``envs`` parallel copies of the task): collect with
+    the current policy, add the online chunk transitions, ``updates_per_round`` updates."""
+
+    def __init__(self, learner: LWDLearner, replay: ReplayMix, task: str):
+        self.learner, self.replay, self.task = learner, replay, task
+
+    def collect(self, n: int, seed: int) -> list[Any]:
+        from rlpost.robot.demos import collect_episodes
+        from rlpost.robot.policies.bc import ChunkController
+
+        policy, cfg = self.learner.policy, self.learner.cfg
+        ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=cfg.sample_steps)
+        policy.eval()
+        eps = collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
+        policy.train()
+        return eps
+
+    def update(self, eps: list[Any]) -> dict[str, float]:
+        ln, cfg = self.learner, self.learner.cfg
+        self.replay.add(transitions(eps, ln.policy.cfg.horizon, cfg.gamma))
+        ln.online = True
+        m: dict[str, float] = {}
+        for _ in range(cfg.updates_per_round):
+            b = self.replay.sample(cfg.batch_size, cfg.online_fraction, ln.gen)
+            for k, v in ln.update(b).items():
+                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+        return {
+            "online_success": float(np.mean([e.success for e in eps])),
+            "buffer": len(self.replay.online),
+            **m,
+        }
+
+    def export_state(self) -> LearnerState:
+        ln = self.learner
+        return LearnerState(
+            model=ln.policy,
+            optimizer=ln.pi_opt,
+            extras=ln.modules(),
+            generators={"learner": ln.gen},
+            tensors=self.replay.state_tensors(),
+            state={"online": ln.online},
+        )
+
+    def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        self.replay = ReplayMix.from_tensors(tensors)
+        self.learner.online = bool(state.get("online", False))
+
+
+def run_lwd(
+    policy: FlowChunkPolicy,
+    task: str,
+    demos: Sequence[Any],
+    cfg: LWDConfig,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    checkpoints: Checkpoints | None = None,
+) -> dict[str, Any]:
+    """Fine-tune ``policy`` in place with LWD on one robot: ``offline_steps`` updates on
+    the demonstrations (critic, value distribution and policy), then the shared online
+    loop with rounds of ``envs`` episodes and ``updates_per_round`` updates on a 1:1 mix
+    of demonstrations and online data. The fleet runtime (:mod:`rlpost.robot.fleet`) runs
+    the same learner with many robots."""
+    torch.manual_seed(cfg.seed)
+    learner = LWDLearner(policy, cfg)
+    replay = ReplayMix(transitions(demos, policy.cfg.horizon, cfg.gamma))
+    if checkpoints is None or not checkpoints.resuming:
+        offline_phase(learner, replay, cfg.offline_steps)
+    history = online_loop(
+        _LWDRounds(learner, replay, task), cfg.episodes, cfg.envs, cfg.seed, log, progress,
+        "lwd episodes", checkpoints,
+    )  # fmt: skip
+    return {"history": history, "config": asdict(cfg)}
+
+
+__all__ = [
+    "DIVLCritic",
+    "LWDConfig",
+    "LWDLearner",
+    "ReplayMix",
+    "adaptive_tau",
+    "adjoint_matching_loss",
+    "categorical_projection",
+    "distribution_quantile",
+    "divl_value_loss",
+    "lean_adjoint",
+    "memoryless_g2",
+    "memoryless_trajectory",
+    "normalized_entropy",
+    "offline_phase",
+    "run_lwd",
+    "sparse_rewards",
+    "transitions",
+]
+
+register_algorithm(
+    Algorithm(
+        name="lwd",
+        title="LWD",
+        paper="Learning While Deploying: DIVL values + QAM flow policy extraction (catalog 001-23)",
+        config=LWDConfig,
+        policy_kind="flow",
+        run=run_lwd,
+    )
+)

@@ -1,0 +1,154 @@
+"""One robot of a fleet: a lerobot ``Robot``, its copy of the policy and its operator.
+
+:class:`FleetRobot` runs whole episodes through lerobot's ``Robot`` interface, the one
+the deploy loop drives (``get_observation`` -> policy -> ``send_action``, features
+matched by name): a :class:`~rlpost.robot.lerobot_robot.MujocoRobot` with the robot's
+:class:`~rlpost.robot.fleet.variants.RobotVariant` in simulation, any lerobot robot on
+hardware. Its :class:`~rlpost.robot.fleet.human.ScriptedHuman` takes over when progress
+stalls; those steps are labelled ``intervention``. Every episode records the policy
+version that acted (weights change only between episodes). An episode exists only once
+it has ended: a robot that dies mid-episode leaves nothing behind.
+
+``realtime`` paces the simulation: each control step takes at least ``1 / (fps *
+realtime)`` seconds of wall time (a real robot's pace, sped up ``realtime`` times), so a
+fleet's experience grows with its size as a real fleet's does; 0 runs as fast as the
+CPU allows. On Ray each robot is an actor of this class (:mod:`rlpost.robot.fleet.runtime`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["FleetRobot"]
+
+
+class FleetRobot:
+    def __init__(
+        self,
+        index: int,
+        task: str,
+        variant: dict[str, Any],
+        policy_config: dict[str, Any],
+        sample_steps: int,
+        intervention: dict[str, Any],
+        realtime: float,
+        seed: int,
+        workdir: str,
+        threads: int = 1,
+    ):
+        if threads:
+            torch.set_num_threads(threads)
+        from rlpost.robot.fleet.human import InterventionConfig, ScriptedHuman
+        from rlpost.robot.lerobot_robot import MujocoRobot, MujocoRobotConfig
+        from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
+
+        self.index, self.task = index, task
+        calib = Path(workdir) / f"robot-{index}"
+        cfg = MujocoRobotConfig(
+            task=task, seed=seed, variant=dict(variant), id=f"fleet-{index}",
+            calibration_dir=calib,
+        )  # fmt: skip
+        self.robot = MujocoRobot(cfg)
+        self.robot.connect()
+        self.features = self.robot.features
+        self.policy = FlowChunkPolicy(FlowPolicyConfig.from_dict(policy_config)).eval()
+        self.sample_steps = sample_steps
+        self.human = ScriptedHuman(task, InterventionConfig(**intervention), seed)
+        self.realtime = realtime
+        self.version: int | None = None
+        self.fps = float(self.robot.spec.fps)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self, state: dict[str, Tensor], version: int) -> int:
+        """Take the weights of policy ``version``; returns the version now held."""
+        self.policy.load_state_dict(state, strict=True)
+        self.version = int(version)
+        return self.version
+
+    def run(
+        self,
+        episode_id: int,
+        seed: int,
+        version: int,
+        weights: dict[str, Tensor] | None = None,
+    ) -> Any:
+        """One whole episode (reset with ``seed``) under policy ``version`` (loading
+        ``weights`` first when they are a newer version than the robot holds); returns an
+        :class:`rlpost.robot.demos.Episode` with the fleet fields filled in."""
+        from rlpost.robot.demos import Episode
+        from rlpost.robot.policies.bc import ChunkController
+
+        if weights is not None and version != self.version:
+            self.load(weights, version)
+        if self.version is None:
+            raise RuntimeError(f"robot {self.index}: no policy weights loaded")
+        robot, feats = self.robot, self.features
+        ctrl = ChunkController(
+            self.policy, execute=self.policy.cfg.horizon, n_steps=self.sample_steps, seed=seed
+        )
+        robot.reset(seed)
+        self.human.reset()
+        obs = feats.observation_vector(robot.get_observation()).astype(np.float32)
+        dist = robot.last_info.get("distance")
+        observations, actions, human, successes = [obs], [], [], []
+        period = 1.0 / (self.fps * self.realtime) if self.realtime > 0 else 0.0
+        tick = time.perf_counter()
+        while True:
+            a = self.human.act(obs, dist)
+            if a is None:
+                a, drove = ctrl(obs), False
+            else:
+                ctrl.reset()  # the policy replans from wherever the operator leaves it
+                drove = True
+            sent = robot.send_action(feats.action_dict(np.asarray(a, dtype=np.float32)))
+            frame = robot.get_observation()
+            obs = feats.observation_vector(frame).astype(np.float32)
+            dist = robot.last_info.get("distance")
+            observations.append(obs)
+            actions.append(np.array([sent[k] for k in feats.action], dtype=np.float32))
+            human.append(drove)
+            successes.append(bool(frame.get("success", 0.0)))
+            if period:
+                tick += period
+                time.sleep(max(0.0, tick - time.perf_counter()))
+            if robot.episode_done:
+                break
+        success = successes[-1]
+        terminated = success and robot.spec.terminates_on_success
+        n = len(actions)
+        rewards = np.zeros(n, dtype=np.float32)
+        rewards[-1] = float(success)  # LWD's sparse reward
+        return Episode(
+            obs=np.stack(observations),
+            actions=np.stack(actions),
+            rewards=rewards,
+            success=success,
+            metrics={
+                "return": float(success),
+                "length": n,
+                "success": success,
+                "ever_success": any(successes),
+                "interventions": self.human.count,
+            },
+            terminated=terminated,
+            step_success=np.asarray(successes, dtype=bool),
+            task=self.task,
+            seed=seed,
+            intervention=np.asarray(human, dtype=bool),
+            policy_version=self.version,
+            robot=self.index,
+            episode_id=episode_id,
+        )
+
+    def close(self) -> None:
+        if self.robot.is_connected:
+            self.robot.disconnect()
