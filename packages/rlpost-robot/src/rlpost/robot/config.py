@@ -22,6 +22,7 @@ from rlpost.core.registry import RegistryError
 __all__ = [
     "Config",
     "ConfigError",
+    "ControlJob",
     "DataConfig",
     "DeployJob",
     "FleetJob",
@@ -291,11 +292,11 @@ class FleetSection(_Strict):
     variants: list[dict[str, Any]] | None = None
     """The robots' :class:`~rlpost.robot.fleet.variants.RobotVariant` s (robot ``i`` takes
     ``i mod len``); default :data:`~rlpost.robot.fleet.variants.DEFAULT_VARIANTS`."""
-    realtime: float = Field(4.0, ge=0)
+    realtime: float = Field(2.0, ge=0)
     """Simulation pace: this many times the task's control rate (0: as fast as possible)."""
     eval_episodes: int = Field(25, ge=0)
     """Held-out episodes per variant (no interventions) for the policy before and after."""
-    view_every: int = Field(500, ge=0)
+    view_every: int = Field(200, ge=0)
     """Bring the store's LeRobotDataset up to date every this many episodes (and at the
     end; 0: only at the end)."""
     ray_address: str | None = None
@@ -382,12 +383,66 @@ class FleetJob(_Strict):
         return self
 
 
+# --------------------------------------------------------------------- control job
+
+
+class ControlJob(_Strict):
+    """``rlpost-robot control``: a core GRPO-family preset trains a Gaussian policy from
+    scratch on a gymnasium MuJoCo task (Pair-GRPO's HalfCheetah experiment, 001-14b)."""
+
+    env_id: str = "HalfCheetah-v5"
+    preset: str = "soft_pair_grpo"
+    """A ``rlpost.core`` preset whose advantage reads returns and groups (``grpo``,
+    ``soft_pair_grpo``, ``dr_grpo``, ``rloo``, ...)."""
+    iterations: int = Field(60, ge=1)
+    starts: int = Field(4, ge=1)
+    """Groups per iteration: initial states (environment seeds)."""
+    group_size: int = Field(8, ge=2)
+    """Rollouts per initial state."""
+    horizon: int = Field(200, ge=1)
+    epochs: int = Field(4, ge=1)
+    groups_per_batch: int = Field(2, ge=1)
+    lr: float = Field(3e-4, gt=0)
+    hidden: int = Field(64, ge=4)
+    init_std: float = Field(0.5, gt=0)
+    eval_every: int = Field(10, ge=0)
+    eval_episodes: int = Field(8, ge=1)
+    run: schema.RunConfig = schema.RunConfig(dir="runs/control")
+
+    @field_validator("env_id")
+    @classmethod
+    def _known_env(cls, v: str) -> str:
+        import gymnasium as gym
+
+        if v not in gym.registry:
+            mujoco = sorted(k for k in gym.registry if k.endswith("-v5"))
+            raise ValueError(f"unknown gymnasium environment {v!r}; e.g. {mujoco[:8]}")
+        return v
+
+    @model_validator(mode="after")
+    def _preset(self) -> ControlJob:
+        from rlpost.core import get_preset
+        from rlpost.core.contract import Input
+
+        try:
+            recipe = get_preset(self.preset).replace(group_size=self.group_size).build()
+        except (KeyError, RegistryError) as exc:
+            raise ValueError(f"preset: {exc}") from None
+        provides = {Input.REF_LOGPROBS, Input.GROUP_IDS}
+        try:
+            recipe.check(provides, "rlpost-robot control")
+        except ValueError as exc:
+            raise ValueError(f"preset: {exc}") from None
+        return self
+
+
 JOBS: dict[str, type[_Strict]] = {
     "train": Config,
     "residual": ResidualJob,
     "deploy": DeployJob,
     "record": RecordJob,
     "fleet": FleetJob,
+    "control": ControlJob,
 }
 """Each CLI command with recipes, and the model its recipes validate against; a command's
 recipes live in ``recipes/`` (``train``) or ``recipes/<command>/``."""

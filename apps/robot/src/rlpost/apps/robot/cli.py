@@ -15,6 +15,7 @@ rlpost-robot record --config contour_gantry run.dir=my_data   # demos as a LeRob
 rlpost-robot train --config pac_act_contour data.path=my_data/dataset "data.rename={...}"
 rlpost-robot fleet --robots 4 --minutes 5     # LWD: a fleet of robots on Ray, one learner
 rlpost-robot fleet --robots 8 --minutes 10 run.dir=runs/f8 --resume   # continue it
+rlpost-robot control --config pair_grpo_half_cheetah preset=grpo   # Pair-GRPO vs GRPO (001-14b)
 rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
 rlpost-robot tasks | doctor
@@ -61,11 +62,19 @@ def _job(args: argparse.Namespace) -> int:
     from rlpost.robot.config import load_job, recipe_path
 
     job = load_job(args.command, recipe_path(args.config, args.command), args.overrides)
-    run = {"residual": jobs.run_residual, "deploy": jobs.run_deploy, "record": jobs.run_record}
+    from rlpost.robot import control
+
+    run = {
+        "residual": jobs.run_residual,
+        "deploy": jobs.run_deploy,
+        "record": jobs.run_record,
+        "control": control.run_control,
+    }
     fmt = {
         "residual": jobs.format_residual,
         "deploy": jobs.format_deploy,
         "record": jobs.format_record,
+        "control": control.format_control,
     }
     print(fmt[args.command](run[args.command](job, overwrite=args.overwrite)))
     print(f"run: {job.run.dir}")
@@ -115,6 +124,9 @@ def _recipes(_: argparse.Namespace) -> int:
     for path in sorted(recipes_dir("record").glob("*.yaml")):
         job = load_job("record", path)
         print(f"record    {path.stem:<24} {job.robot_type:<13} {'':<9} {job.task}")
+    for path in sorted(recipes_dir("control").glob("*.yaml")):
+        job = load_job("control", path)
+        print(f"control   {path.stem:<24} {job.preset:<13} {'gaussian':<9} {job.env_id}")
     for path in sorted(recipes_dir("fleet").glob("*.yaml")):
         job = load_job("fleet", path)
         print(f"fleet     {path.stem:<24} {'lwd':<13} {job.fleet.robots:<9} {job.task}")
@@ -188,6 +200,11 @@ def build_app() -> App:
         ),
         ("deploy", "run a policy on a robot through lerobot's Robot interface", "contour"),
         ("record", "record scripted demonstrations as a LeRobotDataset", "contour_gantry"),
+        (
+            "control",
+            "a GRPO-family preset on a gymnasium MuJoCo task from scratch (Pair-GRPO, 001-14b)",
+            "pair_grpo_half_cheetah",
+        ),
     ):
         j = app.command(name, _job, help_, config=example, config_required=True)
         j.add_argument(

@@ -97,7 +97,7 @@ class LWDConfig:
     tau_alpha: float = 0.3
     tau_min: float = 0.1
     tau_max: float = 0.95
-    inv_temp: float = 10.0
+    inv_temp: float = 50.0
     """``1 / lambda`` of the tilted target ``pi_base exp(Q / lambda)``."""
     offline_steps: int = 1000
     """Updates on the demonstrations alone before the first online episode."""
@@ -404,15 +404,42 @@ class LWDLearner:
         }
 
 
+_FIELDS = tuple(ChunkBuffer.__dataclass_fields__)
+
+
 class ReplayMix:
     """The offline buffer (demonstrations) and the online one (rollouts, interventions);
     a batch draws ``online_fraction`` of its rows from the online buffer once it has any."""
 
     def __init__(self, offline: ChunkBuffer, online: ChunkBuffer | None = None):
-        self.offline, self.online = offline, online
+        self.offline = offline
+        self._rows: ChunkBuffer | None = None  # capacity grows by doubling: O(1) amortised add
+        self._size = 0
+        if online is not None:
+            self.add(online)
+
+    @property
+    def online(self) -> ChunkBuffer | None:
+        """The online transitions so far (views of the first rows of the storage)."""
+        if self._rows is None:
+            return None
+        return ChunkBuffer(*(getattr(self._rows, k)[: self._size] for k in _FIELDS))
 
     def add(self, buf: ChunkBuffer) -> None:
-        self.online = buf if self.online is None else self.online.extend(buf)
+        end = self._size + len(buf)
+        if self._rows is None or end > len(self._rows):
+            cap = max(end, 2 * (0 if self._rows is None else len(self._rows)), 1024)
+            grown = []
+            for k in _FIELDS:
+                src = getattr(buf, k)
+                t = src.new_empty((cap, *src.shape[1:]))
+                if self._rows is not None:
+                    t[: self._size] = getattr(self._rows, k)[: self._size]
+                grown.append(t)
+            self._rows = ChunkBuffer(*grown)
+        for k in _FIELDS:
+            getattr(self._rows, k)[self._size : end] = getattr(buf, k)
+        self._size = end
 
     def sample(self, n: int, frac: float, gen: torch.Generator) -> dict[str, Tensor]:
         if self.online is None or len(self.online) == 0 or frac <= 0:

@@ -208,9 +208,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
         x = [c["episodes"] for c in r["curve"]]
         ax.plot(x, [c["success"] for c in r["curve"]], "-", label="success, no intervention")
         ax.plot(x, [c["interventions"] for c in r["curve"]], "--", label="intervention rate")
+        ax.legend(fontsize=8)
     ax.set(xlabel="fleet experience (episodes)", ylabel="rate (last 50 episodes)", ylim=(0, 1.02))
     ax.set_title(f"{r['robots']} robots, {r['episodes']} episodes", fontsize=10)
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax = axes[1]
     names = list(r["before"])
@@ -220,7 +220,8 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=7)
     ax.set(ylabel="held-out success", ylim=(0, 1.02))
     ax.set_title("per robot variant (no intervention)", fontsize=10)
-    ax.legend(fontsize=8)
+    if names:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

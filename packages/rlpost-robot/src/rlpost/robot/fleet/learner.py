@@ -78,7 +78,7 @@ class FleetLearner:
         self.version = 0
         self.watermark = 0
         self.accepted: list[int] = []
-        self.stale = 0
+        self.stale_indices: list[int] = []
         self.duplicates = 0
         self.updates = 0
         self.resumed_from: str | None = None
@@ -103,7 +103,7 @@ class FleetLearner:
             "version": self.version,
             "watermark": self.watermark,
             "accepted": self.accepted,
-            "stale": self.stale,
+            "stale": self.stale_indices,
             "updates": self.updates,
             "online": self.learner.online,
         }
@@ -130,7 +130,8 @@ class FleetLearner:
             raise ValueError(f"checkpoint {path} was not written by the fleet learner")
         s = state["fleet"]
         self.version, self.watermark = int(s["version"]), int(s["watermark"])
-        self.accepted, self.stale = [int(i) for i in s["accepted"]], int(s["stale"])
+        self.accepted = [int(i) for i in s["accepted"]]
+        self.stale_indices = [int(i) for i in s["stale"]]
         self.updates, ln.online = int(s["updates"]), bool(s["online"])
         if self.accepted:  # the replay it had: its accepted episodes, from the store
             eps = ExperienceStore.open_read(self.store_root).read(self.accepted)
@@ -150,7 +151,7 @@ class FleetLearner:
             )
         self.watermark += 1
         if self.version - int(episode.policy_version) > self.max_staleness:
-            self.stale += 1
+            self.stale_indices.append(index)
             return "stale"
         self.replay.add(self._transitions([episode], self.horizon, self.cfg.gamma))
         self.accepted.append(index)
@@ -161,10 +162,15 @@ class FleetLearner:
     def weights(self) -> dict[str, Tensor]:
         return {k: v.detach().clone() for k, v in self.learner.policy.state_dict().items()}
 
+    def accounting(self) -> dict[str, list[int]]:
+        """The store indices trained on (``accepted``) and left out as ``stale``."""
+        return {"accepted": list(self.accepted), "stale": list(self.stale_indices)}
+
     def info(self) -> dict[str, Any]:
         return {
             **self._state(),
             "accepted": len(self.accepted),
+            "stale": len(self.stale_indices),
             "duplicates": self.duplicates,
             "resumed_from": self.resumed_from,
             "pid": os.getpid(),
@@ -194,7 +200,7 @@ class FleetLearner:
             "updates": self.updates,
             "watermark": self.watermark,
             "accepted": len(self.accepted),
-            "stale": self.stale,
+            "stale": len(self.stale_indices),
             "buffer": 0 if online is None else len(online),
             "update_seconds": time.perf_counter() - t0,
         }

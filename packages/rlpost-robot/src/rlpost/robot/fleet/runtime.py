@@ -51,6 +51,7 @@ class RobotSlot:
     ref: Any = None
     job: tuple[int, int] | None = None  # (episode id, seed) in flight
     version: int | None = None  # the policy version the actor holds
+    since: float = 0.0  # when the episode in flight was dispatched (time.monotonic)
     episodes: int = 0
     interventions: int = 0
     restarts: int = 0
@@ -75,6 +76,7 @@ class FleetRuntime:
         if resume or not recovery.clean:
             notice(str(recovery))
         self.recovery = str(recovery)
+        self._view_stale = not self.store.view_ok  # damaged: rebuilt from the spool at once
         source = demo_source(job.task, job.demos.model_dump())
         self.policy_dir = POLICY_KINDS["flow"].build(job.task, source, job.policy, progress)
         self.demos = source.load()
@@ -182,7 +184,7 @@ class FleetRuntime:
             self.next_id += 1
         weights = self.weights_ref if slot.version != self.version else None
         slot.ref = slot.actor.run.remote(job[0], job[1], self.version, weights)
-        slot.job, slot.version = job, self.version
+        slot.job, slot.version, slot.since = job, self.version, time.monotonic()
 
     # ------------------------------------------------------------------ the loop
     def _on_episode(self, slot: RobotSlot) -> None:
@@ -291,9 +293,12 @@ class FleetRuntime:
                 return
             self.ray.get(self._view_ref)
             self._view_ref = None
-        if every and len(self.store) - self._view_at >= every:
+        if self._view_stale or (every and len(self.store) - self._view_at >= every):
             self._view_at = len(self.store)
-            self._view_ref = _build_view_task(self.ray).remote(str(self.store.root))
+            self._view_ref = _build_view_task(self.ray).remote(
+                str(self.store.root), self._view_stale
+            )
+            self._view_stale = False
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> dict[str, Any]:
@@ -322,7 +327,7 @@ class FleetRuntime:
                 self.restart_learner()
         self.version = int(info.get("version", self.version))
         self._save_state()
-        self.store.build_view()
+        self.store.build_view(rebuild=self._view_stale)
         return info
 
     def close(self) -> None:
@@ -353,10 +358,10 @@ def _import_ray() -> Any:
     return ray
 
 
-def _build_view(root: str) -> int:
+def _build_view(root: str, rebuild: bool = False) -> int:
     from rlpost.robot.fleet.store import ExperienceStore
 
-    return ExperienceStore.open_read(root).build_view()
+    return ExperienceStore.open_read(root).build_view(rebuild)
 
 
 _VIEW_TASK: dict[int, Any] = {}

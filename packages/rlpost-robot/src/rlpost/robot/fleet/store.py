@@ -26,17 +26,19 @@ are removed (a half-written episode, a half-built view); the spool is checked fi
 file (the safetensors header and length) and cut at the first file that is not whole:
 that file and any after it go to ``quarantine/``, so the store ends at its last whole
 episode; a ``current`` view that does not open (a truncated parquet or JSON file) is
-rebuilt from the spool. :class:`Recovery` says what was done, in one line.
+marked so that the next :meth:`ExperienceStore.build_view` rebuilds it from the spool.
+:class:`Recovery` says what was done, in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,27 @@ def _fsync_tree(root: Path) -> None:
             with open(os.path.join(folder, f), "rb") as fh:
                 os.fsync(fh.fileno())
         _fsync_dir(Path(folder))
+
+
+@contextlib.contextmanager
+def _no_image_embedding() -> Iterator[None]:
+    """lerobot 0.6's ``save_episode`` runs ``embed_images`` (a per-row ``datasets.map``)
+    on every episode, images or not: 70 % of the time of an episode of our state-only
+    features. Without image features it is the identity, so it is skipped here."""
+    try:
+        from lerobot.datasets import dataset_writer
+    except ImportError:  # another lerobot layout: leave it alone
+        yield
+        return
+    embed = getattr(dataset_writer, "embed_images", None)
+    if embed is None:
+        yield
+        return
+    dataset_writer.embed_images = lambda ds: ds
+    try:
+        yield
+    finally:
+        dataset_writer.embed_images = embed
 
 
 @dataclass
@@ -94,7 +117,7 @@ class Recovery:
                 "quarantine/"
             )
         if self.view not in ("ok", "new"):
-            parts.append(f"the LeRobotDataset view {self.view}: rebuilt from the spool")
+            parts.append(f"the LeRobotDataset view {self.view}: it is rebuilt from the spool")
         last = self.episodes - 1
         return f"store: recovered to its last whole episode ({last}; {self.episodes} in all): " + (
             "; ".join(parts)
@@ -111,6 +134,7 @@ class ExperienceStore:
         self.views = root / "views"
         self.current = root / "current"
         self._n = sum(1 for p in self.spool.iterdir() if _EPISODE.match(p.name))
+        self.view_ok = True  # False: the next build_view starts from scratch
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -135,8 +159,7 @@ class ExperienceStore:
         store = cls(root, task, TASKS[task].fps, task)
         rec.episodes = len(store)
         rec.view = store._check_view()
-        if rec.view != "ok" and len(store):
-            store.build_view(rebuild=True)
+        store.view_ok = rec.view in ("ok", "new")
         return store, rec
 
     @classmethod
@@ -297,10 +320,12 @@ class ExperienceStore:
 
     def build_view(self, rebuild: bool = False) -> int:
         """Bring the ``current`` LeRobotDataset up to the spool (see the module docstring);
-        ``rebuild``: from scratch. Returns the number of episodes added."""
+        ``rebuild`` (or a view :meth:`open` found damaged): from scratch. Returns the
+        number of episodes added."""
         from rlpost.robot.demos import _lerobot_dataset_cls, add_lerobot_episode, lerobot_features
 
         lerobot_dataset = _lerobot_dataset_cls()
+        rebuild = rebuild or not self.view_ok
         have = 0 if rebuild else self.view_episodes()
         n = len(self)
         if have >= n and not rebuild:
@@ -324,8 +349,9 @@ class ExperienceStore:
                     link = os.link if rel != Path("meta") else shutil.copy2
                     link(Path(folder) / f, tmp / rel / f)
             ds = lerobot_dataset.resume(self.repo_id, root=tmp, video_backend="pyav")
-        for ep in self.read(range(have, n)):
-            add_lerobot_episode(ds, ep, self.task, fleet=True)
+        with _no_image_embedding():
+            for ep in self.read(range(have, n)):
+                add_lerobot_episode(ds, ep, self.task, fleet=True)
         ds.finalize()
         del ds
         _fsync_tree(tmp)
@@ -339,4 +365,5 @@ class ExperienceStore:
         for v in self.views.iterdir():
             if v != new:
                 shutil.rmtree(v, ignore_errors=True)
+        self.view_ok = True
         return n - have
