@@ -70,7 +70,7 @@ def whole(ep) -> bool:
 def killed_run(local_ray, tmp_path_factory):
     """One fleet of two robots in which robot 0's actor is killed mid-episode (after it
     recorded one), then the learner's actor; the run goes on until robot 0 has recorded
-    two more episodes and the restarted learner has published four more versions."""
+    two more episodes and the restarted learner has published three more versions."""
     run = tmp_path_factory.mktemp("fleet") / "run"
     seen: dict = {}
 
@@ -129,6 +129,26 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_the_store(killed_run):
     assert rows[-1]["fleet/learner_restarts"] == 1
 
 
+def test_the_fleet_command_runs_and_refuses_a_used_run_dir(local_ray, tmp_path, capsys):
+    """The command end to end (on the module's Ray): its table, the plot, the policy and
+    the LeRobotDataset; a second run into the same directory is refused."""
+    from rlpost.apps.robot.cli import main
+
+    run = tmp_path / "run"
+    args = ["fleet", "--robots", "2", "--minutes", "0.1", *SMALL, f"run.dir={run}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "success without intervention, 2 held-out episodes per variant" in out
+    assert "LeRobotDataset" in out and (run / "fleet.png").is_file()
+    result = json.loads((run / "fleet.json").read_text())
+    assert set(result["before"]) == set(result["after"]) == {"nominal", "weak"}
+    assert result["episodes"] == len(ExperienceStore.open_read(run / "store")) > 0
+    assert (run / "policy" / "model.safetensors").is_file()
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_the_fleet_command_killed_then_resumed_continues_the_run(local_ray, tmp_path, capsys):
     """SIGKILL the whole ``rlpost-robot fleet`` process once it has stored episodes and a
     checkpoint; ``--resume`` recovers the store, resumes the learner from its checkpoint
