@@ -83,3 +83,34 @@ def test_data_and_pretrained_fields():
         load_job("deploy", recipe_path("contour", "deploy"), ["policy.pretrained=ckpt"])
     with pytest.raises(ConfigError, match=r"data\.nope"):
         load_config(None, ["data.nope=1"])
+
+
+def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
+    job = load_job("fleet", recipe_path("lwd_multimodal_reach", "fleet"))
+    assert job.fleet.robots == 4 and len(job.fleet.variant_list()) == 8
+    assert job.learner.lwd_config(job.run.seed).inv_temp == 50.0
+    bad = {
+        "fleet.variants=[{name: a, mas: 2}]": r"unknown fields \['mas'\]",
+        "fleet.variants=[]": "at least one robot variant",
+        "fleet.robots=0": "fleet.robots",
+        "intervention.stall_steps=0": "stall_steps must be >= 1",
+        "intervention.watch=1": "intervention",
+        "learner.params.inv_tmp=3": "inv_tmp",
+        "policy.kind=act": "fine-tunes a flow policy",
+    }
+    for override, msg in bad.items():
+        with pytest.raises(ValueError, match=msg):
+            load_job("fleet", None, [override])
+    with pytest.raises(ValueError, match="has no task parameters"):
+        load_job("fleet", None, ["task=reacher", "fleet.variants=[{name: a, task: {r: 1}}]"])
+    with pytest.raises(ValueError, match=r"task parameters are \["):
+        load_job("fleet", None, ["fleet.variants=[{name: a, task: {radius: 1}}]"])
+    control = load_job("control", recipe_path("pair_grpo_half_cheetah", "control"))
+    assert control.preset == "soft_pair_grpo" and control.env_id == "HalfCheetah-v5"
+    assert load_job("control", None, ["preset=grpo"]).preset == "grpo"
+    with pytest.raises(ValueError, match="unknown gymnasium environment 'Cheetah-v9'"):
+        load_job("control", None, ["env_id=Cheetah-v9"])
+    with pytest.raises(ValueError, match="preset"):
+        load_job("control", None, ["preset=nope"])
+    with pytest.raises(ValueError, match="does not provide"):  # needs a teacher
+        load_job("control", None, ["preset=opd"])

@@ -176,7 +176,7 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
                 "env_steps": (it + 1) * n * job.horizon,
                 "return": float(returns.mean()),
                 "return_max": float(returns.max()),
-                "std": float(policy.log_std.exp().mean()),
+                "std": float(policy.log_std.detach().exp().mean()),
                 **{k: float(v) for k, v in m.items() if isinstance(v, int | float)},
                 "seconds": time.perf_counter() - t0,
             }

@@ -136,6 +136,20 @@ def evaluate_policy(
     }
 
 
+def collect_with(policy: Any, task: str, n: int, seed: int, n_steps: int) -> list[Any]:
+    """``n`` episodes of ``task`` (seeded by ``seed``, ``n`` parallel envs) with a chunk
+    policy sampling with ``n_steps`` integration steps, chunks executed open loop: an
+    online learner's ``collect``. The policy is in eval mode while it acts."""
+    from rlpost.robot.demos import collect_episodes
+    from rlpost.robot.policies.bc import ChunkController
+
+    ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=n_steps)
+    policy.eval()
+    eps = collect_episodes(task, ctrl, n_episodes=n, seed=seed, n_envs=n)
+    policy.train()
+    return eps
+
+
 def force_stats(episodes: Sequence[Any]) -> dict[str, float]:
     """Mean per-episode peak contact force (N) and fraction of steps above the task's
     force threshold; empty for tasks without force."""
@@ -334,6 +348,7 @@ __all__ = [
     "OnlineLearner",
     "checkpoint_state",
     "chunk_transitions",
+    "collect_with",
     "evaluate_policy",
     "force_stats",
     "online_loop",

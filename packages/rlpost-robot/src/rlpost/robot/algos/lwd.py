@@ -72,9 +72,10 @@ from rlpost.robot.algos.common import (
     ChunkBuffer,
     LearnerState,
     chunk_transitions,
+    collect_with,
     online_loop,
 )
-from rlpost.robot.nets import mlp
+from rlpost.robot.algos.otql import ChunkCritic
 from rlpost.robot.policies.flow import FlowChunkPolicy
 
 # ------------------------------------------------------------------------- config
@@ -181,9 +182,10 @@ def divl_value_loss(logits: Tensor, targets: Tensor, support: Tensor) -> Tensor:
     return -(m * F.log_softmax(logits, dim=1)).sum(1).mean()
 
 
-class DIVLCritic(nn.Module):
-    """Twin ``Q(s, a_chunk)`` heads and the categorical value distribution ``p(v | s)``
-    over normalised observations."""
+class DIVLCritic(ChunkCritic):
+    """OTQL's twin chunk critic (:class:`~rlpost.robot.algos.otql.ChunkCritic`) whose value
+    head is the categorical distribution ``p(v | s)`` on ``atoms`` atoms of
+    ``[v_min, v_max]`` (its logits)."""
 
     def __init__(
         self,
@@ -194,20 +196,8 @@ class DIVLCritic(nn.Module):
         v_min: float = -0.1,
         v_max: float = 1.1,
     ):
-        super().__init__()
-        self.q1 = mlp(obs_dim + chunk_dim, 1, hidden)
-        self.q2 = mlp(obs_dim + chunk_dim, 1, hidden)
-        self.v = mlp(obs_dim, atoms, hidden)
-        self.register_buffer("obs_mean", torch.zeros(obs_dim))
-        self.register_buffer("obs_std", torch.ones(obs_dim))
+        super().__init__(obs_dim, chunk_dim, hidden, v_out=atoms)
         self.register_buffer("support", torch.linspace(v_min, v_max, atoms))
-
-    def _n(self, obs: Tensor) -> Tensor:
-        return (obs - self.obs_mean) / self.obs_std
-
-    def q(self, obs: Tensor, chunk: Tensor) -> tuple[Tensor, Tensor]:
-        x = torch.cat([self._n(obs), chunk.flatten(1)], -1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
     def value_logits(self, obs: Tensor) -> Tensor:
         return self.v(self._n(obs))
@@ -492,15 +482,7 @@ class _LWDRounds:
         self.learner, self.replay, self.task = learner, replay, task
 
     def collect(self, n: int, seed: int) -> list[Any]:
-        from rlpost.robot.demos import collect_episodes
-        from rlpost.robot.policies.bc import ChunkController
-
-        policy, cfg = self.learner.policy, self.learner.cfg
-        ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=cfg.sample_steps)
-        policy.eval()
-        eps = collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
-        policy.train()
-        return eps
+        return collect_with(self.learner.policy, self.task, n, seed, self.learner.cfg.sample_steps)
 
     def update(self, eps: list[Any]) -> dict[str, float]:
         ln, cfg = self.learner, self.learner.cfg

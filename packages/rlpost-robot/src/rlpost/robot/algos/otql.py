@@ -52,6 +52,7 @@ from rlpost.robot.algos.common import (
     ChunkBuffer,
     LearnerState,
     chunk_transitions,
+    collect_with,
     online_loop,
 )
 from rlpost.robot.nets import mlp
@@ -107,13 +108,14 @@ class OTQLConfig:
 
 
 class ChunkCritic(nn.Module):
-    """Twin ``Q(s, a_chunk)`` and ``V(s)`` over normalised observations (IQL)."""
+    """Twin ``Q(s, a_chunk)`` and ``V(s)`` over normalised observations (IQL); ``v_out``:
+    the value head's outputs (LWD's DIVL puts a distribution's logits there)."""
 
-    def __init__(self, obs_dim: int, chunk_dim: int, hidden: int = 256):
+    def __init__(self, obs_dim: int, chunk_dim: int, hidden: int = 256, v_out: int = 1):
         super().__init__()
         self.q1 = mlp(obs_dim + chunk_dim, 1, hidden)
         self.q2 = mlp(obs_dim + chunk_dim, 1, hidden)
-        self.v = mlp(obs_dim, 1, hidden)
+        self.v = mlp(obs_dim, v_out, hidden)
         self.register_buffer("obs_mean", torch.zeros(obs_dim))
         self.register_buffer("obs_std", torch.ones(obs_dim))
 
@@ -261,15 +263,7 @@ class _OTQLRounds:
         self.learner, self.buf, self.task = learner, buf, task
 
     def collect(self, n: int, seed: int) -> list[Any]:
-        from rlpost.robot.demos import collect_episodes
-        from rlpost.robot.policies.bc import ChunkController
-
-        policy, cfg = self.learner.policy, self.learner.cfg
-        ctrl = ChunkController(policy, execute=policy.cfg.horizon, n_steps=cfg.sample_steps)
-        policy.eval()
-        eps = collect_episodes(self.task, ctrl, n_episodes=n, seed=seed, n_envs=n)
-        policy.train()
-        return eps
+        return collect_with(self.learner.policy, self.task, n, seed, self.learner.cfg.sample_steps)
 
     def update(self, eps: list[Any]) -> dict[str, float]:
         learner, cfg = self.learner, self.learner.cfg

@@ -88,7 +88,7 @@ def run_fleet(
 
     if job.run.threads:
         torch.set_num_threads(job.run.threads)
-    out = _claim(job, resume, overwrite)
+    out = _claim(job, resume, overwrite).resolve()  # actors may run in another directory
     t0 = time.perf_counter()
     rt = FleetRuntime(job, out, resume=resume, progress=job.run.progress)
     lwd = job.learner.lwd_config(job.run.seed)

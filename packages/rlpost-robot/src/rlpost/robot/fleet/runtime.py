@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -71,14 +72,15 @@ class FleetRuntime:
         from rlpost.robot.fleet.store import ExperienceStore
         from rlpost.robot.pretrain import POLICY_KINDS, demo_source
 
-        self.job, self.out, self.progress = job, Path(out), progress
+        self.job, self.out, self.progress = job, Path(out).resolve(), progress
         self.store, recovery = ExperienceStore.open(self.out / "store", job.task)
         if resume or not recovery.clean:
             notice(str(recovery))
         self.recovery = str(recovery)
         self._view_stale = not self.store.view_ok  # damaged: rebuilt from the spool at once
         source = demo_source(job.task, job.demos.model_dump())
-        self.policy_dir = POLICY_KINDS["flow"].build(job.task, source, job.policy, progress)
+        self.policy_dir = Path(POLICY_KINDS["flow"].build(job.task, source, job.policy, progress))
+        self.policy_dir = self.policy_dir.resolve()
         self.demos = source.load()
         self.variants = job.fleet.variant_list()
         self.state_file = self.out / "fleet_state.json"
@@ -111,14 +113,14 @@ class FleetRuntime:
         from rlpost.robot.fleet.learner import FleetLearner
         from rlpost.robot.fleet.robot import FleetRobot
 
-        ray = _import_ray()
+        ray = _import_ray(local=not self.job.fleet.ray_address)
         self.ray = ray
         if not ray.is_initialized():
             kw: dict[str, Any] = {}
             if self.job.fleet.ray_address:
                 kw["address"] = self.job.fleet.ray_address
-            else:  # logical CPUs: the robots mostly wait on their control rate
-                kw["num_cpus"] = len(self.slots) + 2
+            else:
+                kw["num_cpus"] = len(self.slots) + 2  # logical: robots mostly wait on their pace
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
             self._started_ray = True
         self._robot_cls = ray.remote(num_cpus=1, max_restarts=0)(FleetRobot)
@@ -348,7 +350,14 @@ def _cause(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, Exception) else exc
 
 
-def _import_ray() -> Any:
+def _import_ray(local: bool = True) -> Any:
+    """``ray``; for a local cluster without Ray's ``uv run`` hook: under ``uv run`` it
+    would package the working directory as every actor's runtime environment and start
+    each actor through ``uv run`` (half a minute per session on 2 cores, and the actors'
+    working directory would be the package), for actors that run in this very
+    environment. Ray reads the switch when it is imported."""
+    if local and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         import ray
     except ImportError:
