@@ -214,6 +214,8 @@ def test_control_recipe_end_to_end(tmp_path, capsys):
     small = ["iterations=2", "starts=2", "group_size=2", "horizon=20", "eval_every=2"]
     args = ["control", "--config", "pair_grpo_half_cheetah", *small, f"run.dir={run}"]
     assert main([*args, "run.progress=false"]) == 0
-    assert "soft_pair_grpo on HalfCheetah-v5: 2 iterations, 160 env steps" in capsys.readouterr().out
+    assert (
+        "soft_pair_grpo on HalfCheetah-v5: 2 iterations, 160 env steps" in capsys.readouterr().out
+    )
     assert (run / "returns.png").is_file() and (run / "policy" / "model.safetensors").is_file()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
