@@ -146,6 +146,9 @@ def test_the_fleet_command_runs_and_refuses_a_used_run_dir(local_ray, tmp_path, 
     assert (run / "policy" / "model.safetensors").is_file()
     assert main(args) == 2
     assert "--resume" in capsys.readouterr().err
+    other = [*args[:-1], f"run.dir={tmp_path / 'other'}", "robot.type=no_such_arm"]
+    assert main(other) == 2  # the robots' lerobot type is checked before anything starts
+    assert "unknown lerobot robot 'no_such_arm'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

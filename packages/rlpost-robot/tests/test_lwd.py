@@ -272,3 +272,30 @@ def test_memoryless_schedule_is_finite_at_the_noise_end():
     assert math.isfinite(memoryless_g2(1.0, h).item())
     assert memoryless_g2(1.0, h).item() == pytest.approx(2 * 1.1 / 0.1)
     assert memoryless_g2(0.0, h).item() == pytest.approx(2 * 0.1 / 1.1)
+
+
+@pytest.mark.parametrize("base", ["frozen", "replay"])
+def test_the_base_is_frozen_or_follows_a_bc_fit_of_the_replay(base):
+    pol = FlowChunkPolicy(FlowPolicyConfig(obs_dim=3, act_dim=2, horizon=2, hidden=16, n_blocks=1))
+    ln = LWDLearner(pol, LWDConfig(base=base, sample_steps=2, base_ema=0.5, hidden=16, atoms=5))
+    before = {k: v.clone() for k, v in ln.base.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "obs": torch.randn(8, 3, generator=g),
+        "chunks": torch.rand(8, 2, 2, generator=g) * 2 - 1,
+        "mask": torch.ones(8, 2),
+        "returns": torch.rand(8, generator=g),
+        "next_obs": torch.randn(8, 3, generator=g),
+        "discount": torch.full((8,), 0.9),
+    }
+    m = ln.update(batch)
+    moved = any(not torch.equal(v, before[k]) for k, v in ln.base.state_dict().items())
+    if base == "frozen":
+        assert not moved and "base_fit" not in ln.modules() and "base_loss" not in m
+    else:  # the base is the EMA of a flow fitted by BC to the batch
+        assert moved and "base_fit" in ln.modules() and m["base_loss"] > 0
+        for k, v in ln.base_fit.state_dict().items():
+            if v.dtype.is_floating_point and not k.startswith(("obs_", "act_")):
+                assert torch.allclose(ln.base.state_dict()[k], 0.5 * (before[k] + v), atol=1e-6)
+    with pytest.raises(ValueError, match="base must be"):
+        LWDConfig(base="moving")

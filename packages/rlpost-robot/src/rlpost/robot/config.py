@@ -348,6 +348,10 @@ class FleetJob(_Strict):
     """:class:`rlpost.robot.fleet.human.InterventionConfig` fields (``enabled``,
     ``stall_steps``, ``min_progress``, ``takeover_steps``, ``max_per_episode``)."""
     learner: LearnerSection = LearnerSection()
+    robot: RobotSection = RobotSection()
+    """Each robot's lerobot type and config, as ``rlpost-robot deploy``'s: ``rlpost_mujoco``
+    (simulated, one :class:`~rlpost.robot.fleet.variants.RobotVariant` each), or an arm
+    lerobot supports (``params``: its port, cameras, ...; the variants do not apply)."""
     policy: PolicyConfig = PolicyConfig()
     demos: DemoConfig = DemoConfig()
     run: schema.RunConfig = schema.RunConfig(dir="runs/fleet")

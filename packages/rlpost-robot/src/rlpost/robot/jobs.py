@@ -121,6 +121,18 @@ def _plot_trajectory(test: Any, agent: Any, path: Path) -> None:
 
 def make_robot(job: Any) -> Any:
     """The lerobot robot of ``job.robot`` (``type`` + ``params``), not connected."""
+    return build_robot(
+        job.robot.type, job.robot.params, job.task, job.run.seed, Path(job.run.dir) / "calibration"
+    )
+
+
+def build_robot(
+    kind: str, params: dict[str, Any], task: str, seed: int, calibration_dir: Path
+) -> Any:
+    """A lerobot robot of type ``kind`` (``rlpost_mujoco`` or any arm lerobot supports)
+    built by lerobot's ``make_robot_from_config`` from ``params`` (its config's fields;
+    ``task``, ``seed`` and ``calibration_dir`` fill in those fields when the config has
+    them and ``params`` does not), not connected."""
     import importlib
     import pkgutil
 
@@ -130,7 +142,6 @@ def make_robot(job: Any) -> Any:
 
     import rlpost.robot.lerobot_robot  # noqa: F401 - registers rlpost_mujoco
 
-    kind = job.robot.type
     if kind not in RobotConfig.get_known_choices():  # lerobot registers its arms on import
         for m in pkgutil.iter_modules(lerobot.robots.__path__):
             if m.ispkg:
@@ -142,13 +153,11 @@ def make_robot(job: Any) -> Any:
     if kind not in known:
         raise ValueError(f"robot.type: unknown lerobot robot {kind!r}; known: {sorted(known)}")
     cls = known[kind]
-    params = dict(job.robot.params)
+    params = dict(params)
     fields = getattr(cls, "__dataclass_fields__", {})
-    for name, value in (("task", job.task), ("seed", job.run.seed)):
+    for name, value in (("task", task), ("seed", seed), ("calibration_dir", calibration_dir)):
         if name in fields:
             params.setdefault(name, value)
-    if "calibration_dir" in fields:
-        params.setdefault("calibration_dir", Path(job.run.dir) / "calibration")
     try:
         config = cls(**params)
     except TypeError as exc:

@@ -25,8 +25,9 @@ quantile regression (the paper's Proposition 1; tested), so DIVL is IQL's in-sam
 value learning with a state-dependent expectile replaced by a state-dependent quantile.
 
 **QAM: Q-learning via Adjoint Matching.** The target policy is
-``pi*(a | s) ~ pi_base(a | s) exp(inv_temp Q(s, a))``, with ``pi_base`` the frozen
-behaviour-cloned flow and ``pi`` (initialised from it) the policy that acts. In the flow
+``pi*(a | s) ~ pi_base(a | s) exp(inv_temp Q(s, a))``, with ``pi_base`` a flow kept
+fitted by BC to the replay (its EMA; ``base: frozen``: the behaviour-cloned flow as it
+was) and ``pi`` (initialised from the BC flow) the policy that acts. In the flow
 convention of :mod:`rlpost.robot.policies.flow` (``sigma = 1`` noise, ``0`` data,
 ``v ~ eps - a``), on the grid ``sigma_i = 1 - i h``, ``h = 1 / N``:
 
@@ -48,7 +49,7 @@ moved by ``inv_temp c s^2``; the tests check the adjoint against its closed form
 against autograd through the chain, and that the loss's optimum samples the tilted law.
 
 :class:`LWDLearner` holds the critic, the value distribution, the target critic, the
-policy and the frozen base, and updates them from a batch of chunk transitions;
+policy and the base, and updates them from a batch of chunk transitions;
 :func:`run_lwd` is the single-robot loop (``rlpost-robot train --config lwd_...``) and
 :mod:`rlpost.robot.fleet` runs the same learner behind a fleet of robots on Ray.
 """
@@ -59,7 +60,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -100,6 +101,13 @@ class LWDConfig:
     tau_max: float = 0.95
     inv_temp: float = 50.0
     """``1 / lambda`` of the tilted target ``pi_base exp(Q / lambda)``."""
+    base: Literal["frozen", "replay"] = "replay"
+    """``pi_base``: a flow kept fitted by BC to the replay (demonstrations + fleet data),
+    whose EMA is the base (QAM's reference code; the default), or the BC policy as it was
+    (``frozen``, LWD's choice: with it success peaks, then falls back as the critic's
+    values saturate; docs/algorithms/lwd.md)."""
+    base_lr: float = 1e-4
+    base_ema: float = 0.005
     offline_steps: int = 1000
     """Updates on the demonstrations alone before the first online episode."""
     updates_per_round: int = 20
@@ -117,10 +125,19 @@ class LWDConfig:
         check_ranges(
             self,
             nonneg=("offline_steps", "inv_temp", "tau_alpha"),
-            positive=("critic_lr", "policy_lr", "grad_clip"),
+            positive=("critic_lr", "policy_lr", "grad_clip", "base_lr"),
             counts=("episodes", "envs", "sample_steps", "updates_per_round", "batch_size"),
-            unit=("gamma", "target_tau", "online_fraction", "tau_offline", "tau_online"),
+            unit=(
+                "gamma",
+                "target_tau",
+                "online_fraction",
+                "tau_offline",
+                "tau_online",
+                "base_ema",
+            ),
         )
+        if self.base not in ("frozen", "replay"):
+            raise ValueError(f"base must be 'frozen' or 'replay', got {self.base!r}")
         if self.atoms < 2:
             raise ValueError(f"atoms must be >= 2, got {self.atoms}")
         if not self.v_min < self.v_max:
@@ -303,13 +320,17 @@ def sparse_rewards(episodes: Sequence[Any]) -> list[Any]:
 
 
 class LWDLearner:
-    """DIVL critic + value distribution, target critic, QAM policy and frozen base; one
+    """DIVL critic + value distribution, target critic, QAM policy and its base; one
     :meth:`update` per batch of chunk transitions (see the module docstring)."""
 
     def __init__(self, policy: FlowChunkPolicy, cfg: LWDConfig):
         self.cfg, self.policy = cfg, policy
         pc = policy.cfg
         self.base = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.base_fit: FlowChunkPolicy | None = None  # base "replay": BC on the replay
+        if cfg.base == "replay":
+            self.base_fit = copy.deepcopy(policy).train()
+            self.base_opt = torch.optim.Adam(self.base_fit.parameters(), lr=cfg.base_lr)
         self.critic = DIVLCritic(
             pc.obs_dim, pc.horizon * pc.act_dim, cfg.hidden, cfg.atoms, cfg.v_min, cfg.v_max
         )
@@ -380,18 +401,39 @@ class LWDLearner:
         self.pi_opt.step()
         return {"pi_loss": loss.item(), "grad_q": dq.flatten(1).norm(dim=1).mean().item()}
 
+    def base_step(self, b: dict[str, Tensor]) -> dict[str, float]:
+        """``base: replay``: one BC (flow matching) step of the fitted base on the batch,
+        then the base moves towards it by ``base_ema``."""
+        fit = self.base_fit
+        assert fit is not None
+        loss = fit.flow_loss(b["obs"], b["chunks"], mask=b["mask"], generator=self.gen)
+        self.base_opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(fit.parameters(), self.cfg.grad_clip)
+        self.base_opt.step()
+        with torch.no_grad():
+            for p, tp in zip(fit.parameters(), self.base.parameters(), strict=True):
+                tp.lerp_(p, self.cfg.base_ema)
+        return {"base_loss": loss.item()}
+
     def update(self, b: dict[str, Tensor]) -> dict[str, float]:
-        return {**self.critic_step(b), **self.policy_step(b["obs"])}
+        m = self.critic_step(b)
+        if self.base_fit is not None:
+            m.update(self.base_step(b))
+        return {**m, **self.policy_step(b["obs"])}
 
     # ------------------------------------------------------------------- state
     def modules(self) -> dict[str, tuple[nn.Module, torch.optim.Optimizer | None]]:
         """Every module beside the policy, with its optimiser, for a checkpoint."""
-        return {
+        out: dict[str, tuple[nn.Module, torch.optim.Optimizer | None]] = {
             "critic": (self.critic, self.q_opt),
             "critic_v": (self.critic.v, self.v_opt),
             "target": (self.target, None),
             "base": (self.base, None),
         }
+        if self.base_fit is not None:
+            out["base_fit"] = (self.base_fit, self.base_opt)
+        return out
 
 
 _FIELDS = tuple(ChunkBuffer.__dataclass_fields__)

@@ -45,8 +45,9 @@ def evaluate_variants(
     out = {}
     state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     for v in variants:
+        sim = {"type": "rlpost_mujoco", "params": {"variant": v.to_dict()}}
         bot = FleetRobot(
-            -1, task, v.to_dict(), policy.cfg.to_dict(), sample_steps, {"enabled": False}, 0.0,
+            -1, task, sim, policy.cfg.to_dict(), sample_steps, {"enabled": False}, 0.0,
             seed, str(workdir), threads=0,
         )  # fmt: skip
         bot.load(state, 0)

@@ -2,9 +2,12 @@
 
 :class:`FleetRobot` runs whole episodes through lerobot's ``Robot`` interface, the one
 the deploy loop drives (``get_observation`` -> policy -> ``send_action``, features
-matched by name): a :class:`~rlpost.robot.lerobot_robot.MujocoRobot` with the robot's
-:class:`~rlpost.robot.fleet.variants.RobotVariant` in simulation, any lerobot robot on
-hardware. Its :class:`~rlpost.robot.fleet.human.ScriptedHuman` takes over when progress
+matched by name), built as ``rlpost-robot deploy`` builds its robot
+(:func:`rlpost.robot.jobs.build_robot`: lerobot's ``make_robot_from_config``): a
+:class:`~rlpost.robot.lerobot_robot.MujocoRobot` with the robot's
+:class:`~rlpost.robot.fleet.variants.RobotVariant` in simulation (``fleet.robot.type:
+rlpost_mujoco``), any lerobot robot on hardware (its ``type`` and ``params``; a robot
+that reports no ``distance`` is never taken over by the scripted operator). Its :class:`~rlpost.robot.fleet.human.ScriptedHuman` takes over when progress
 stalls; those steps are labelled ``intervention``. Every episode records the policy
 version that acted (weights change only between episodes). An episode exists only once
 it has ended: a robot that dies mid-episode leaves nothing behind.
@@ -34,7 +37,7 @@ class FleetRobot:
         self,
         index: int,
         task: str,
-        variant: dict[str, Any],
+        robot: dict[str, Any],
         policy_config: dict[str, Any],
         sample_steps: int,
         intervention: dict[str, Any],
@@ -45,25 +48,27 @@ class FleetRobot:
     ):
         if threads:
             torch.set_num_threads(threads)
+        from rlpost.robot.envs import TASKS
+        from rlpost.robot.features import FeatureMap
         from rlpost.robot.fleet.human import InterventionConfig, ScriptedHuman
-        from rlpost.robot.lerobot_robot import MujocoRobot, MujocoRobotConfig
+        from rlpost.robot.jobs import build_robot
         from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
 
-        self.index, self.task = index, task
-        calib = Path(workdir) / f"robot-{index}"
-        cfg = MujocoRobotConfig(
-            task=task, seed=seed, variant=dict(variant), id=f"fleet-{index}",
-            calibration_dir=calib,
-        )  # fmt: skip
-        self.robot = MujocoRobot(cfg)
+        self.index, self.task, self.spec = index, task, TASKS[task]
+        params = {"id": f"fleet-{index}", **robot.get("params", {})}
+        kind = robot.get("type", "rlpost_mujoco")
+        self.robot = build_robot(kind, params, task, seed, Path(workdir) / f"robot-{index}")
+        self.features = getattr(self.robot, "features", None) or FeatureMap.for_task(task)
+        self.features.check(
+            self.robot.observation_features, self.robot.action_features, f"robot {kind!r}"
+        )
         self.robot.connect()
-        self.features = self.robot.features
         self.policy = FlowChunkPolicy(FlowPolicyConfig.from_dict(policy_config)).eval()
         self.sample_steps = sample_steps
         self.human = ScriptedHuman(task, InterventionConfig(**intervention), seed)
         self.realtime = realtime
         self.version: int | None = None
-        self.fps = float(self.robot.spec.fps)
+        self.fps = float(self.spec.fps)
 
     def pid(self) -> int:
         return os.getpid()
@@ -95,14 +100,15 @@ class FleetRobot:
         ctrl = ChunkController(
             self.policy, execute=self.policy.cfg.horizon, n_steps=self.sample_steps, seed=seed
         )
-        robot.reset(seed)
+        if hasattr(robot, "reset"):  # a real arm: its reset moves it home
+            robot.reset(seed)
         self.human.reset()
         obs = feats.observation_vector(robot.get_observation()).astype(np.float32)
-        dist = robot.last_info.get("distance")
+        dist = getattr(robot, "last_info", {}).get("distance")
         observations, actions, human, successes = [obs], [], [], []
         period = 1.0 / (self.fps * self.realtime) if self.realtime > 0 else 0.0
         tick = time.perf_counter()
-        while True:
+        for _ in range(self.spec.max_steps):
             a = self.human.act(obs, dist)
             if a is None:
                 a, drove = ctrl(obs), False
@@ -112,7 +118,7 @@ class FleetRobot:
             sent = robot.send_action(feats.action_dict(np.asarray(a, dtype=np.float32)))
             frame = robot.get_observation()
             obs = feats.observation_vector(frame).astype(np.float32)
-            dist = robot.last_info.get("distance")
+            dist = getattr(robot, "last_info", {}).get("distance")
             observations.append(obs)
             actions.append(np.array([sent[k] for k in feats.action], dtype=np.float32))
             human.append(drove)
@@ -120,10 +126,10 @@ class FleetRobot:
             if period:
                 tick += period
                 time.sleep(max(0.0, tick - time.perf_counter()))
-            if robot.episode_done:
+            if getattr(robot, "episode_done", False):  # else the task's time limit
                 break
         success = successes[-1]
-        terminated = success and robot.spec.terminates_on_success
+        terminated = success and self.spec.terminates_on_success
         n = len(actions)
         rewards = np.zeros(n, dtype=np.float32)
         rewards[-1] = float(success)  # LWD's sparse reward

@@ -83,6 +83,9 @@ class FleetRuntime:
         self.policy_dir = self.policy_dir.resolve()
         self.demos = source.load()
         self.variants = job.fleet.variant_list()
+        from rlpost.robot.jobs import build_robot  # a bad robot type or config: say so here
+
+        build_robot(job.robot.type, job.robot.params, job.task, job.run.seed, self.out / "robots")
         self.state_file = self.out / "fleet_state.json"
         saved = (
             json.loads(self.state_file.read_text()) if resume and self.state_file.is_file() else {}
@@ -139,8 +142,11 @@ class FleetRuntime:
 
     def _spawn_robot(self, slot: RobotSlot) -> Any:
         job = self.job
+        robot = {"type": job.robot.type, "params": dict(job.robot.params)}
+        if job.robot.type == "rlpost_mujoco":  # the simulated robot of this variant
+            robot["params"]["variant"] = slot.variant.to_dict()
         return self._robot_cls.remote(
-            slot.index, job.task, slot.variant.to_dict(), self._policy_config,
+            slot.index, job.task, robot, self._policy_config,
             job.learner.lwd_config(job.run.seed).sample_steps, dict(job.intervention),
             job.fleet.realtime, _episode_seed(job.run.seed, slot.index, 11),
             str(self.out / "robots"),
