@@ -1895,6 +1895,11 @@ class Trainer:
                         reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.3f}"
                     )
             finished = self.step >= total
+            if finished and self._own_group:
+                # every rank waits here for rank 0's last checkpoint: a rank that tore down
+                # its gloo group while rank 0 still wrote once aborted ('terminate called
+                # without an active exception')
+                dist.barrier()
         except BaseException:
             finished = True  # a failed run is closed (its logger flushed, workers stopped)
             raise
