@@ -2,7 +2,6 @@
 the same global batch: for GRPO, and for PPO, whose critic is data-parallel too; an FSDP2
 run resumes from its checkpoint to the same weights and optimiser state."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +21,6 @@ def parity_reward(completion: str, example) -> float:
     return float(len(completion) % 2 == 0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(*args) -> None:
     proc = subprocess.run(
         [
@@ -35,8 +28,9 @@ def _launch(*args) -> None:
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--nnodes=1",
-            f"--master_port={_free_port()}",
+            # the rendezvous store binds a port of its own choosing: a port picked here
+            # and handed over could be taken in between (CI: EADDRINUSE)
+            "--standalone",
             *map(str, args),
         ],
         capture_output=True,
