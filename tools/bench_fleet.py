@@ -134,6 +134,7 @@ def main() -> None:
         mine = [x for x in results if x["robots"] == n]
         before, _ = mean_std(x["curve"][0]["success"] for x in mine)
         after, after_std = mean_std(x["curve"][-1]["success"] for x in mine)
+        peak, _ = mean_std(max(c["success"] for c in x["curve"]) for x in mine)
         nominal, _ = mean_std(x["result"]["after"]["nominal"] for x in mine)
         others, _ = mean_std(
             sum(v for k, v in x["result"]["after"].items() if k != "nominal") / 7 for x in mine
@@ -148,27 +149,16 @@ def main() -> None:
             "success_before": before,
             "success_after": after,
             "success_after_std": after_std,
+            "success_peak": peak,
             "nominal_after": nominal,
             "other_variants_after": others,
             "curves": [x["curve"] for x in mine],
         })  # fmt: skip
-    print(
-        print_table(
-            rows,
-            [
-                "robots",
-                "episodes",
-                "env_steps",
-                "intervened",
-                "updates",
-                "stale",
-                "success_before",
-                "success_after",
-                "nominal_after",
-                "other_variants_after",
-            ],
-        )
-    )
+    print_table(
+        rows,
+        ["robots", "episodes", "env_steps", "intervened", "updates", "stale", "success_before",
+         "success_peak", "success_after", "nominal_after", "other_variants_after"],
+    )  # fmt: skip
     one = next((r for r in rows if r["robots"] == min(args.robots)), rows[0])
     big = next((r for r in rows if r["robots"] == max(args.robots)), rows[-1])
     write_result(
