@@ -3,6 +3,7 @@ import pytest
 from rlpost.robot.config import (
     RECIPES_DIR,
     ConfigError,
+    control_preset,
     load_config,
     load_job,
     recipe_path,
@@ -114,3 +115,9 @@ def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
         load_job("control", None, ["preset=nope"])
     with pytest.raises(ValueError, match="does not provide"):  # needs a teacher
         load_job("control", None, ["preset=opd"])
+    # the recipe drops the presets' KL to the random initial policy; a job can set any weight
+    assert control.kl_coef == 0 and control_preset(control).kl_coef == 0
+    assert control_preset(load_job("control", None, ["preset=grpo"])).kl_coef == 0.04
+    assert control_preset(load_job("control", None, ["kl_coef=0.1"])).kl_coef == 0.1
+    with pytest.raises(ValueError, match="kl_coef: preset 'river' has no KL estimator"):
+        load_job("control", None, ["preset=river", "kl_coef=0.1"])

@@ -407,6 +407,11 @@ class ControlJob(_Strict):
     epochs: int = Field(4, ge=1)
     groups_per_batch: int = Field(2, ge=1)
     lr: float = Field(3e-4, gt=0)
+    kl_coef: float | None = Field(None, ge=0)
+    """Overrides the preset's KL coefficient (``None``: the preset's). The reference is
+    the initial policy, which from scratch is a random one: the HalfCheetah recipe sets 0
+    (with the presets' 0.04, GRPO's evaluation return stayed near 1 over 400 iterations;
+    with 0 it passed 300 within 100)."""
     hidden: int = Field(64, ge=4)
     init_std: float = Field(0.5, gt=0)
     eval_every: int = Field(10, ge=0)
@@ -425,11 +430,10 @@ class ControlJob(_Strict):
 
     @model_validator(mode="after")
     def _preset(self) -> ControlJob:
-        from rlpost.core import get_preset
         from rlpost.core.contract import Input
 
         try:
-            recipe = get_preset(self.preset).replace(group_size=self.group_size).build()
+            recipe = control_preset(self).build()
         except (KeyError, RegistryError) as exc:
             raise ValueError(f"preset: {exc}") from None
         provides = {Input.REF_LOGPROBS, Input.GROUP_IDS}
@@ -438,6 +442,18 @@ class ControlJob(_Strict):
         except ValueError as exc:
             raise ValueError(f"preset: {exc}") from None
         return self
+
+
+def control_preset(job: ControlJob):
+    """The core preset ``job`` names, at its group size and KL coefficient."""
+    from rlpost.core import get_preset
+
+    preset = get_preset(job.preset).replace(group_size=job.group_size)
+    if job.kl_coef is None or job.kl_coef == preset.kl_coef:
+        return preset
+    if job.kl_coef > 0 and preset.kl is None:
+        raise ValueError(f"kl_coef: preset {job.preset!r} has no KL estimator to weight")
+    return preset.replace(kl_coef=job.kl_coef)
 
 
 JOBS: dict[str, type[_Strict]] = {

@@ -12,8 +12,9 @@ registry entry, the advantage, and nothing else:
 * the reward of a rollout is its return; the preset's advantage estimator turns the
   group's returns into one advantage per rollout, given to every step (a step is a
   "token": ``log pi(a_t | s_t)`` of the Gaussian policy);
-* the preset's policy loss (PPO clip 0.2, ``k3`` KL 0.04 to the initial policy,
-  sequence-mean aggregation) over ``epochs`` passes of whole-group minibatches.
+* the preset's policy loss (PPO clip 0.2, sequence-mean aggregation, the preset's ``k3``
+  KL to the initial policy unless ``kl_coef`` overrides its weight) over ``epochs`` passes
+  of whole-group minibatches.
 
 The policy is a Gaussian MLP (tanh hidden layers, state-independent log-std) over
 observations standardised by running statistics (frozen within an iteration). The
@@ -115,9 +116,10 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
     import gymnasium as gym
     from safetensors.torch import save_model
 
-    from rlpost.core import AdvantageInput, PolicyBatch, get_preset
+    from rlpost.core import AdvantageInput, PolicyBatch
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.core.io.rundir import open_run_dir
+    from rlpost.robot.config import control_preset
 
     if job.run.threads:
         torch.set_num_threads(job.run.threads)
@@ -125,7 +127,7 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
     torch.manual_seed(job.run.seed)
     gen = torch.Generator().manual_seed(job.run.seed)
     rng = np.random.default_rng(job.run.seed)
-    recipe = get_preset(job.preset).replace(group_size=job.group_size).build()
+    recipe = control_preset(job).build()
     n = job.starts * job.group_size
     env = gym.vector.SyncVectorEnv([lambda: gym.make(job.env_id)] * n)
     obs_dim = env.single_observation_space.shape[0]
