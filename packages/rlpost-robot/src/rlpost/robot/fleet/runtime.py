@@ -447,3 +447,5 @@ class _Progress:
     def close(self) -> None:
         self.live.update(self._table(), refresh=True)
         self.live.stop()
+        if not self.console.is_terminal:  # rich ends the last render with a newline only on a tty
+            self.console.line()
