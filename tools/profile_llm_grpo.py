@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm_grpo import rlpost_config, save_model
 
 PARTS = {
-    "generation": [("engines/hf.py", "generate"), ("engines/lean.py", "generate")],
+    "generation": [("engines/base.py", "generate")],  # LocalEngine: the HF and lean engines
     "reward": [("rlpost/llm/trainer.py", "_score")],
     "no-grad forwards": [("rlpost/llm/trainer.py", "_forward_nograd")],
     "update (all)": [("rlpost/llm/trainer.py", "update")],
