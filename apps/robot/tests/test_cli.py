@@ -208,8 +208,10 @@ def test_a_toy_algorithm_registered_here_trains_through_the_cli(tmp_path, monkey
     assert main(["train", "--config", str(recipe)]) == 2  # gone: the name is unknown again
 
 
-def test_control_recipe_end_to_end(tmp_path, capsys):
-    """Pair-GRPO's control job on HalfCheetah at toy size: the table, curves, policy."""
+def test_control_recipe_end_to_end(tmp_path, capsys, monkeypatch):
+    """Pair-GRPO's control job on HalfCheetah at toy size: the table, curves, policy; no
+    MUJOCO_LOG.TXT left in the working directory."""
+    monkeypatch.chdir(tmp_path)
     run = tmp_path / "control"
     small = ["iterations=2", "starts=2", "group_size=2", "horizon=20", "eval_every=2"]
     args = ["control", "--config", "pair_grpo_half_cheetah", *small, f"run.dir={run}"]
@@ -219,3 +221,4 @@ def test_control_recipe_end_to_end(tmp_path, capsys):
     )
     assert (run / "returns.png").is_file() and (run / "policy" / "model.safetensors").is_file()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

@@ -124,6 +124,7 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
     if job.run.threads:
         torch.set_num_threads(job.run.threads)
     out = open_run_dir(job.run.dir, job, overwrite=overwrite)
+    _mujoco_warnings_to_python()
     torch.manual_seed(job.run.seed)
     gen = torch.Generator().manual_seed(job.run.seed)
     rng = np.random.default_rng(job.run.seed)
@@ -210,6 +211,21 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
     (out / "control.json").write_text(json.dumps(result, indent=1))
     _plot(result, out / "returns.png")
     return result
+
+
+def _mujoco_warnings_to_python() -> None:
+    """MuJoCo's own warning handler prints each warning and appends it to
+    ``MUJOCO_LOG.TXT`` in the working directory (gymnasium's HalfCheetah model raises a
+    deprecation warning per environment built); route them to :mod:`warnings`, once per
+    message, instead."""
+    import warnings
+
+    import mujoco
+
+    def warn(msg: str) -> None:
+        warnings.warn(f"mujoco: {msg.strip()}", RuntimeWarning, stacklevel=2)
+
+    mujoco.set_mju_user_warning(warn)
 
 
 def _norm(policy: GaussianMLP) -> dict[str, Tensor]:
