@@ -222,3 +222,20 @@ def test_control_recipe_end_to_end(tmp_path, capsys, monkeypatch):
     assert (run / "returns.png").is_file() and (run / "policy" / "model.safetensors").is_file()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_without_lerobot_the_fleet_says_what_to_install(tmp_path, monkeypatch, capsys):
+    """``pip install rlpost-app-robot`` without the ``[lerobot]`` extra: the fleet (whose
+    demonstrations and store are LeRobotDatasets) stops with one line naming the extra, no
+    traceback."""
+    import sys
+
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))  # demos not built yet
+    monkeypatch.setitem(sys.modules, "lerobot.datasets.lerobot_dataset", None)  # not installed
+    run = tmp_path / "fleet"
+    assert main(["fleet", "--robots", "1", "--minutes", "0.1", f"run.dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "rlpost-robot: LeRobotDataset I/O needs lerobot: pip install 'rlpost-robot[lerobot]' "
+        "(the app: 'rlpost-app-robot[lerobot]')"
+    ]

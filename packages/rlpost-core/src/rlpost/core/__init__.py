@@ -24,6 +24,7 @@ Presets (:mod:`rlpost.core.presets`, one module per family) combine entries with
 paper's hyper-parameters; ``Preset.build()`` gives the :class:`Recipe` a trainer calls.
 """
 
+from rlpost.core._env import MissingDependency
 from rlpost.core.advantages import (
     ADVANTAGES,
     AdvantageInput,
@@ -132,6 +133,7 @@ __all__ = [
     "Input",
     "KLInput",
     "KLOutput",
+    "MissingDependency",
     "NoParams",
     "ObjectiveInput",
     "ObjectiveOutput",

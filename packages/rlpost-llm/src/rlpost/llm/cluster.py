@@ -16,7 +16,9 @@ def import_ray(who: str):
     try:
         import ray
     except ImportError:
-        raise ValueError(  # a configuration the environment cannot run: a one-line error
+        from rlpost.core import MissingDependency
+
+        raise MissingDependency(  # the command line prints it as one line
             f"{who} runs on Ray, which is not installed: pip install 'rlpost-llm[ray]' "
             "(or uv sync, whose dev group has it), or use the local backend"
         ) from None

@@ -518,8 +518,11 @@ def _lerobot_dataset_cls() -> Any:
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
     except ImportError as exc:
-        raise ImportError(
-            "LeRobotDataset I/O needs lerobot: pip install 'rlpost-robot[lerobot]'"
+        from rlpost.core import MissingDependency
+
+        raise MissingDependency(
+            "LeRobotDataset I/O needs lerobot: pip install 'rlpost-robot[lerobot]' "
+            "(the app: 'rlpost-app-robot[lerobot]')"
         ) from exc
     from datasets.utils.logging import disable_progress_bar
 

@@ -23,7 +23,9 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
+        from rlpost.core import MissingDependency
+
+        raise MissingDependency(
             "the vLLM rollout engine needs the [vllm] extra on a CUDA machine: "
             "`uv sync --no-group lerobot --group vllm` (or `pip install rlpost-llm[vllm]`)"
         ) from exc

@@ -367,7 +367,9 @@ def _import_ray(local: bool = True) -> Any:
     try:
         import ray
     except ImportError:
-        raise ValueError(
+        from rlpost.core import MissingDependency
+
+        raise MissingDependency(
             "rlpost-robot fleet runs on Ray, which is not installed: pip install 'ray>=2.40'"
         ) from None
     return ray

@@ -24,7 +24,9 @@ Requires the ``lerobot`` extra (``pip install rlpost-robot[lerobot]``).
 try:
     import lerobot.robots  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the default dev environment has lerobot
-    raise ImportError(
+    from rlpost.core import MissingDependency
+
+    raise MissingDependency(
         "rlpost.robot.lerobot_robot needs lerobot: pip install 'rlpost-robot[lerobot]'"
     ) from exc
 

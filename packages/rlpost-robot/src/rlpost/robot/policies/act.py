@@ -36,7 +36,9 @@ def _lerobot():
         from lerobot.policies.act.modeling_act import ACTPolicy
         from lerobot.policies.factory import make_pre_post_processors
     except ImportError as exc:  # pragma: no cover - the dev environment has lerobot
-        raise ImportError("ACT needs lerobot: pip install 'rlpost-robot[lerobot]'") from exc
+        from rlpost.core import MissingDependency
+
+        raise MissingDependency("ACT needs lerobot: pip install 'rlpost-robot[lerobot]'") from exc
     return (
         FeatureType,
         NormalizationMode,
