@@ -216,8 +216,9 @@ def run_control(job: Any, overwrite: bool = False, log: Any = None) -> dict[str,
 def _mujoco_warnings_to_python() -> None:
     """MuJoCo's own warning handler prints each warning and appends it to
     ``MUJOCO_LOG.TXT`` in the working directory (gymnasium's HalfCheetah model raises a
-    deprecation warning per environment built); route them to :mod:`warnings`, once per
-    message, instead."""
+    deprecation warning per environment built); route them to :mod:`warnings` instead,
+    whose default filter shows a repeated warning once. The handler is process-wide and
+    stays set."""
     import warnings
 
     import mujoco
