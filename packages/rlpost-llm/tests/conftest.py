@@ -20,6 +20,7 @@ FAST = [
     "run.threads=1",
     "data.eval_size=8",
     "algo.kl_coef=0.0",
+    "run.device=cpu",  # the same on a GPU machine; test_cuda.py asks for the GPU
 ]
 
 

@@ -24,7 +24,7 @@ Presets (:mod:`rlpost.core.presets`, one module per family) combine entries with
 paper's hyper-parameters; ``Preset.build()`` gives the :class:`Recipe` a trainer calls.
 """
 
-from rlpost.core._env import MissingDependency
+from rlpost.core._env import MissingDependency, pick_device
 from rlpost.core.advantages import (
     ADVANTAGES,
     AdvantageInput,
@@ -166,6 +166,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "pick_device",
     "random_token_subset",
     "register_preset",
 ]

@@ -4,6 +4,7 @@ the error raised when a feature needs one that is not installed."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 
 
 class MissingDependency(ImportError, ValueError):
@@ -21,3 +22,28 @@ def versions(dists: list[str]) -> dict[str, str]:
         except md.PackageNotFoundError:
             out[d] = "not installed"
     return out
+
+
+def pick_device(name: str):
+    """The ``torch.device`` of a run's ``device`` setting: ``"auto"`` is CUDA when a GPU is
+    visible (``cuda:$LOCAL_RANK`` under ``torchrun``), else the CPU; otherwise any name
+    torch accepts (``"cpu"``, ``"cuda"``, ``"cuda:1"``). An unknown name, or a CUDA device
+    on a machine without one, raises ``ValueError`` naming it."""
+    import torch
+
+    if name == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"device {name!r}: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: no CUDA GPU is visible here (use cpu or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
+    return dev

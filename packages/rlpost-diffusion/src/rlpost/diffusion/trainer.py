@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlpost.core import pick_device
 from rlpost.core.advantages import AdvantageInput
 from rlpost.core.guard import UpdateGuard, all_finite
 from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
@@ -82,12 +83,6 @@ class Batch:
     diverged: bool = False  # the samples themselves are not finite: the last update's doing
 
 
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class Trainer:
     """Runs ``cfg.train.steps`` steps of the configured method and writes ``cfg.run.dir``."""
 
@@ -101,7 +96,7 @@ class Trainer:
         self.cfg = cfg
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.device = _pick_device(cfg.run.device)
+        self.device = pick_device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         self.policy = policy if policy is not None else load_policy(cfg, self.device)
         self.scorer: RewardScorer | None = None

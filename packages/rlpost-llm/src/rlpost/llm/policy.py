@@ -23,8 +23,9 @@ and attention stay small)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(cfg: Config, progress: bool = True):
-    """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured)."""
+def load_policy(cfg: Config, progress: bool = True, device: torch.device | None = None):
+    """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured), on
+    ``device`` when given (else where it was loaded: the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlpost.llm import tiny
@@ -67,6 +68,8 @@ def load_policy(cfg: Config, progress: bool = True):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model = model.to(DTYPES[cfg.model.dtype])
+    if device is not None:
+        model = model.to(device)
     if cfg.model.lora is not None:
         model = apply_lora(model, cfg.model.lora)
     return model, tok

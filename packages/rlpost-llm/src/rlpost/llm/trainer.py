@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlpost.core import pick_device
 from rlpost.core.advantages import AdvantageInput, TrainingDynamics
 from rlpost.core.aggregation import count_scale
 from rlpost.core.contract import Coupling, Input
@@ -223,6 +224,24 @@ class _Accum:
             self.counts[k] = self.counts.get(k, 0) + 1
 
 
+def to_host(x: Any) -> Any:
+    """``x`` (a tensor, or tuples of them) on the CPU, where the trainer keeps its per-token
+    state (masks, advantages, rewards); differentiable, so a loss computed there sends its
+    gradient back to the model's device. A no-op for CPU tensors."""
+    if isinstance(x, Tensor):
+        return x if x.device.type == "cpu" else x.cpu()
+    if isinstance(x, tuple):
+        return tuple(to_host(v) for v in x)
+    return x
+
+
+def host_logprobs(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """:func:`~rlpost.llm.policy.completion_logprobs` on the model's device (a GPU: the
+    forward, the fused head and their backward run there), its ``[B, L]`` results on the
+    host (:func:`to_host`)."""
+    return to_host(completion_logprobs(model, *args, **kwargs))
+
+
 def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     """Full weights for an external engine: LoRA adapters merged, PEFT prefixes removed."""
     if not hasattr(model, "merge_adapter"):
@@ -327,7 +346,9 @@ class Trainer:
             open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
         if model is None:
-            model, tokenizer = load_policy(cfg, progress=cfg.run.progress and self.main)
+            model, tokenizer = load_policy(
+                cfg, progress=cfg.run.progress and self.main, device=pick_device(cfg.run.device)
+            )
         self.model, self.tok = model, tokenizer
         self.reads = set(self.recipe.reads())  # the optional inputs worth computing
         self.curriculum = (
@@ -1015,8 +1036,8 @@ class Trainer:
 
         def forward(sb, **kw):  # (FSDP2: through the learner, which gathers the shards)
             if sharded:
-                return self.learner(completion_logprobs, sb, self.sampling.temperature, **kw)
-            return completion_logprobs(model, sb, self.sampling.temperature, **kw)
+                return self.learner(host_logprobs, sb, self.sampling.temperature, **kw)
+            return host_logprobs(model, sb, self.sampling.temperature, **kw)
 
         for sl, sb in self._seq_batches(batch):
             res = forward(
@@ -1280,7 +1301,7 @@ class Trainer:
             )
             student_ids = self._student_ids(teach, idx, sub) if teach is not None else None
             res = self.learner(
-                completion_logprobs,
+                host_logprobs,
                 sb,
                 self.sampling.temperature,
                 impl=cfg.model.logprob_impl,
@@ -1370,7 +1391,7 @@ class Trainer:
             sub.prompt_ids, sub.completion_ids, sub.mask, sub.pad_id, attend=sub.attention
         )
         with torch.no_grad():
-            logp_d = completion_logprobs(
+            logp_d = host_logprobs(
                 self.model, dense, self.sampling.temperature, impl=cfg.model.logprob_impl
             )[0]
         gap = (logp - logp_d) * m

@@ -1,0 +1,84 @@
+"""The RL trainer with its policy on a CUDA GPU (``run.device``): skipped where there is
+none (CI); ``tools/gpu_check.sh`` runs them on a lent GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpost.llm.trainer import Trainer
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def parity_reward(completion: str, example) -> float:
+    """Varied rewards, so that the advantages (and the gradients) are not zero."""
+    return float(len(completion) % 2 == 0)
+
+
+def test_a_missing_gpu_is_one_line_at_load(fast_cfg):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+        fast_cfg("run.device=cuda")
+    with pytest.raises(ValueError, match="device 'gpu0'"):
+        fast_cfg("run.device=gpu0")
+
+
+def test_auto_is_the_cpu_without_a_gpu(fast_cfg, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    tr = Trainer(fast_cfg("run.device=auto"))
+    assert next(tr.model.parameters()).device.type == "cpu"
+    tr.close()
+
+
+@cuda
+def test_cuda_update_matches_the_cpu_update(tmp_path, fast_cfg, applied_grads):
+    """The same collected batch, the same initial weights: the update's gradients on the
+    GPU equal the CPU's (fp32; reduction order only), and so does its loss."""
+    cpu = Trainer(fast_cfg("run.device=cpu", f"run.dir={tmp_path}/cpu"), reward_fn=parity_reward)
+    gpu = Trainer(fast_cfg("run.device=cuda", f"run.dir={tmp_path}/gpu"), reward_fn=parity_reward)
+    assert next(gpu.model.parameters()).is_cuda
+    col = cpu.collect()
+    assert col.rewards.std() > 0
+    g_cpu, m_cpu = applied_grads(cpu, lambda: cpu.update(col))
+    g_gpu, m_gpu = applied_grads(gpu, lambda: gpu.update(col))
+    assert g_cpu.keys() == g_gpu.keys() and any(g.abs().sum() > 0 for g in g_cpu.values())
+    off = {  # name: (largest difference, largest CPU gradient entry)
+        k: (float((g_gpu[k].cpu() - g).abs().max()), float(g.abs().max()))
+        for k, g in g_cpu.items()
+        if not torch.allclose(g_gpu[k].cpu(), g, rtol=1e-3, atol=1e-6)
+    }
+    assert not off, off
+    assert m_gpu["entropy"] == pytest.approx(m_cpu["entropy"], rel=1e-4, abs=1e-6)
+    cpu.close()
+    gpu.close()
+
+
+@cuda
+def test_cuda_training_resumes_to_the_uninterrupted_run(tmp_path, fast_cfg):
+    """GRPO end to end on the GPU (the lean engine samples there): a run stopped at its
+    checkpoint and resumed ends where the uninterrupted run ends (GPU atomics: to float
+    tolerance), and the checkpoint is the GPU policy's weights, readable on the CPU."""
+    args = ["run.device=cuda", "train.steps=4", "run.save_every=2", "rollout.max_new_tokens=8"]
+    full = Trainer(fast_cfg(*args, f"run.dir={tmp_path}/full"), reward_fn=parity_reward)
+    full.train()
+    assert next(full.model.parameters()).is_cuda
+    full.close()
+    half = Trainer(fast_cfg(*args, f"run.dir={tmp_path}/half"), reward_fn=parity_reward)
+    half.train(until=2)
+    half.close()
+    resumed = Trainer(
+        fast_cfg(*args, f"run.dir={tmp_path}/half"), reward_fn=parity_reward, resume=True
+    )
+    resumed.train()
+    resumed.close()
+    final = "checkpoints/step-000004/model.safetensors"
+    a = load_file(tmp_path / "full" / final)
+    b = load_file(tmp_path / "half" / final)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].device.type == "cpu"
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
