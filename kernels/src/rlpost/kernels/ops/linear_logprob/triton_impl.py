@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlpost.kernels import dot_precision
+
 
 @triton.jit
 def _logits_tile(
@@ -34,6 +36,7 @@ def _logits_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -49,7 +52,7 @@ def _logits_tile(
             mask=mask_v[:, None] & mask_d[None, :],
             other=0.0,
         )
-        acc += tl.dot(hb, tl.trans(wb))
+        acc += tl.dot(hb, tl.trans(wb), input_precision=PRECISION)
     return acc * inv_t
 
 
@@ -70,6 +73,7 @@ def _fwd(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
@@ -95,6 +99,7 @@ def _fwd(
             BLOCK_N,
             BLOCK_V,
             BLOCK_D,
+            PRECISION,
         )
         z_ok = tl.where(mask_v[None, :], z, 0.0)
         z = tl.where(mask_v[None, :], z, -float("inf"))
@@ -140,6 +145,7 @@ def _dz_block(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """``d loss / d z`` of one (token block, vocabulary tile), logits recomputed; rows
     outside the tokens are zero."""
@@ -150,7 +156,7 @@ def _dz_block(
     g_ent = tl.load(gent_ptr + rn, mask=mask_n, other=0.0)
     z = _logits_tile(
         h_ptr, w_ptr, rn, rv, mask_n, mask_v, D, stride_h, stride_w, inv_t,
-        BLOCK_N, BLOCK_V, BLOCK_D,
+        BLOCK_N, BLOCK_V, BLOCK_D, PRECISION,
     )  # fmt: skip
     dz = _dz_tile(z, rv, mask_v, y, log_z, ent, g_logp, g_ent, inv_t)
     return tl.where(mask_n[:, None], dz, 0.0)
@@ -175,6 +181,7 @@ def _bwd_dh(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
@@ -183,7 +190,7 @@ def _bwd_dh(
         mask_v = rv < V
         dz = _dz_block(
             h_ptr, w_ptr, y_ptr, logz_ptr, ent_ptr, glogp_ptr, gent_ptr, rn, rv, mask_n,
-            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D,
+            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D, PRECISION,
         )  # fmt: skip
         for d0 in range(0, D, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
@@ -196,7 +203,7 @@ def _bwd_dh(
             ptr = dh_ptr + rn[:, None] * D + rd[None, :]
             mask = mask_n[:, None] & mask_d[None, :]
             acc = tl.load(ptr, mask=mask, other=0.0)
-            tl.store(ptr, acc + tl.dot(dz, wb.to(tl.float32)), mask=mask)
+            tl.store(ptr, acc + tl.dot(dz, wb.to(tl.float32), input_precision=PRECISION), mask=mask)
 
 
 @triton.jit
@@ -218,6 +225,7 @@ def _bwd_dw(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rv = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_v = rv < V
@@ -226,7 +234,7 @@ def _bwd_dw(
         mask_n = rn < N
         dz = _dz_block(
             h_ptr, w_ptr, y_ptr, logz_ptr, ent_ptr, glogp_ptr, gent_ptr, rn, rv, mask_n,
-            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D,
+            mask_v, D, stride_h, stride_w, inv_t, BLOCK_N, BLOCK_V, BLOCK_D, PRECISION,
         )  # fmt: skip
         for d0 in range(0, D, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
@@ -239,7 +247,11 @@ def _bwd_dw(
             ptr = dw_ptr + rv[:, None] * D + rd[None, :]
             mask = mask_v[:, None] & mask_d[None, :]
             acc = tl.load(ptr, mask=mask, other=0.0)
-            tl.store(ptr, acc + tl.dot(tl.trans(dz), hb.to(tl.float32)), mask=mask)
+            tl.store(
+                ptr,
+                acc + tl.dot(tl.trans(dz), hb.to(tl.float32), input_precision=PRECISION),
+                mask=mask,
+            )
 
 
 #: tile sizes (tokens, vocabulary, hidden); tl.dot needs each >= 16
@@ -272,6 +284,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
             BLOCK_N=bn,
             BLOCK_V=bv,
             BLOCK_D=bd,
+            PRECISION=dot_precision(h.dtype),
         )
         ctx.save_for_backward(h, w, y, log_z, ent)
         ctx.inv_t = inv_t
@@ -290,6 +303,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
         dw = torch.zeros(v, d, device=w.device, dtype=torch.float32)
         args = (h, w, y, log_z, ent, g_logp, g_ent)
         common = (n, v, d, h.stride(0), w.stride(0), ctx.inv_t)
-        _bwd_dh[(triton.cdiv(n, bn),)](*args, dh, *common, BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd)
-        _bwd_dw[(triton.cdiv(v, bv),)](*args, dw, *common, BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd)
+        kw = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd, PRECISION=dot_precision(h.dtype))
+        _bwd_dh[(triton.cdiv(n, bn),)](*args, dh, *common, **kw)
+        _bwd_dw[(triton.cdiv(v, bv),)](*args, dw, *common, **kw)
         return dh.to(h.dtype), dw.to(w.dtype), None, None

@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from rlpost.kernels import dot_precision
+
 
 @triton.jit
 def _fwd(
@@ -43,6 +45,7 @@ def _fwd(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     nh = tl.program_id(0)  # response * H + head
     h = nh % H
@@ -62,13 +65,13 @@ def _fwd(
         v = tl.load(
             vp_ptr + h * P * D + rn[:, None] * D + rd[None, :], mask=mask_n[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(mask_n[None, :], s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     hi = tl.minimum(R, (tl.program_id(1) + 1) * BLOCK_M)  # blocks above the diagonal: none
     for n0 in range(0, hi, BLOCK_N):  # this response's own keys, causal
@@ -80,14 +83,14 @@ def _fwd(
         v = tl.load(
             vr_ptr + nh * R * D + rn[:, None] * D + rd[None, :], mask=mask_n[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         ok = mask_n[None, :] & (rn[None, :] <= rm[:, None])
         s = tl.where(ok, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(o_ptr + nh * R * D + rm[:, None] * D + rd[None, :], out, mask=mask_m[:, None])
@@ -112,6 +115,7 @@ def _bwd_dq(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     nh = tl.program_id(0)
     h = nh % H
@@ -133,10 +137,10 @@ def _bwd_dq(
         v = tl.load(
             vp_ptr + h * P * D + rn[:, None] * D + rd[None, :], mask=mask_n[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         p = tl.where(mask_n[None, :], tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq += tl.dot(ds, k) * scale
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION) * scale
     hi = tl.minimum(R, (tl.program_id(1) + 1) * BLOCK_M)
     for n0 in range(0, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
@@ -147,11 +151,11 @@ def _bwd_dq(
         v = tl.load(
             vr_ptr + nh * R * D + rn[:, None] * D + rd[None, :], mask=mask_n[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         ok = mask_n[None, :] & (rn[None, :] <= rm[:, None])
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq += tl.dot(ds, k) * scale
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION) * scale
     tl.store(dq_ptr + off, dq, mask=mask_m[:, None])
 
 
@@ -174,6 +178,7 @@ def _bwd_dkv(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One key block (of the prompt when not CAUSAL: ``K = P`` keys at ``k_ptr + h P D``;
     of the response when CAUSAL) against all queries of response ``n``; writes this
@@ -196,14 +201,14 @@ def _bwd_dkv(
         do = tl.load(do_ptr + off, mask=mask_m[:, None], other=0.0)
         lse = tl.load(lse_ptr + nh * R + rm, mask=mask_m, other=0.0)
         delta = tl.load(delta_ptr + nh * R + rm, mask=mask_m, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale  # [M, N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
         ok = mask_m[:, None] & mask_n[None, :]
         if CAUSAL:
             ok = ok & (rn[None, :] <= rm[:, None])
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-        dv += tl.dot(tl.trans(p), do)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dk += tl.dot(tl.trans(ds), q) * scale
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION) * scale
     out = nh * K * D + rn[:, None] * D + rd[None, :]
     tl.store(dk_ptr + out, dk, mask=mask_n[:, None])
     tl.store(dv_ptr + out, dv, mask=mask_n[:, None])
@@ -215,7 +220,10 @@ def _blocks(device: torch.device) -> tuple[int, int]:
 
 class SharedPromptResponsesTriton(torch.autograd.Function):
     """Response outputs ``[N, H, R, d]`` from the prompt's ``k_p, v_p [H, P, d]`` and the
-    responses' ``q_r, k_r, v_r [N, H, R, d]`` (float32; ``d`` a power of two >= 16)."""
+    responses' ``q_r, k_r, v_r [N, H, R, d]`` (float32, bfloat16 or float16, one dtype;
+    ``d`` a power of two >= 16). 16-bit inputs: the probabilities and ``ds`` are rounded to
+    the input dtype for their matrix products, FlashAttention's choice; the softmax
+    statistics and every accumulator are float32."""
 
     @staticmethod
     def forward(ctx, k_p, v_p, q_r, k_r, v_r, scale):
@@ -225,11 +233,12 @@ class SharedPromptResponsesTriton(torch.autograd.Function):
         args = [t.contiguous() for t in (q_r, k_p, v_p, k_r, v_r)]
         out = torch.empty_like(args[0])
         lse = torch.empty(N, H, R, device=q_r.device, dtype=torch.float32)
+        prec = dot_precision(q_r.dtype)
         _fwd[(N * H, triton.cdiv(R, bm))](
-            *args, out, lse, H, P, R, scale, D=D, BLOCK_M=bm, BLOCK_N=bn
+            *args, out, lse, H, P, R, scale, D=D, BLOCK_M=bm, BLOCK_N=bn, PRECISION=prec
         )
         ctx.save_for_backward(*args, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.prec = scale, prec
         return out
 
     @staticmethod
@@ -238,8 +247,8 @@ class SharedPromptResponsesTriton(torch.autograd.Function):
         N, H, R, D = q.shape
         P = k_p.shape[1]
         bm, bn = _blocks(q.device)
-        do = d_out.contiguous().float()
-        delta = (do * out).sum(-1).contiguous()  # [N, H, R]
+        do = d_out.contiguous().to(q.dtype)  # (the dots take operands of one dtype)
+        delta = (do.float() * out.float()).sum(-1).contiguous()  # [N, H, R], float32
         dq = torch.empty_like(q)
         _bwd_dq[(N * H, triton.cdiv(R, bm))](
             q,
@@ -258,6 +267,7 @@ class SharedPromptResponsesTriton(torch.autograd.Function):
             D=D,
             BLOCK_M=bm,
             BLOCK_N=bn,
+            PRECISION=ctx.prec,
         )
         dk_p_parts = torch.empty(N, H, P, D, device=q.device, dtype=torch.float32)
         dv_p_parts = torch.empty_like(dk_p_parts)
@@ -279,6 +289,7 @@ class SharedPromptResponsesTriton(torch.autograd.Function):
             D=D,
             BLOCK_M=bm,
             BLOCK_N=bn,
+            PRECISION=ctx.prec,
         )
         dk_r, dv_r = torch.empty_like(k_r), torch.empty_like(v_r)
         _bwd_dkv[(N * H, triton.cdiv(R, bn))](
@@ -299,8 +310,10 @@ class SharedPromptResponsesTriton(torch.autograd.Function):
             D=D,
             BLOCK_M=bm,
             BLOCK_N=bn,
+            PRECISION=ctx.prec,
         )
-        return dk_p_parts.sum(0), dv_p_parts.sum(0), dq, dk_r, dv_r, None
+        dk_p, dv_p = dk_p_parts.sum(0).to(k_p.dtype), dv_p_parts.sum(0).to(v_p.dtype)
+        return dk_p, dv_p, dq, dk_r, dv_r, None
 
 
 def shared_prompt_attention_triton(
