@@ -27,6 +27,11 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
     assert res["trainer_step"]["tokens_per_s"] > 0
     assert res["vllm_engine"]["ok"]  # ran, or says why not (no vLLM on CPU)
     assert res["vllm_teacher"]["ok"]
+    assert res["demo"]["ran"] and 0 <= res["demo"]["eval_after"] <= 1
+    assert res["parity"]["greedy_differ"] == 0  # the CPU against itself
+    assert res["parity"]["max_logit_diff"] == 0.0
+    assert {r["engine"] for r in res["engines"]["rows"]} == {"lean", "hf generate"}
+    assert all(r["tokens"] > 0 for r in res["engines"]["rows"])
 
 
 def test_gpu_check_shell_wrapper_parses():

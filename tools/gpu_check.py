@@ -83,12 +83,14 @@ def cuda_tests(smoke: bool) -> dict:
         "kernels/tests/test_shared_prompt.py",
         "kernels/tests/test_mxfp4.py",
         "kernels/tests/test_dispatch.py",
+        "packages/rlpost-llm/tests/test_cuda.py",
     ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
-    if smoke:
-        cmd += ["-k", "cuda"]  # the CUDA cases only: skipped without a GPU
+    cmd += ["-k", "cuda", "-rfE"]  # the CUDA cases (the rest run in CI); failures listed
     proc = subprocess.run([*cmd, *files], cwd=REPO, capture_output=True, text=True)
     tail = proc.stdout.strip().splitlines()[-1:] or [proc.stderr[-300:]]
+    if proc.returncode not in (0, 5):  # what failed, for the log
+        print(proc.stdout[-6000:], proc.stderr[-2000:], sep="\n")
     print(f"CUDA tests: {tail[0]}")
     return {"returncode": proc.returncode, "summary": tail[0], "ok": proc.returncode in (0, 5)}
 
@@ -235,13 +237,119 @@ def vllm_teacher(smoke: bool) -> dict:
     return out
 
 
-def trainer_step(dev: str, smoke: bool) -> dict:
+def _no_base(smoke: bool) -> str | None:
+    """Why the demo's tiny base cannot be used (``None`` when it can: in the cache, or the
+    untrained model at ``--smoke``)."""
+    from rlpost.llm import tiny
+
+    if smoke or tiny._is_complete(tiny.base_path("arithmetic", digits=2)):
+        return None
+    return "the tiny base is not in the cache (RLPOST_CACHE): building it takes minutes"
+
+
+def demo(dev: str, smoke: bool) -> dict:
+    """``rlpost-llm demo`` (GRPO on 2-digit addition, the tiny default) with its policy on
+    ``dev``: held-out accuracy before and after, and the wall time."""
+    import tempfile
+
+    from rlpost.llm.config import load_config
+    from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.trainer import Trainer
+
+    why = _no_base(smoke)
+    if why:
+        print(f"demo: not run: {why}")
+        return {"ok": True, "ran": False, "why": why}
+    steps = 4 if smoke else 200
+    with tempfile.TemporaryDirectory() as tmp:
+        over = [f"run.dir={tmp}/demo", f"run.device={dev}", "run.progress=false"]
+        over += [f"train.steps={steps}", "run.save_every=0", "run.tensorboard=false"]
+        if smoke:  # (the untrained model: no base to build)
+            over += ["run.eval_every=2", "data.eval_size=16", "rollout.prompts_per_step=4"]
+            over += ["model.path=tiny-random"]
+        t = time.perf_counter()
+        res = Trainer(load_config(recipe_path("grpo_arithmetic"), over), overwrite=True).train()
+        wall = time.perf_counter() - t
+    out = {
+        "ok": res["eval_after"] >= res["eval_before"] or smoke,
+        "ran": True,
+        "device": dev,
+        "steps": steps,
+        "wall_s": round(wall, 1),
+        "ms_per_step": round(1e3 * wall / steps, 1),
+        "eval_before": res["eval_before"],
+        "eval_after": res["eval_after"],
+    }
+    print(
+        f"demo on {dev}: {steps} GRPO steps in {wall:.1f} s ({out['ms_per_step']} ms/step), "
+        f"held-out accuracy {res['eval_before']:.3f} -> {res['eval_after']:.3f}"
+    )
+    return out
+
+
+def parity(dev: str, smoke: bool) -> dict:
+    """The demo's tiny base on ``dev`` against the same weights on the CPU: greedy
+    completions of the held-out prompts that differ, and the largest difference of the
+    prompts' next-token logits (float32 on both: only reduction order should differ);
+    with the float32 matmul settings, which decide whether TF32 is in play."""
+    import copy
+    import tempfile
+
+    import torch
+
+    from rlpost.llm.config import load_config
+    from rlpost.llm.data import encode_prompt
+    from rlpost.llm.engines.base import SamplingParams
+    from rlpost.llm.engines.lean import LeanEngine
+    from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.trainer import Trainer
+
+    settings = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "tf32_env": {k: v for k, v in os.environ.items() if "TF32" in k},
+    }
+    print(f"parity: {settings}")
+    why = _no_base(smoke)
+    if why:
+        print(f"parity: not run: {why}")
+        return {"ok": True, "ran": False, "why": why, **settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        over = [f"run.dir={tmp}/p", f"run.device={dev}", "run.progress=false"]
+        over += ["run.tensorboard=false", "reward.workers=0"]
+        if smoke:
+            over += ["data.eval_size=16", "model.path=tiny-random"]
+        tr = Trainer(load_config(recipe_path("grpo_arithmetic"), over))
+        prompts = [encode_prompt(tr.tok, e.prompt) for e in tr.source.eval_examples]
+        greedy = SamplingParams(tr.sampling.max_new_tokens, 0.0, stop=tr.sampling.stop)
+        P = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), P), tr.tok.pad_token_id, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding, as the engines do
+            ids[i, P - len(p) :], att[i, P - len(p) :] = torch.tensor(p), 1
+        texts, logits = {}, {}
+        for where, model in (("dev", tr.model), ("cpu", copy.deepcopy(tr.model).cpu())):
+            texts[where] = LeanEngine(model, tr.tok).generate(prompts, 1, greedy).texts(tr.tok)
+            d = next(model.parameters()).device
+            with torch.no_grad():
+                out = model(input_ids=ids.to(d), attention_mask=att.to(d), use_cache=False)
+            logits[where] = out.logits[:, -1].float().cpu()
+        tr.close()
+    differ = sum(a != b for a, b in zip(texts["dev"], texts["cpu"], strict=True))
+    gap = float((logits["dev"] - logits["cpu"]).abs().max())
+    flips = int((logits["dev"].argmax(-1) != logits["cpu"].argmax(-1)).sum())
+    print(
+        f"parity: {differ} of {len(prompts)} greedy completions differ from the CPU's; "
+        f"next-token logits differ by up to {gap:.2e} ({flips} argmax flips)"
+    )
+    return {"ok": True, "prompts": len(prompts), "greedy_differ": differ,
+            "max_logit_diff": gap, "argmax_flips": flips, **settings}  # fmt: skip
+
+
+def _qwen3(dev: str, smoke: bool):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from rlpost.core.presets import PolicyBatch
-    from rlpost.llm.config import load_config
-    from rlpost.llm.policy import completion_logprobs, make_seq_batch
 
     cfg = dict(QWEN3_06B)
     if smoke:
@@ -254,11 +362,81 @@ def trainer_step(dev: str, smoke: bool) -> dict:
             num_key_value_heads=2,
             head_dim=16,
         )
-    prompts, group, P, L = (2, 4, 16, 16) if smoke else (8, 8, 256, 768)
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**cfg)).to(dev, dtype)
+    with torch.device(dev):  # initialised there: seconds, not a CPU init of 0.6B weights
+        model = Qwen3ForCausalLM(Qwen3Config(**cfg)).to(dtype)
     model.config._attn_implementation = "sdpa"
+    return model, cfg, dtype
+
+
+def engines(dev: str, smoke: bool) -> dict:
+    """Rollout tokens per second on the Qwen3-0.6B-sized model: the lean engine against
+    Hugging Face ``generate`` (``num_return_sequences``, sampling, no scores kept: what
+    TRL's GRPOTrainer runs without vLLM), same prompts and sampling."""
+    import torch
+
+    from rlpost.llm import tiny
+    from rlpost.llm.engines.base import SamplingParams
+    from rlpost.llm.engines.lean import LeanEngine
+
+    model, cfg, _ = _qwen3(dev, smoke)
+    model.eval()
+    tok = tiny.build_tokenizer()  # pad / eos ids only: the prompts are random ids
+    U, n, P, L = (2, 4, 8, 8) if smoke else (32, 8, 64, 128)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg["vocab_size"], (P,), generator=g).tolist() for _ in range(U)]
+    sp = SamplingParams(max_new_tokens=L, temperature=1.0)
+    lean = LeanEngine(model, tok, batch_size=U * n)
+
+    def run_lean() -> int:
+        return int(lean.generate(prompts, n, sp).mask.sum())
+
+    ids = torch.tensor(prompts, device=dev)
+
+    def run_hf() -> int:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=L,
+                min_new_tokens=L,
+                num_return_sequences=n,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=None,
+            )
+        return int(out.shape[0] * (out.shape[1] - P))
+
+    rows = []
+    for name, fn in (("lean", run_lean), ("hf generate", run_hf)):
+        fn()  # warm-up (allocator, kernels)
+        _sync(dev)
+        t = time.perf_counter()
+        made = fn()
+        _sync(dev)
+        sec = time.perf_counter() - t
+        rows.append({"engine": name, "tokens": made, "seconds": round(sec, 3),
+                     "tokens_per_s": round(made / sec)})  # fmt: skip
+        print(f"  {name}: {made} tokens in {sec:.2f} s, {made / sec:,.0f} tokens/s")
+    ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+    print(f"engines: {U} prompts x {n} x {L} new tokens (prompt {P}); lean / hf = {ratio:.2f}x")
+    return {"ok": True, "prompts": U, "group": n, "prompt_len": P, "new_tokens": L,
+            "rows": rows, "lean_over_hf": round(ratio, 2)}  # fmt: skip
+
+
+def trainer_step(dev: str, smoke: bool) -> dict:
+    import torch
+
+    from rlpost.core.presets import PolicyBatch
+    from rlpost.llm.config import load_config
+    from rlpost.llm.policy import completion_logprobs, make_seq_batch
+
+    prompts, group, P, L = (2, 4, 16, 16) if smoke else (8, 8, 256, 768)
+    model, cfg, dtype = _qwen3(dev, smoke)
     if not smoke:
         model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=dev == "cuda")
@@ -310,6 +488,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="toy sizes; runs on CPU too")
     ap.add_argument("--out", default="gpu_check.json")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=["cuda_tests", "kernels", "vllm_engine", "vllm_teacher", "demo", "parity",
+                 "engines", "trainer_step"],
+        help="run these parts only",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     import torch
 
@@ -329,8 +514,13 @@ def main(argv=None) -> int:
         ("kernels", lambda: kernel_table(dev, args.smoke)),
         ("vllm_engine", lambda: vllm_engine(args.smoke)),
         ("vllm_teacher", lambda: vllm_teacher(args.smoke)),
+        ("demo", lambda: demo(dev, args.smoke)),
+        ("parity", lambda: parity(dev, args.smoke)),
+        ("engines", lambda: engines(dev, args.smoke)),
         ("trainer_step", lambda: trainer_step(dev, args.smoke)),
     ]
+    only = set(args.only or [name for name, _ in parts])
+    parts = [(name, fn) for name, fn in parts if name in only]
     for name, fn in parts:
         print(f"\n== {name}", flush=True)
         t = time.perf_counter()
@@ -340,6 +530,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
             results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         results[name]["seconds"] = round(time.perf_counter() - t, 1)
+        Path(args.out).write_text(json.dumps(results, indent=2))  # kept if a later part hangs
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")
     return 0 if all(r.get("ok") for k, r in results.items() if k != "info") else 1

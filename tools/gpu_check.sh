@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's GPU checks (issue 18) in one call on a lent CUDA machine, e.g. through the
-# device tool: run(command="bash tools/gpu_check.sh", carry=[".whl"], timeout_s=540).
+# device tool: run(command="bash tools/gpu_check.sh", carry=[".whl", ".gpucache"], timeout_s=540).
 #
 # The machine has no network: it runs the repository from its source folders with the
 # machine's own python3 (torch, triton, transformers there), and installs what that lacks
@@ -19,6 +19,9 @@ for src in kernels/src packages/*/src; do
     PYTHONPATH="$PWD/$src${PYTHONPATH:+:$PYTHONPATH}"
 done
 export PYTHONPATH PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# the tiny default base, built here beforehand and carried (building it there takes minutes):
+# mkdir -p .gpucache/llm && cp -r ~/.cache/rlpost/llm/tiny-arithmetic-* .gpucache/llm/
+[ -d .gpucache ] && export RLPOST_CACHE="$PWD/.gpucache"
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-bench_results}
 mkdir -p "$OUT_DIR"
