@@ -91,3 +91,13 @@ def test_a_method_registered_by_the_test_trains_through_the_cli(tmp_path, monkey
         assert torch.isfinite(seen["adv"]).all()
     finally:
         METHODS.unregister("toy_pull")
+
+
+def test_a_bad_device_stops_the_demo_before_it_writes_anything(tmp_path, capsys):
+    import torch
+
+    device = "tpu" if torch.cuda.is_available() else "cuda"
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), f"run.device={device}"]) == 2
+    assert f"device '{device}'" in capsys.readouterr().err
+    assert not out.exists()

@@ -228,11 +228,10 @@ class TrainConfig(_Strict):
     reported; ``max_consecutive`` in a row stop the run with a message."""
 
 
-class RunConfig(schema.CheckpointedRunConfig):
+class RunConfig(schema.DeviceRunConfig):
     dir: str = "runs/diffusion"
     eval_per_prompt: int = Field(8, ge=1)
     save_every: int = Field(50, ge=0)
-    device: str = "auto"
 
 
 class Config(_Strict):

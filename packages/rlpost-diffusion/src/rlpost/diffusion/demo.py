@@ -73,17 +73,21 @@ def run_demo(
     from rlpost.diffusion.trainer import Trainer
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    timing: dict[str, float] = {}
-    columns: dict[str, Any] = {}
+    configs = {}  # all validated before anything is written
     for method in methods:
         overrides = [f"run.dir={out / method}", f"run.progress={progress}"]
         if steps is not None:
             overrides.append(f"train.steps={steps}")
         if reward is not None:
             overrides.append(f"reward.name={reward}")
-        cfg = load_config(recipe_path(f"{method}_digits"), overrides + (extra_overrides or []))
+        configs[method] = load_config(
+            recipe_path(f"{method}_digits"), overrides + (extra_overrides or [])
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    timing: dict[str, float] = {}
+    columns: dict[str, Any] = {}
+    for method, cfg in configs.items():
         t0 = time.perf_counter()
         trainer = Trainer(cfg)
         runs[method] = trainer.train(overwrite=True)  # the demo replaces its own runs

@@ -716,21 +716,11 @@ class RunConfig(schema.CheckpointedRunConfig):
     dir: str = "runs/llm"
 
 
-class TrainRunConfig(RunConfig):
-    """The RL trainer's run settings: :class:`RunConfig` and the device."""
-
-    device: str = "auto"
-    """Where the policy (and its reference copy and critic) live: ``auto`` is the GPU when
-    one is visible (``cuda:$LOCAL_RANK`` under torchrun), else the CPU; or ``cpu``,
-    ``cuda``, ``cuda:N``. Rollouts run on the model's device; the trainer's per-token
-    bookkeeping (advantages, masks, the policy loss) stays on the host."""
-
-    @model_validator(mode="after")
-    def _device(self) -> TrainRunConfig:
-        from rlpost.core import pick_device
-
-        pick_device(self.device)  # an unknown name or a missing GPU: one line, at load
-        return self
+class TrainRunConfig(RunConfig, schema.DeviceRunConfig):
+    """The RL trainer's run settings: :class:`RunConfig` and the device. The policy (and
+    its reference copy and critic) live there, rollouts run on the model's device, and
+    the trainer's per-token bookkeeping (advantages, masks, the policy loss) stays on the
+    host."""
 
 
 class Config(_Strict):

@@ -85,6 +85,21 @@ class CheckpointedRunConfig(RunConfig):
     tensorboard: bool = True
 
 
+class DeviceRunConfig(CheckpointedRunConfig):
+    """A run whose model may live on a GPU (:func:`rlpost.core.pick_device`)."""
+
+    device: str = "auto"
+    """``auto`` is the GPU when one is visible (``cuda:$LOCAL_RANK`` under torchrun), else
+    the CPU; or ``cpu``, ``cuda``, ``cuda:N``."""
+
+    @model_validator(mode="after")
+    def _device(self) -> DeviceRunConfig:
+        from rlpost.core._env import pick_device
+
+        pick_device(self.device)  # an unknown name or a missing GPU: one line, at load
+        return self
+
+
 class GuardConfig(Strict):
     """Non-finite steps (:class:`rlpost.core.guard.UpdateGuard`): a step whose loss or
     gradient is not finite is skipped; one that makes a parameter non-finite is rolled
