@@ -25,6 +25,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
         "mxfp4",
     }
     assert res["trainer_step"]["tokens_per_s"] > 0
+    assert res["tiles"]["ok"] and len(res["tiles"]["rows"]) == 2
     assert res["vllm_engine"]["ok"]  # ran, or says why not (no vLLM on CPU)
     assert res["vllm_teacher"]["ok"]
     assert res["demo"]["ran"] and 0 <= res["demo"]["eval_after"] <= 1

@@ -8,23 +8,29 @@ and, on any machine, the same code at toy sizes on the CPU (how CI keeps it work
 
     uv run --frozen python tools/gpu_check.py --smoke --out /tmp/gpu_check_smoke.json
 
-1. the CUDA-only tests: the kernel test files (their CUDA cases run where CUDA is);
+1. the CUDA-only tests: the kernel test files and the trainer's (``-k cuda``);
 2. Triton vs the torch reference for the three kernel ops (fused linear log-prob /
    entropy forward + backward, shared-prompt attention, MXFP4 decomposition): ms per call
-   and the speed-up, one table;
+   and the speed-up, one table; then the fused log-prob kernels under other tile and
+   launch choices (``tiles``);
 3. the vLLM rollout engine end to end on the tiny model: a few GRPO steps through
    ``rlpost.llm.trainer.Trainer`` with ``rollout.engine=vllm``, generated tokens per second
    (a line saying why when vLLM is not installed there);
    and a vLLM distillation teacher: two OPD steps with the tiny base as its own teacher
    on vLLM (``distill.teachers[].engine=vllm``), whose first reverse KL must be ~0 (the
    student equals the teacher; bfloat16 noise only);
-4. a trainer step of a randomly initialised Qwen3-0.6B-sized model (no weights can be
+4. ``rlpost-llm demo`` with its policy on the GPU (held-out accuracy before / after, wall
+   time); ``parity``: the demo's base on the GPU against the CPU (greedy completions that
+   differ, the largest logit difference, the float32 matmul settings); ``engines``: the
+   lean engine against Hugging Face ``generate`` on the Qwen3-0.6B-sized model, tokens/s;
+5. a trainer step of a randomly initialised Qwen3-0.6B-sized model (no weights can be
    downloaded) in bfloat16: the packed forward with fused log-probs, a GRPO loss, backward
    and AdamW, trained tokens per second, beside prime-rl's published trainer throughput of
    about 11.9k tokens/s on one H100.
 
-Each part prints its result and lands in the JSON; a part that fails is reported and the
-others still run (exit code 1 if any failed).
+Each part prints its result and lands in the JSON (rewritten after every part); a part
+that fails is reported and the others still run (exit code 1 if any failed). ``--only``
+runs the parts named.
 """
 
 from __future__ import annotations
@@ -148,6 +154,79 @@ def kernel_table(dev: str, smoke: bool) -> dict:
         rows.append(row)
         print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
     return {"rows": rows, "ok": True}
+
+
+#: (BLOCK_N, BLOCK_V, BLOCK_D, num_warps, num_stages) tried by ``tiles``; the first is the
+#: kernels' default (BLOCKS / LAUNCH in linear_logprob/triton_impl.py)
+TILES = [
+    (64, 128, 64, None, None),
+    (64, 128, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+    (64, 256, 64, 8, 3),
+    (128, 128, 32, 4, 4),
+    (64, 128, 128, 8, 2),
+    (128, 64, 64, 4, 3),
+]
+
+
+def tiles(dev: str, smoke: bool) -> dict:
+    """The fused log-prob kernels (forward + backward, bf16, the Qwen3 vocabulary) under
+    each tile / launch choice of :data:`TILES`: ms per call, and the largest difference
+    from the default's outputs relative to their largest entry (tiles change only the
+    summation order). A choice the chip cannot run (shared memory) is reported as such."""
+    import torch
+
+    from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
+
+    backend = "triton" if dev == "cuda" else "reference"  # (on CPU: the harness only)
+    g = torch.Generator(device=dev).manual_seed(0)
+    n, v, d = (64, 512, 32) if smoke else (8192, 151_936, 1024)
+    h = torch.randn(n, d, device=dev, generator=g, dtype=torch.bfloat16, requires_grad=True)
+    w = (0.02 * torch.randn(v, d, device=dev, generator=g, dtype=torch.bfloat16)).requires_grad_()
+    tok = torch.randint(0, v, (n,), device=dev, generator=g)
+
+    def run():
+        lp, ent = linear_logprob_entropy(h, w, tok, 1.0, backend=backend)
+        dh, dw = torch.autograd.grad(lp.sum() + 0.1 * ent.sum(), (h, w))
+        return [x.float() for x in (lp, ent, dh, dw)]
+
+    if dev == "cuda":
+        from rlpost.kernels.ops.linear_logprob import triton_impl as impl
+
+        saved = (impl.BLOCKS["cuda"], dict(impl.LAUNCH["cuda"]))
+    rows, base = [], None
+    try:
+        for bn, bv, bd, warps, stages in TILES[:2] if smoke else TILES:
+            name = f"{bn}x{bv}x{bd} warps={warps or '-'} stages={stages or '-'}"
+            if dev == "cuda":
+                impl.BLOCKS["cuda"] = (bn, bv, bd)
+                impl.LAUNCH["cuda"] = {
+                    k: x for k, x in (("num_warps", warps), ("num_stages", stages)) if x
+                }
+            try:
+                out = run()
+                ms = _time(run, dev, 2 if smoke else 3)
+            except Exception as exc:  # e.g. triton's OutOfResources: too much shared memory
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                rows.append({"tiles": name, "error": why})
+                print(f"  {name}: {why}")
+                continue
+            base = base or out
+            err = max(
+                float((a - b).abs().max() / b.abs().max()) for a, b in zip(out, base, strict=True)
+            )
+            rows.append({"tiles": name, "ms": round(ms, 2), "rel_diff": err})
+            print(f"  {name}: {ms:.2f} ms, outputs within {err:.1e} of the default's")
+    finally:
+        if dev == "cuda":
+            impl.BLOCKS["cuda"], impl.LAUNCH["cuda"] = saved
+    timed = [r for r in rows if "ms" in r]
+    best = min(timed, key=lambda r: r["ms"]) if timed else None
+    if best:
+        print(f"tiles: fastest {best['tiles']} at {best['ms']} ms ({backend}, N={n} V={v} D={d})")
+    return {"ok": bool(timed) and all(r["rel_diff"] < 2e-2 for r in timed), "rows": rows,
+            "backend": backend, "fastest": best}  # fmt: skip
 
 
 def vllm_engine(smoke: bool) -> dict:
@@ -491,8 +570,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--only",
         nargs="+",
-        choices=["cuda_tests", "kernels", "vllm_engine", "vllm_teacher", "demo", "parity",
-                 "engines", "trainer_step"],
+        choices=["cuda_tests", "kernels", "tiles", "vllm_engine", "vllm_teacher", "demo",
+                 "parity", "engines", "trainer_step"],
         help="run these parts only",
     )  # fmt: skip
     args = ap.parse_args(argv)
@@ -512,6 +591,7 @@ def main(argv=None) -> int:
     parts = [
         ("cuda_tests", lambda: cuda_tests(args.smoke)),
         ("kernels", lambda: kernel_table(dev, args.smoke)),
+        ("tiles", lambda: tiles(dev, args.smoke)),
         ("vllm_engine", lambda: vllm_engine(args.smoke)),
         ("vllm_teacher", lambda: vllm_teacher(args.smoke)),
         ("demo", lambda: demo(dev, args.smoke)),

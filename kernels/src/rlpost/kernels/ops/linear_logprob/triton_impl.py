@@ -256,6 +256,14 @@ def _bwd_dw(
 
 #: tile sizes (tokens, vocabulary, hidden); tl.dot needs each >= 16
 BLOCKS = {"cuda": (64, 128, 64), "cpu": (16, 32, 16)}
+#: launch options (``num_warps``, ``num_stages``; Triton's defaults where absent).
+#: ``tools/gpu_check.py``'s ``tiles`` part times other choices of both tables.
+LAUNCH: dict[str, dict[str, int]] = {"cuda": {}, "cpu": {}}
+
+
+def _config(t: Tensor) -> tuple[tuple[int, int, int], dict[str, int]]:
+    kind = "cuda" if t.is_cuda else "cpu"
+    return BLOCKS[kind], LAUNCH[kind]
 
 
 class LinearLogprobEntropyTriton(torch.autograd.Function):
@@ -264,7 +272,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
         h, w, y = h.contiguous(), w.contiguous(), y.contiguous()
         n, d = h.shape
         v = w.shape[0]
-        bn, bv, bd = BLOCKS["cuda" if h.is_cuda else "cpu"]
+        (bn, bv, bd), launch = _config(h)
         logp = torch.empty(n, device=h.device, dtype=torch.float32)
         ent, log_z = torch.empty_like(logp), torch.empty_like(logp)
         inv_t = 1.0 / temperature
@@ -285,6 +293,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
             BLOCK_V=bv,
             BLOCK_D=bd,
             PRECISION=dot_precision(h.dtype),
+            **launch,
         )
         ctx.save_for_backward(h, w, y, log_z, ent)
         ctx.inv_t = inv_t
@@ -295,7 +304,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
         h, w, y, log_z, ent = ctx.saved_tensors
         n, d = h.shape
         v = w.shape[0]
-        bn, bv, bd = BLOCKS["cuda" if h.is_cuda else "cpu"]
+        (bn, bv, bd), launch = _config(h)
         zero = torch.zeros(n, device=h.device, dtype=torch.float32)
         g_logp = zero if g_logp is None else g_logp.float().contiguous()
         g_ent = zero if g_ent is None else g_ent.float().contiguous()
@@ -303,7 +312,7 @@ class LinearLogprobEntropyTriton(torch.autograd.Function):
         dw = torch.zeros(v, d, device=w.device, dtype=torch.float32)
         args = (h, w, y, log_z, ent, g_logp, g_ent)
         common = (n, v, d, h.stride(0), w.stride(0), ctx.inv_t)
-        kw = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd, PRECISION=dot_precision(h.dtype))
+        kw = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd, PRECISION=dot_precision(h.dtype), **launch)
         _bwd_dh[(triton.cdiv(n, bn),)](*args, dh, *common, **kw)
         _bwd_dw[(triton.cdiv(v, bv),)](*args, dw, *common, **kw)
         return dh.to(h.dtype), dw.to(w.dtype), None, None
