@@ -408,9 +408,12 @@ def trl_child(spec: dict) -> dict:
                     "trained": float(count["trained"]),
                     "completions": count["n"],
                     "reward": count["reward"] / max(count["n"], 1),
+                    "rollout_s": phase["rollout"],
+                    "update_s": t - self.begin - phase["rollout"],
                 }
             )
             count.update(generated=0, trained=0, reward=0.0, n=0)
+            phase["rollout"] = 0.0
             self.last_end, self.last_cpu = t, cpu
             if state.global_step == total:
                 at_end["peak_rss_mib"] = _proc_status_mib("VmHWM")
@@ -468,6 +471,18 @@ def trl_child(spec: dict) -> dict:
         processing_class=tok,
         callbacks=[Timer()],
     )
+    # the rollout half of a step: generation, rewards, advantages (and any no-grad forward)
+    phase = {"rollout": 0.0}
+    make_batch = trainer._generate_and_score_completions
+
+    def timed_make_batch(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return make_batch(*a, **kw)
+        finally:
+            phase["rollout"] += time.perf_counter() - t
+
+    trainer._generate_and_score_completions = timed_make_batch
     rss_before = _proc_status_mib("VmRSS")
     hwm_before = _proc_status_mib("VmHWM")
     trainer.train()
@@ -563,10 +578,9 @@ def summarise(res: dict, spec: dict) -> dict:
         "process_s": res["process_s"],
         "step_ms_each": [1e3 * s["period_s"] for s in steps],
     }
-    if res["side"] == "rlpost":
-        row["rollout_ms"] = 1e3 * sum(s["rollout_s"] for s in steps) / n
-        row["update_ms"] = 1e3 * sum(s["update_s"] for s in steps) / n
-    else:
+    row["rollout_ms"] = 1e3 * sum(s["rollout_s"] for s in steps) / n
+    row["update_ms"] = 1e3 * sum(s["update_s"] for s in steps) / n
+    if res["side"] != "rlpost":
         row["rlpost_imported"] = res["rlpost_imported"]
         lens = [s.get("logged_mean_length") for s in steps]
         if all(v is not None for v in lens):  # logged mean length x completions per step
@@ -673,6 +687,8 @@ def main(argv=None) -> None:
 
     keys = (
         "step_ms",
+        "rollout_ms",
+        "update_ms",
         "gen_tok_s",
         "train_tok_s",
         "total_tok_s",
@@ -705,6 +721,8 @@ def main(argv=None) -> None:
             "side",
             ("step_ms", "step ms"),
             ("step_ms_std", "+-"),
+            ("rollout_ms", "rollout ms"),
+            ("update_ms", "update ms"),
             ("gen_tok_s", "gen tok/s"),
             ("train_tok_s", "train tok/s"),
             ("total_tok_s", "total tok/s"),

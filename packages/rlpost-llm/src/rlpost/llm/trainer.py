@@ -321,6 +321,10 @@ class Trainer:
             self._own_group = True
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self._comm = torch.device("cpu")  # where the trainer's own collectives' tensors live
+        if self.world > 1 and dist.get_backend() == "nccl":  # NCCL: on this rank's GPU
+            self._comm = pick_device(cfg.run.device)
+            torch.cuda.set_device(self._comm)
         self.main = self.rank == 0
         self.preset = cfg.preset()
         self.recipe = self.preset.build()
@@ -1403,7 +1407,7 @@ class Trainer:
         """Regularise, clip and apply the summed gradients (or drop them: ``acc.bad``)."""
         params = [q for q in self.model.parameters() if q.requires_grad]
         if self.world > 1:
-            flag = torch.tensor([float(acc.bad)])
+            flag = torch.tensor([float(acc.bad)], device=self._comm)
             dist.all_reduce(flag)
             acc.bad = bool(flag.item())
         if not acc.bad and self.regularizer is not None:
@@ -1483,7 +1487,7 @@ class Trainer:
         cfg = self.cfg
         mism = acc.mism
         if self.world > 1:
-            t = torch.tensor([mism["abs"], mism["k3"], mism["tok"], acc.ent_sum])
+            t = torch.tensor([mism["abs"], mism["k3"], mism["tok"], acc.ent_sum], device=self._comm)
             dist.all_reduce(t)
             mism["abs"], mism["k3"], mism["tok"], acc.ent_sum = t.tolist()
         ntok = max(mism["tok"], 1.0)
@@ -1791,7 +1795,7 @@ class Trainer:
 
     def _out_of_time(self, t_start: float, budget: float) -> bool:
         """Past the wall-clock budget (rank 0's clock decides for every rank)."""
-        flag = torch.tensor([float(time.perf_counter() - t_start >= budget)])
+        flag = torch.tensor([float(time.perf_counter() - t_start >= budget)], device=self._comm)
         if self.world > 1:
             dist.broadcast(flag, src=0)
         return bool(flag.item())
