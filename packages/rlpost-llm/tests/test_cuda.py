@@ -82,3 +82,22 @@ def test_cuda_training_resumes_to_the_uninterrupted_run(tmp_path, fast_cfg):
     for k in a:
         assert a[k].device.type == "cpu"
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@cuda
+def test_cuda_evaluation_decodes_what_the_cpu_decodes(fast_cfg):
+    """``rlpost-llm eval`` on the GPU (``run.device``): the greedy completions of the
+    held-out prompts are the CPU's (float32; only the reduction order differs)."""
+    from rlpost.llm.data import encode_prompt, make_prompt_source
+    from rlpost.llm.engines.base import SamplingParams
+    from rlpost.llm.evaluate import _policy_engine
+
+    texts = {}
+    for device in ("cpu", "cuda"):
+        cfg = fast_cfg(f"run.device={device}", "data.eval_size=32")
+        tok, engine = _policy_engine(cfg)
+        assert next(engine.model.parameters()).device.type == device
+        src = make_prompt_source(cfg.data.task, dict(cfg.data.task_params), None, 32, 0)
+        prompts = [encode_prompt(tok, e.prompt) for e in src.eval_examples]
+        texts[device] = engine.generate(prompts, 1, SamplingParams(8, 0.0)).texts(tok)
+    assert texts["cuda"] == texts["cpu"]

@@ -16,8 +16,10 @@ from rlpost.llm.rewards import RewardPool, math_verify_reward
 
 def _policy_engine(cfg: Config, checkpoint=None):
     """The tokenizer and an in-process engine on the policy of ``cfg.model`` (a
-    checkpoint's weights over it when given)."""
-    model, tok = load_policy(cfg, progress=cfg.run.progress)
+    checkpoint's weights over it when given), on ``run.device``."""
+    from rlpost.core import pick_device
+
+    model, tok = load_policy(cfg, progress=cfg.run.progress, device=pick_device(cfg.run.device))
     if checkpoint is not None:
         from safetensors.torch import load_model
 
