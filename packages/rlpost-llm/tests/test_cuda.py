@@ -101,3 +101,14 @@ def test_cuda_evaluation_decodes_what_the_cpu_decodes(fast_cfg):
         prompts = [encode_prompt(tok, e.prompt) for e in src.eval_examples]
         texts[device] = engine.generate(prompts, 1, SamplingParams(8, 0.0)).texts(tok)
     assert texts["cuda"] == texts["cpu"]
+
+
+@cuda
+def test_cuda_a_model_passed_on_the_cpu_goes_to_the_gpu(fast_cfg):
+    from rlpost.llm.policy import load_policy
+
+    model, tok = load_policy(fast_cfg("run.device=cpu"), progress=False)
+    tr = Trainer(fast_cfg("run.device=cuda"), model=model, tokenizer=tok, reward_fn=parity_reward)
+    assert next(tr.model.parameters()).is_cuda
+    tr.train()
+    tr.close()

@@ -349,10 +349,13 @@ class Trainer:
         if self.main:
             open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
+        device = pick_device(cfg.run.device)
         if model is None:
             model, tokenizer = load_policy(
-                cfg, progress=cfg.run.progress and self.main, device=pick_device(cfg.run.device)
+                cfg, progress=cfg.run.progress and self.main, device=device
             )
+        elif device.type != "cpu" and next(model.parameters()).device.type == "cpu":
+            model = model.to(device)  # a model passed on the CPU goes where the run says
         self.model, self.tok = model, tokenizer
         self.reads = set(self.recipe.reads())  # the optional inputs worth computing
         self.curriculum = (
