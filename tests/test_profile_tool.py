@@ -27,7 +27,7 @@ def test_every_part_of_a_step_is_attributed(tmp_path):
     res = json.loads(out.read_text())
     parts = res["profiled"]["parts_ms"]
     for part in ("generation", "reward", "training forward + loss", "backward"):
-        assert parts[part] > 0, (part, parts)
+        assert parts[part] > 0, (part, parts, res["engine"])
     assert parts["optimizer step + clip"] > 0
     assert res["profiled"]["generation_ms_per_token"] > 0
     # the rollout's time is generation's, not the remainder's (which held it when the

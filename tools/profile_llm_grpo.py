@@ -11,8 +11,8 @@ Two runs of the same seeded trainer (the benchmark's config, ``rlpost_config``):
 whose per-step wall time and the trainer's own ``time/rollout`` / ``time/update`` are the
 reference, and one under ``cProfile``, whose cumulative times split the step into
 
-* generation: the rollout engine's ``generate`` (the lean engine by default, or HF), per
-  generated token;
+* generation: the trainer's call into the rollout engine (``Trainer._generate``; the lean
+  engine by default, or HF), per generated token;
 * reward: scoring the completions;
 * no-grad forwards: the old / reference log-probabilities recomputed before the update;
 * training forward + loss: the update's forwards with gradients and the objective;
@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm_grpo import rlpost_config, save_model
 
 PARTS = {
-    "generation": [("engines/base.py", "generate")],  # LocalEngine: the HF and lean engines
+    # the trainer's one call into whichever engine it runs (lean, HF, Ray, speculative...)
+    "generation": [("rlpost/llm/trainer.py", "_generate")],
     "reward": [("rlpost/llm/trainer.py", "_score")],
     "no-grad forwards": [("rlpost/llm/trainer.py", "_forward_nograd")],
     "update (all)": [("rlpost/llm/trainer.py", "update")],
@@ -147,6 +148,7 @@ def run(spec: dict) -> dict:
             "share": {k: v / step_ms for k, v in per_step.items()},
             "generation_ms_per_token": per_step["generation"] / max(plain["generated_tokens"], 1),
         },
+        "engine": type(t.engine).__name__,
         "note": "profiled times include cProfile's per-call cost; all steps incl. warm-up",
     }
 
