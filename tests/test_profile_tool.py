@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_every_part_of_a_step_is_attributed(tmp_path):
-    """In a process of its own, as a user runs it: a profiler is process-wide state, and
-    a test worker that ran hundreds of other tests once read 0 ms for generation."""
+    """In a process of its own, as a user runs it (a profiler is process-wide state).
+    Generation is the trainer's call into its engine: twice, in the full suite, the
+    engines' own ``generate`` was missing from the profile (cause not found)."""
     out = tmp_path / "profile.json"
     args = ["--prompts", "2", "--group-size", "4", "--max-new-tokens", "4", "--steps", "2",
             "--warmup", "1", "--threads", "1", "--size", "micro", "--out", str(out)]  # fmt: skip
