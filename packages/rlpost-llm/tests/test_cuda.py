@@ -1,5 +1,6 @@
-"""The RL trainer with its policy on a CUDA GPU (``run.device``): skipped where there is
-none (CI); ``tools/gpu_check.sh`` runs them on a lent GPU."""
+"""The RL trainer with its policy on a CUDA GPU (``run.device``). The ``@cuda`` cases need
+one (CI has none; ``tools/gpu_check.sh`` runs them on a lent GPU); the others run
+everywhere."""
 
 from __future__ import annotations
 
@@ -17,18 +18,20 @@ def parity_reward(completion: str, example) -> float:
     return float(len(completion) % 2 == 0)
 
 
-def test_a_missing_gpu_is_one_line_at_load(fast_cfg):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without a GPU, on any machine (these run on a GPU machine too)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_a_missing_gpu_is_one_line_at_load(fast_cfg, no_gpu):
     with pytest.raises(ValueError, match="no CUDA GPU is visible"):
         fast_cfg("run.device=cuda")
     with pytest.raises(ValueError, match="device 'gpu0'"):
         fast_cfg("run.device=gpu0")
 
 
-def test_auto_is_the_cpu_without_a_gpu(fast_cfg, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+def test_auto_is_the_cpu_without_a_gpu(fast_cfg, no_gpu):
     tr = Trainer(fast_cfg("run.device=auto"))
     assert next(tr.model.parameters()).device.type == "cpu"
     tr.close()
