@@ -321,10 +321,11 @@ class Trainer:
             self._own_group = True
         if dist.is_initialized():
             self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        device = pick_device(cfg.run.device)  # the policy's
         self._comm = torch.device("cpu")  # where the trainer's own collectives' tensors live
         if self.world > 1 and dist.get_backend() == "nccl":  # NCCL: on this rank's GPU
-            self._comm = pick_device(cfg.run.device)
-            torch.cuda.set_device(self._comm)
+            self._comm = device
+            torch.cuda.set_device(device)
         self.main = self.rank == 0
         self.preset = cfg.preset()
         self.recipe = self.preset.build()
@@ -349,7 +350,6 @@ class Trainer:
         if self.main:
             open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
-        device = pick_device(cfg.run.device)
         if model is None:
             model, tokenizer = load_policy(
                 cfg, progress=cfg.run.progress and self.main, device=device
@@ -1056,8 +1056,8 @@ class Trainer:
             if ent is not None:
                 ent[sl] = res[1] * mask[sl]
             if dists:
-                ids_parts.append(res[2][0].cpu())
-                lp_parts.append(res[2][1].cpu())
+                ids_parts.append(res[2][0])  # (host_logprobs: on the CPU already)
+                lp_parts.append(res[2][1])
         d = (torch.cat(ids_parts), torch.cat(lp_parts)) if dists else None
         return Forward(out, ent, d)
 
