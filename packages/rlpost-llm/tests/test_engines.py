@@ -242,3 +242,35 @@ def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok, layout):
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=1e-5)
     assert (out[True][0] - out[True][1]).abs().max() > 1e-3  # the adapters matter
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("layout", ["ragged", "uniform"])
+def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
+    model_tok, layout, reentrant
+):
+    """With activation checkpointing on (either torch flavour), the backward recomputes
+    each layer the way the forward ran it: through the shared-prompt attention function in
+    the uniform layout, not through the model's default attention after the forward's
+    mode has ended. Same log-probs, same parameter gradients as without checkpointing."""
+    import copy
+
+    m, tok = model_tok
+    torch.manual_seed(5)
+    comp = torch.randint(3, m.config.vocab_size, (4, 5))
+    mask = torch.ones(4, 5)
+    mask[1, 3:] = 0
+    prompts = [ids(tok, "12+3=")] * 2 + [ids(tok, "4567+8=")] * 2
+    sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=True, layout=layout)
+    out = {}
+    for ckpt in (False, True):
+        mc = copy.deepcopy(m).train()
+        if ckpt:
+            mc.gradient_checkpointing_enable({"use_reentrant": reentrant})
+        lp, _ = completion_logprobs(mc, sb, 1.0)
+        (lp * mask).sum().backward()
+        out[ckpt] = (lp.detach(), {n: p.grad for n, p in mc.named_parameters()})
+        assert mc.config._attn_implementation == m.config._attn_implementation
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-6, rtol=1e-6)
+    for name, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], g, atol=1e-6, rtol=1e-5, msg=name)

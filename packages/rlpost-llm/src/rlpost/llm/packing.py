@@ -8,7 +8,8 @@ function with transformers' ``AttentionInterface`` that, for each packed row, ca
 :func:`rlpost.kernels.ops.shared_prompt.shared_prompt_attention` on the prompt and the
 responses (Triton on CUDA), so the response-to-other-response blocks are never computed.
 The layout of the packed rows reaches the function through a context variable set for
-the duration of one forward.
+the duration of one forward (and of each layer's recomputation under activation
+checkpointing).
 """
 
 from __future__ import annotations
@@ -91,12 +92,7 @@ def supports_shared_attention(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def shared_prompt_attention_mode(
-    model: torch.nn.Module, layout: list[tuple[int, int, int]]
-) -> Iterator[None]:
-    """Within the block, ``model``'s attention is the shared-prompt function for packed rows
-    ``layout = [(P, N, L), ...]``; the previous implementation is restored after."""
-    _register()
+def _mode(model: torch.nn.Module, layout: list[tuple[int, int, int]]) -> Iterator[None]:
     cfg = model.config
     before = cfg._attn_implementation
     token = _LAYOUT.set(layout)
@@ -106,3 +102,44 @@ def shared_prompt_attention_mode(
     finally:
         cfg._attn_implementation = before
         _LAYOUT.reset(token)
+
+
+def _in_mode(fn, model: torch.nn.Module, layout: list[tuple[int, int, int]]):
+    def run(*args, **kwargs):
+        with _mode(model, layout):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def shared_prompt_attention_mode(
+    model: torch.nn.Module, layout: list[tuple[int, int, int]]
+) -> Iterator[None]:
+    """Within the block, ``model``'s attention is the shared-prompt function for packed rows
+    ``layout = [(P, N, L), ...]``; the previous implementation is restored after.
+
+    Under activation checkpointing the backward recomputes each layer after this block has
+    ended; so, for the block's duration, every checkpointed layer's checkpoint function is
+    given a layer forward that enters the mode itself (the recomputation then attends the
+    way the forward did, whichever checkpoint flavour the model was set up with)."""
+    _register()
+    swapped = []
+    for module in model.modules():
+        ckpt = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and ckpt is not None:
+
+            def wrapped(fn, *args, _ckpt=ckpt, **kwargs):
+                return _ckpt(_in_mode(fn, model, layout), *args, **kwargs)
+
+            swapped.append((module, module.__dict__.get("_gradient_checkpointing_func")))
+            module._gradient_checkpointing_func = wrapped
+    try:
+        with _mode(model, layout):
+            yield
+    finally:
+        for module, own in swapped:
+            if own is None:
+                del module._gradient_checkpointing_func
+            else:
+                module._gradient_checkpointing_func = own
