@@ -129,11 +129,17 @@ def kernel_table(dev: str, smoke: bool) -> dict:
     def rnd(*shape):
         return torch.randn(*shape, device=dev, generator=g, dtype=torch.bfloat16)
 
-    qkv_p = [rnd(H, P, hd) for _ in range(3)]
-    qkv_r = [rnd(N, H, R, hd) for _ in range(3)]
+    qkv_p = [rnd(H, P, hd).requires_grad_() for _ in range(3)]
+    qkv_r = [rnd(N, H, R, hd).requires_grad_() for _ in range(3)]
 
-    def attention(backend):
-        return lambda: shared_prompt_attention(*qkv_p, *qkv_r, backend=backend)
+    def attention(backend):  # forward and backward (the trainer's use)
+        def run():
+            out_p, out_r = shared_prompt_attention(*qkv_p, *qkv_r, backend=backend)
+            (out_p.float().sum() + out_r.float().sum()).backward()
+            for t in (*qkv_p, *qkv_r):
+                t.grad = None
+
+        return run
 
     x = torch.randn(512 if smoke else 16_384, 1024, device=dev, generator=g)
 
@@ -142,7 +148,7 @@ def kernel_table(dev: str, smoke: bool) -> dict:
 
     cases = {
         f"linear_logprob fwd+bwd N={n} V={v} D={d} bf16": logprob,
-        f"shared_prompt_attention H={H} P={P} N={N} R={R} d={hd} bf16": attention,
+        f"shared_prompt_attention fwd+bwd H={H} P={P} N={N} R={R} d={hd} bf16": attention,
         f"mxfp4 decompose {tuple(x.shape)} fp32": mxfp4,
     }
     rows = []

@@ -193,7 +193,10 @@ def _bwd_dkv(
     v = tl.load(v_ptr + k_base + rn[:, None] * D + rd[None, :], mask=mask_n[:, None], other=0.0)
     dk = tl.zeros((BLOCK_N, D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, D), dtype=tl.float32)
-    for m0 in range(0, R, BLOCK_M):
+    lo = 0
+    if CAUSAL:  # query blocks wholly before this key block see none of it: skipped
+        lo = (tl.program_id(1) * BLOCK_N // BLOCK_M) * BLOCK_M
+    for m0 in range(lo, R, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
         mask_m = rm < R
         off = nh * R * D + rm[:, None] * D + rd[None, :]
