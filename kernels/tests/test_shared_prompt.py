@@ -75,14 +75,42 @@ def test_ragged_pack_keeps_real_tokens_and_separates_groups():
     assert pk.input_ids.tolist() == [[5, 6, 1, 2, 3, 4], [9, 7, 8, 12, 10, 11]]
     assert pk.position_ids.tolist() == [[0, 1, 2, 3, 4, 2], [0, 1, 2, 0, 1, 2]]
     assert pk.gather[0].tolist() == [1, 2, 3]
-    assert pk.gather[1].tolist() == [1, 5, 5]  # past the length: the row's last position
-    assert pk.gather[2].tolist() == [6, 7, 8] and pk.gather[3].tolist() == [9, 10, 11]
+    assert pk.gather[1].tolist() == [1, 1, 1]  # past the length: its last predicting position
+    assert pk.gather[2].tolist() == [6, 7, 7] and pk.gather[3].tolist() == [9, 10, 10]
     assert pk.allow[0, 5].tolist() == [True, True, False, False, False, True]
     assert pk.allow[1, 4].tolist() == [False, False, False, True, True, False]  # own group
     split = pack_groups([[5, 6]] * 3, torch.ones(3, 4, dtype=torch.long), 0,
                         torch.tensor([4, 4, 4]), row_tokens=10)  # fmt: skip
     assert split.input_ids.shape[1] == 10 and split.input_ids.shape[0] == 2
     assert sorted(split.tokens) == [6, 10]  # [p; r; r] and [p; r]
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_packing_without_the_last_tokens_gathers_the_same_predictions(ragged):
+    """``last_token=False``: each response's last token leaves the packed input (one
+    position less per response) and every completion token is still predicted from the
+    position of the token before it, the prompt's last for token 0."""
+    comp = torch.tensor([[1, 2, 3], [4, 0, 0], [7, 8, 0]])
+    lengths = torch.tensor([3, 1, 2]) if ragged else None
+    prompts = [[5, 6], [5, 6], [9]]
+    full = pack_groups(prompts, comp, 0, lengths)
+    lean = pack_groups(prompts, comp, 0, lengths, last_token=False)
+    assert sum(lean.tokens) == sum(full.tokens) - 3
+    flat_full, flat_lean = full.input_ids.reshape(-1), lean.input_ids.reshape(-1)
+    pos_full, pos_lean = full.position_ids.reshape(-1), lean.position_ids.reshape(-1)
+    n = lengths.tolist() if ragged else [3, 3, 3]
+    for b in range(3):
+        for t in range(n[b]):  # the same input token at the same position predicts token t
+            i, j = int(full.gather[b, t]), int(lean.gather[b, t])
+            assert flat_lean[j] == flat_full[i] and pos_lean[j] == pos_full[i]
+            assert (prompts[b] + comp[b].tolist())[len(prompts[b]) + t - 1] == flat_lean[j]
+    if ragged:
+        assert lean.input_ids.tolist() == [[5, 6, 1, 2], [9, 7, 0, 0]]  # r_2 (length 1): none
+    else:
+        assert lean.layout == [(2, 2, 2), (1, 1, 2)]
+        assert pack_groups(prompts, comp[:, :1], 0, last_token=False).layout == [
+            (2, 2, 1), (1, 1, 1)
+        ]  # fmt: skip  (L = 1 keeps its token)
 
 
 def test_packing_ratio():

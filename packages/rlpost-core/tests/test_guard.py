@@ -74,3 +74,15 @@ def test_values_are_checked_in_the_dtype_they_are_used_in():
     assert out.dtype == torch.float32 and bad == 3
     assert torch.isnan(out[1:4]).all() and out[0] == 1.0 and math.isfinite(out[4])
     assert all_finite([torch.ones(2), None]) and not all_finite([torch.tensor([math.inf])])
+
+
+def test_all_finite_is_exact_where_its_fused_norm_overflows():
+    """The fused 2-norm overflows on huge finite entries (and on long float16 tensors
+    summed in their own dtype): those are still finite; any inf or NaN is not."""
+    assert all_finite([torch.full((4,), 3e38), torch.ones(3)])  # squares overflow
+    assert all_finite([torch.full((100_000,), 1000.0, dtype=torch.float16)])
+    for bad in (math.inf, -math.inf, math.nan):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            ts = [torch.ones(5, dtype=dtype), torch.tensor([1.0, bad], dtype=dtype)]
+            assert not all_finite(ts), (bad, dtype)
+    assert not all_finite([torch.tensor([math.inf, -math.inf])])  # (their sum is NaN)

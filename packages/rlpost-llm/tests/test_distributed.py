@@ -2,6 +2,7 @@
 the same global batch: for GRPO, and for PPO, whose critic is data-parallel too; an FSDP2
 run resumes from its checkpoint to the same weights and optimiser state."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,13 @@ def _launch(*args) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        # a rank killed by a signal (CI once saw SIGABRT, 'terminate called without an
+        # active exception') dumps every thread's Python stack before it dies
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the ranks' own output, without the launcher's traceback that follows it
+    ranks = proc.stderr.split('Traceback (most recent call last):\n  File "<frozen runpy>"')[0]
+    assert proc.returncode == 0, ranks[-6000:]
 
 
 @pytest.mark.parametrize("preset, parallel", [("grpo", "ddp"), ("ppo", "ddp"), ("grpo", "fsdp2")])

@@ -274,3 +274,43 @@ def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-6, rtol=1e-6)
     for name, g in out[False][1].items():
         torch.testing.assert_close(out[True][1][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_ragged_packed_forward_computes_no_padding(model_tok):
+    """The ragged layout in a transformers model: the decoder's per-token layers take the
+    packed rows' real tokens end to end (no padded position), and the attention setting is
+    restored after."""
+    m, tok = model_tok
+    comp = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]])
+    mask = (comp > 0).float()
+    prompts = [ids(tok, "1+2=")] * 2 + [ids(tok, "34+5=")]
+    sb = make_seq_batch(prompts, comp, mask, 0, pack=True, layout="ragged")
+    seen = []
+    hook = m.model.embed_tokens.register_forward_hook(lambda mod, a, out: seen.append(a[0]))
+    before = m.config._attn_implementation
+    try:
+        with torch.no_grad():
+            lp, _ = completion_logprobs(m, sb, 1.0)
+    finally:
+        hook.remove()
+    # each response without its last token (it predicts nothing), each prompt once
+    assert seen[0].shape == (1, sum(sb.packed.tokens)) == (1, 4 + 3 + 1 + 5 + 0)
+    assert sb.packed.input_ids.numel() > seen[0].numel()  # the padded rows had padding
+    assert m.config._attn_implementation == before
+    ref, _ = completion_logprobs(m, make_seq_batch(prompts, comp, mask, 0), 1.0)
+    torch.testing.assert_close(lp * mask, ref * mask, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_tok):
+    import copy
+
+    m, tok = model_tok
+    cfg = copy.deepcopy(m.config)
+    cfg.use_sliding_window, cfg.sliding_window = True, 3
+    cfg.max_window_layers = 0
+    cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+    sw = Qwen2ForCausalLM(cfg).eval()
+    comp = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    sb = make_seq_batch([ids(tok, "1+2=")] * 2, comp, torch.ones(2, 4), 0, pack=True)
+    with pytest.raises(NotImplementedError, match="sliding_window=3.*pack_prompts=false"):
+        completion_logprobs(sw, sb, 1.0)

@@ -10,22 +10,79 @@ responses (Triton on CUDA), so the response-to-other-response blocks are never c
 The layout of the packed rows reaches the function through a context variable set for
 the duration of one forward (and of each layer's recomputation under activation
 checkpointing).
+
+The ragged layout's rows are padded to the longest one, and a decoder computes every
+padded position in every projection and MLP. :func:`packed_rows_attention_mode` instead
+lays the rows' real tokens end to end in one sequence (:func:`flat_rows`): the per-token
+layers see no padding at all, and only the attention function scatters queries, keys and
+values back into the padded rows for one masked SDPA call and gathers the outputs back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 NAME = "rlpost_shared_prompt"
-_LAYOUT: contextvars.ContextVar[list[tuple[int, int, int]] | None] = contextvars.ContextVar(
+ROWS = "rlpost_packed_rows"
+# the active function's layout: [(P, N, L), ...] for NAME, a FlatRows for ROWS
+_LAYOUT: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "rlpost_shared_prompt_layout", default=None
 )
 _registered = False
+# the modules of a model that can checkpoint (transformers' GradientCheckpointingLayer)
+_CHECKPOINTABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class FlatRows:
+    """Padded packed rows ``[G, T]`` with their real tokens laid end to end (``Ttot``).
+
+    ``keep [Ttot]``: the padded slot (flat index into ``G * T``) of each real token;
+    ``src [G * T]``: the real token each padded slot reads (its own; padding reads token 0,
+    whose copy nothing attends to and whose output is discarded); ``allow [G, 1, T, T]``:
+    the rows' attention mask."""
+
+    keep: Tensor
+    src: Tensor
+    allow: Tensor
+    G: int
+    T: int
+
+    def to(self, device) -> FlatRows:
+        return FlatRows(
+            self.keep.to(device), self.src.to(device), self.allow.to(device), self.G, self.T
+        )
+
+
+def flat_rows(tokens: list[int], T: int, allow: Tensor) -> FlatRows:
+    """:class:`FlatRows` of ``len(tokens)`` rows padded to ``T``, row ``r`` holding
+    ``tokens[r]`` real tokens first (as :func:`rlpost.kernels.ops.shared_prompt.pack_groups`
+    lays them out) and attending by ``allow [G, T, T]``."""
+    G = len(tokens)
+    keep = torch.cat([r * T + torch.arange(n) for r, n in enumerate(tokens)])
+    src = torch.zeros(G * T, dtype=torch.long)
+    src[keep] = torch.arange(len(keep))
+    return FlatRows(keep, src, allow[:, None], G, T)
+
+
+def _plain_attention_only(kwargs: dict, span: int) -> None:
+    """Refuse what these functions do not compute: logit soft-capping, and a sliding
+    window shorter than the packed rows (``span`` tokens, the farthest a query looks)."""
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    if softcap is not None or (window is not None and window < span):
+        what = f"softcap={softcap}" if softcap is not None else f"sliding_window={window}"
+        raise NotImplementedError(
+            f"packed attention: the model's attention uses {what}, which the packed "
+            "layouts do not implement; set model.pack_prompts=false"
+        )
 
 
 def _attention(
@@ -43,9 +100,10 @@ def _attention(
     from rlpost.kernels.ops.shared_prompt import shared_prompt_attention
 
     layout = _LAYOUT.get()
-    if layout is None:
+    if not isinstance(layout, list):
         raise RuntimeError(f"{NAME} attention used outside shared_prompt_attention_mode")
     _, H, T, d = query.shape
+    _plain_attention_only(kwargs, T)
     rep = H // key.shape[1]
     key = key.repeat_interleave(rep, dim=1) if rep > 1 else key
     value = value.repeat_interleave(rep, dim=1) if rep > 1 else value
@@ -67,6 +125,41 @@ def _attention(
     return torch.stack(rows).transpose(1, 2).contiguous(), None
 
 
+def _rows_attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask,
+    scaling,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """transformers attention function over :class:`FlatRows`: ``query [1, H, Ttot, d]``
+    (keys / values may have fewer heads) -> ``([1, Ttot, H, d], None)``."""
+    rows = _LAYOUT.get()
+    if not isinstance(rows, FlatRows):
+        raise RuntimeError(f"{ROWS} attention used outside packed_rows_attention_mode")
+    _plain_attention_only(kwargs, rows.T)
+    H, d = query.shape[1], query.shape[-1]
+
+    def padded(x: Tensor) -> Tensor:  # [1, h, Ttot, d] -> [G, H, T, d]
+        h = x.shape[1]
+        x = x[0].index_select(1, rows.src).view(h, rows.G, rows.T, d).transpose(0, 1)
+        return x.repeat_interleave(H // h, dim=1) if h < H else x
+
+    out = torch.nn.functional.scaled_dot_product_attention(
+        padded(query),
+        padded(key),
+        padded(value),
+        attn_mask=rows.allow,
+        dropout_p=dropout,
+        scale=scaling,
+    )
+    out = out.transpose(1, 2).reshape(rows.G * rows.T, H, d).index_select(0, rows.keep)
+    return out[None], None
+
+
 def _register() -> None:
     global _registered
     if _registered:
@@ -74,10 +167,12 @@ def _register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, _attention)
-    try:  # transformers builds no mask for this function (the layout carries it)
+    AttentionInterface.register(ROWS, _rows_attention)
+    try:  # transformers builds no mask for these functions (the layout carries it)
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, lambda *a, **k: None)
+        for name in (NAME, ROWS):
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, lambda *a, **k: None)
     except ImportError:  # pragma: no cover - older transformers
         pass
     _registered = True
@@ -92,11 +187,11 @@ def supports_shared_attention(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _mode(model: torch.nn.Module, layout: list[tuple[int, int, int]]) -> Iterator[None]:
+def _mode(model: torch.nn.Module, name: str, layout) -> Iterator[None]:
     cfg = model.config
     before = cfg._attn_implementation
     token = _LAYOUT.set(layout)
-    cfg._attn_implementation = NAME
+    cfg._attn_implementation = name
     try:
         yield
     finally:
@@ -104,20 +199,18 @@ def _mode(model: torch.nn.Module, layout: list[tuple[int, int, int]]) -> Iterato
         _LAYOUT.reset(token)
 
 
-def _in_mode(fn, model: torch.nn.Module, layout: list[tuple[int, int, int]]):
+def _in_mode(fn, model: torch.nn.Module, name: str, layout):
     def run(*args, **kwargs):
-        with _mode(model, layout):
+        with _mode(model, name, layout):
             return fn(*args, **kwargs)
 
     return run
 
 
 @contextlib.contextmanager
-def shared_prompt_attention_mode(
-    model: torch.nn.Module, layout: list[tuple[int, int, int]]
-) -> Iterator[None]:
-    """Within the block, ``model``'s attention is the shared-prompt function for packed rows
-    ``layout = [(P, N, L), ...]``; the previous implementation is restored after.
+def _attention_mode(model: torch.nn.Module, name: str, layout) -> Iterator[None]:
+    """Within the block, ``model``'s attention is the function ``name`` over ``layout``;
+    the previous implementation is restored after.
 
     Under activation checkpointing the backward recomputes each layer after this block has
     ended; so, for the block's duration, every checkpointed layer's checkpoint function is
@@ -125,17 +218,21 @@ def shared_prompt_attention_mode(
     way the forward did, whichever checkpoint flavour the model was set up with)."""
     _register()
     swapped = []
-    for module in model.modules():
+    layers = _CHECKPOINTABLE.get(model)
+    if layers is None:  # (walking every module each forward costs about a millisecond)
+        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        _CHECKPOINTABLE[model] = layers
+    for module in layers:
         ckpt = getattr(module, "_gradient_checkpointing_func", None)
         if getattr(module, "gradient_checkpointing", False) and ckpt is not None:
 
             def wrapped(fn, *args, _ckpt=ckpt, **kwargs):
-                return _ckpt(_in_mode(fn, model, layout), *args, **kwargs)
+                return _ckpt(_in_mode(fn, model, name, layout), *args, **kwargs)
 
             swapped.append((module, module.__dict__.get("_gradient_checkpointing_func")))
             module._gradient_checkpointing_func = wrapped
     try:
-        with _mode(model, layout):
+        with _mode(model, name, layout):
             yield
     finally:
         for module, own in swapped:
@@ -143,3 +240,19 @@ def shared_prompt_attention_mode(
                 del module._gradient_checkpointing_func
             else:
                 module._gradient_checkpointing_func = own
+
+
+def shared_prompt_attention_mode(
+    model: torch.nn.Module, layout: list[tuple[int, int, int]]
+) -> contextlib.AbstractContextManager[None]:
+    """Within the block, ``model``'s attention is the shared-prompt function for packed rows
+    ``layout = [(P, N, L), ...]`` (one group per row, every response ``L`` long)."""
+    return _attention_mode(model, NAME, layout)
+
+
+def packed_rows_attention_mode(
+    model: torch.nn.Module, rows: FlatRows
+) -> contextlib.AbstractContextManager[None]:
+    """Within the block, ``model`` takes the real tokens of padded packed rows end to end
+    (``input_ids [1, Ttot]``) and attends within each row by its mask (:class:`FlatRows`)."""
+    return _attention_mode(model, ROWS, rows)

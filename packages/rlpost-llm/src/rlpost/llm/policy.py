@@ -192,7 +192,9 @@ def make_seq_batch(
         from rlpost.kernels.ops.shared_prompt import pack_groups
 
         lengths = real.sum(1).long() if layout == "ragged" else None
-        packed = pack_groups(prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS)
+        packed = pack_groups(
+            prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS, last_token=False
+        )  # (the last token of a response predicts nothing: not an input)
     return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
 
 
@@ -400,9 +402,18 @@ def _packed_logprobs(
     dists=None,
     student_ids=None,
 ):
-    """Shared-prompt packed forward: one sequence per prompt, the shared-prompt attention
-    function (or a dense 4D mask for non-transformers models), gathered outputs."""
-    from rlpost.llm.packing import shared_prompt_attention_mode, supports_shared_attention
+    """Shared-prompt packed forward: one sequence per prompt, gathered outputs.
+
+    In a transformers model the uniform layout attends through the shared-prompt attention
+    function, and the ragged one takes its rows' real tokens end to end (no padding in any
+    per-token layer) and attends row by row under the rows' mask. Other models take the
+    padded rows and a dense 4D mask (boolean for SDPA, additive for eager attention)."""
+    from rlpost.llm.packing import (
+        flat_rows,
+        packed_rows_attention_mode,
+        shared_prompt_attention_mode,
+        supports_shared_attention,
+    )
 
     pk = sb.packed
     dev = targets.device
@@ -411,18 +422,21 @@ def _packed_logprobs(
         "position_ids": pk.position_ids.to(dev),
         "use_cache": False,
     }
-    # uniform layout in a transformers model: the shared-prompt attention function (no
-    # masked blocks are computed); otherwise the dense 4D mask through the model's own
-    # attention (boolean for SDPA, additive for eager implementations)
+    idx = pk.gather.to(dev)  # [B, L] flat positions of the packed rows
     mode = None
     if pk.layout is not None and supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
+    elif supports_shared_attention(model):
+        rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow).to(dev)
+        inputs["input_ids"] = inputs["input_ids"].view(1, -1)[:, rows.keep]
+        inputs["position_ids"] = inputs["position_ids"].view(1, -1)[:, rows.keep]
+        idx = rows.src[idx]  # into the flat sequence
+        mode = packed_rows_attention_mode(model, rows)
     elif getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
         inputs["attention_mask"] = pk.allow[:, None].to(dev)
     else:
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
-    idx = pk.gather.to(dev)  # [B, L] flat positions of the packed rows
 
     def select(x: Tensor) -> Tensor:
         return x.reshape(-1, x.shape[-1])[idx]

@@ -101,6 +101,7 @@ def pack_groups(
     pad_id: int,
     lengths: Tensor | None = None,
     row_tokens: int | None = None,
+    last_token: bool = True,
 ) -> PackedGroups:
     """Pack rows that share a prompt (equal ``prompt_ids``) into one sequence each, in
     order of first appearance; padding rows attend only to themselves.
@@ -114,28 +115,35 @@ def pack_groups(
     (smaller rows, smaller dense masks). Without ``lengths`` every response is padded to
     ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
     shared-prompt attention op. A completion position past a ragged row's length gathers
-    the row's last position (finite; the caller masks it out)."""
+    the row's last position (finite; the caller masks it out).
+
+    ``last_token=False`` leaves each response's last token out of the packed input: its
+    output predicts nothing and no later token attends to it, so every gathered output is
+    unchanged while each response costs one position less (a uniform layout of ``L = 1``
+    keeps its one token)."""
     B, L = completion_ids.shape
     order: dict[tuple[int, ...], list[int]] = {}
     for b, p in enumerate(prompt_ids):
         order.setdefault(tuple(p), []).append(b)
     packs = [(list(p), rows) for p, rows in order.items()]
     lens_all = [L] * B if lengths is None else [max(1, n) for n in lengths.tolist()]
+    drop = 0 if last_token or (lengths is None and L == 1) else 1
+    kept = [n - drop for n in lens_all]  # tokens of each response in the packed input
     if lengths is not None and row_tokens:  # split groups longer than a row
-        longest = max(len(p) + lens_all[b] for p, rows in packs for b in rows)
+        longest = max(len(p) + kept[b] for p, rows in packs for b in rows)
         cap = max(row_tokens, 2 * longest)
         split = []
         for p, rows in packs:
             cur, size = [], len(p)
             for b in rows:
-                if cur and size + lens_all[b] > cap:
+                if cur and size + kept[b] > cap:
                     split.append((p, cur))
                     cur, size = [], len(p)
                 cur.append(b)
-                size += lens_all[b]
+                size += kept[b]
             split.append((p, cur))
         packs = split
-    sizes = [len(p) + sum(lens_all[b] for b in rows) for p, rows in packs]
+    sizes = [len(p) + sum(kept[b] for b in rows) for p, rows in packs]
     T = max(sizes)
     if lengths is None:  # one group per row
         bins = [[g] for g in range(len(packs))]
@@ -165,13 +173,14 @@ def pack_groups(
             s_r += [0] * P
             prev = r * T + len(i_r) - 1  # token 0 is predicted by the prompt's last
             for j, b in enumerate(rows):
-                n = lens_all[b]
+                n, k = lens_all[b], kept[b]
                 start = r * T + len(i_r)
-                i_r += comp[b][:n]
-                p_r += range(P, P + n)
-                g_r += [g] * n
-                s_r += [j + 1] * n
-                gather[b] = [prev, *range(start, start + n - 1)] + [start + n - 1] * (L - n)
+                i_r += comp[b][:k]
+                p_r += range(P, P + k)
+                g_r += [g] * k
+                s_r += [j + 1] * k
+                pred = [prev, *range(start, start + n - 1)]  # token t: from position t - 1
+                gather[b] = pred + [pred[-1]] * (L - n)
         tokens.append(len(i_r))
         pad = T - len(i_r)
         ids.append(i_r + [pad_id] * pad)
@@ -183,7 +192,7 @@ def pack_groups(
     gq, gk, sq, sk = grp_t[:, :, None], grp_t[:, None, :], seg_t[:, :, None], seg_t[:, None, :]
     allow = (gq == gk) & (gq >= 0) & ((sk == 0) | (sk == sq)) & (idx[None, :] <= idx[:, None])
     allow |= torch.eye(T, dtype=torch.bool)
-    layout = None if lengths is not None else [(len(p), len(r), L) for p, r in packs]
+    layout = None if lengths is not None else [(len(p), len(r), L - drop) for p, r in packs]
     return PackedGroups(
         torch.tensor(ids), torch.tensor(pos), allow, torch.tensor(gather), tokens, layout
     )
