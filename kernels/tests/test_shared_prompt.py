@@ -108,9 +108,8 @@ def test_packing_without_the_last_tokens_gathers_the_same_predictions(ragged):
         assert lean.input_ids.tolist() == [[5, 6, 1, 2], [9, 7, 0, 0]]  # r_2 (length 1): none
     else:
         assert lean.layout == [(2, 2, 2), (1, 1, 2)]
-        assert pack_groups(prompts, comp[:, :1], 0, last_token=False).layout == [
-            (2, 2, 1), (1, 1, 1)
-        ]  # fmt: skip  (L = 1 keeps its token)
+        one = pack_groups(prompts, comp[:, :1], 0, last_token=False)
+        assert one.layout == [(2, 2, 1), (1, 1, 1)]  # L = 1 keeps its token
 
 
 def test_packing_ratio():
