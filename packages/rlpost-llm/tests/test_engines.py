@@ -312,5 +312,5 @@ def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_t
     sw = Qwen2ForCausalLM(cfg).eval()
     comp = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     sb = make_seq_batch([ids(tok, "1+2=")] * 2, comp, torch.ones(2, 4), 0, pack=True)
-    with pytest.raises(NotImplementedError, match=r"sliding_window=3.*pack_prompts=false"):
+    with pytest.raises(ValueError, match=r"sliding_window=3.*pack_prompts=false"):
         completion_logprobs(sw, sb, 1.0)

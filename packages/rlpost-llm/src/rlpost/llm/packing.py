@@ -79,10 +79,15 @@ def _plain_attention_only(kwargs: dict, span: int) -> None:
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     if softcap is not None or (window is not None and window < span):
         what = f"softcap={softcap}" if softcap is not None else f"sliding_window={window}"
-        raise NotImplementedError(
+        raise ValueError(
             f"packed attention: the model's attention uses {what}, which the packed "
             "layouts do not implement; set model.pack_prompts=false"
         )
+
+
+def _all_heads(x: Tensor, H: int) -> Tensor:
+    """Grouped-query keys / values ``[B, h, T, d]`` repeated to the ``H`` query heads."""
+    return x.repeat_interleave(H // x.shape[1], dim=1) if x.shape[1] < H else x
 
 
 def _attention(
@@ -104,9 +109,7 @@ def _attention(
         raise RuntimeError(f"{NAME} attention used outside shared_prompt_attention_mode")
     _, H, T, d = query.shape
     _plain_attention_only(kwargs, T)
-    rep = H // key.shape[1]
-    key = key.repeat_interleave(rep, dim=1) if rep > 1 else key
-    value = value.repeat_interleave(rep, dim=1) if rep > 1 else value
+    key, value = _all_heads(key, H), _all_heads(value, H)
     rows = []
     for g, (P, N, L) in enumerate(layout):
         q, k, v = query[g], key[g], value[g]  # [H, T, d]
@@ -146,7 +149,7 @@ def _rows_attention(
     def padded(x: Tensor) -> Tensor:  # [1, h, Ttot, d] -> [G, H, T, d]
         h = x.shape[1]
         x = x[0].index_select(1, rows.src).view(h, rows.G, rows.T, d).transpose(0, 1)
-        return x.repeat_interleave(H // h, dim=1) if h < H else x
+        return _all_heads(x, H)
 
     out = torch.nn.functional.scaled_dot_product_attention(
         padded(query),

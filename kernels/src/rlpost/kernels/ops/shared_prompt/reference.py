@@ -114,8 +114,8 @@ def pack_groups(
     ``max(row_tokens, 2 x its longest [prompt; response])`` is split, its prompt repeated
     (smaller rows, smaller dense masks). Without ``lengths`` every response is padded to
     ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
-    shared-prompt attention op. A completion position past a ragged row's length gathers
-    the row's last position (finite; the caller masks it out).
+    shared-prompt attention op. A completion position past a ragged response's length
+    gathers that response's last predicting position (finite; the caller masks it out).
 
     ``last_token=False`` leaves each response's last token out of the packed input: its
     output predicts nothing and no later token attends to it, so every gathered output is
