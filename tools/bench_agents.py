@@ -1,7 +1,7 @@
 """Multi-turn agents on CPU (issue 20): GRPO vs StepOPSD (000-03) vs A²TGPO (001-15) on the
 household text world and the search environment, from each one's tiny base.
 
-The base (:func:`rlpost.llm.envs.pretrain.build_env_base`, cached) is SFT-trained on
+The base (:func:`rlpost.llm.data.envs.pretrain.build_env_base`, cached) is SFT-trained on
 scripted demonstrations that search the house in a random order; half of them start with a
 hindsight hint (the episode's own solution), so the policy can also follow a hint. The
 world hides a regularity: each object usually lies at its home place. Under a tight turn
@@ -100,7 +100,7 @@ def job(spec: dict) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -164,7 +164,7 @@ def main() -> None:
         a.steps, a.prompts, a.group_size, a.eval_size, a.seeds = 2, 2, 4, 16, [0]
         a.out, a.plot = f"bench_results/llm_agents_{a.env}_quick.json", "/tmp/agents_quick.png"
     a.eval_every = a.eval_every or max(1, a.steps // 6)
-    from rlpost.llm.envs.pretrain import build_env_base
+    from rlpost.llm.data.envs.pretrain import build_env_base
 
     t0 = time.perf_counter()
     # cached; built once (minutes) before the jobs

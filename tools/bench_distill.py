@@ -93,7 +93,7 @@ def job(spec: dict) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -127,7 +127,7 @@ def copd_job(spec: dict, a: argparse.Namespace, root: Path) -> dict[str, dict]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.copd import run_copd
+    from rlpost.llm.runtimes.copd import run_copd
 
     torch.set_num_threads(1)
     rounds = 10 if a.student_steps % 10 == 0 else 1
@@ -161,8 +161,8 @@ def build_base(spec: dict, out: Path) -> dict[str, Any]:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
-    from rlpost.llm.tasks import Example, Task, make_task
+    from rlpost.llm.data.tasks import Example, Task, make_task
+    from rlpost.llm.model import tiny
 
     @dataclass(frozen=True)
     class Mixed(Task):

@@ -31,8 +31,8 @@ from benchlib import curve_row, mean_std, plot_mean_curves, print_table, run_poo
 def job(spec: dict) -> dict[str, Any]:
     import torch
 
-    from rlpost.llm.latent import DLRTrainer, load_dlr_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.runtimes.dlr import DLRTrainer, load_dlr_config
+    from rlpost.llm.tools.runlog import read_metrics
 
     torch.set_num_threads(1)
     run_dir = Path(spec["root"]) / f"{spec['name']}-{spec['seed']}"
@@ -88,7 +88,7 @@ def main() -> None:
         a.steps, a.eval_size, a.seeds, a.codes = 4, 32, [0], [4]
         a.out, a.plot = "bench_results/llm_dlr_quick.json", "/tmp/dlr_quick.png"
     a.eval_every = a.eval_every or max(1, a.steps // 6)
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     t0 = time.perf_counter()
     base = build_base("arithmetic", digits=2)  # cached

@@ -57,7 +57,7 @@ def job(spec: dict) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -134,7 +134,7 @@ def main() -> None:
         a.steps, a.prompts, a.eval_size, a.seeds = 2, 4, 32, [0]
         a.out, a.plot = f"bench_results/llm_{stem}_{tag}_quick.json", f"/tmp/{stem}_quick.png"
     a.eval_every = a.eval_every or max(1, a.steps // 10)
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     t0 = time.perf_counter()
     reflect = 0.25 if a.reflect else None  # (tiny-reflect: model.path's settings)

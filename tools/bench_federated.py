@@ -45,8 +45,8 @@ def job(spec: dict) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.federated import run_federated
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.runtimes.federated import run_federated
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def main() -> None:
     if a.quick:
         a.clients, a.prompts, a.rounds, a.eval_every, a.eval_size, a.seeds = 2, 2, 2, 1, 16, [0]
         a.out, a.plot = "bench_results/llm_federated_quick.json", "/tmp/federated_quick.png"
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tiny.build_base("arithmetic", digits=2)  # (cached) before the timed runs
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 weight-noising probe find them, and does RL elicit what they hide?
 
 From the tiny 2-digit-addition base, four policies, the last three fine-tuned by
-:func:`rlpost.llm.hacking.plant_underperformer` for the same steps on the same stream
+:func:`rlpost.llm.tools.hacking.plant_underperformer` for the same steps on the same stream
 (half of the problems plain with their answer, half under the cue ``0:``):
 
 * ``base``: the base itself;
@@ -50,7 +50,7 @@ def elicit(model, tok, source, steps: int, root: Path, name: str, seed: int) -> 
     """GRPO on cued prompts only, from ``model``: the cued held-out accuracy curve."""
     from rlpost.llm.config import load_config
     from rlpost.llm.recipes import recipe_path
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     model_dir = root / f"{name}-model"
@@ -102,19 +102,19 @@ def main() -> None:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.engines import make_local_engine
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.evaluate import _heldout
-    from rlpost.llm.hacking import (
+    from rlpost.llm.data.tasks import Example
+    from rlpost.llm.model.policy import load_policy
+    from rlpost.llm.model.tiny import greedy_accuracy
+    from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.rollout.engines import make_local_engine
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.tools.evaluate import _heldout
+    from rlpost.llm.tools.hacking import (
         elicit_by_sft,
         exploration_hacking_report,
         plant_underperformer,
         weight_noise_probe,
     )
-    from rlpost.llm.policy import load_policy
-    from rlpost.llm.recipes import recipe_path
-    from rlpost.llm.tasks import Example
-    from rlpost.llm.tiny import greedy_accuracy
 
     torch.set_num_threads(args.threads)
     cfg = load_config(recipe_path("grpo_arithmetic"), ["run.progress=false"])

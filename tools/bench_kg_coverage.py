@@ -52,10 +52,10 @@ FAMILIES = ("deductive", "abductive", "inductive", "analogical")
 
 def grid_eval(model, tok, n: int) -> dict[str, float]:
     """Greedy success on ``n`` held-out instances of every (family, depth, complexity)."""
-    from rlpost.llm.agents import env_rollout
-    from rlpost.llm.engines import make_local_engine
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.envs import make_env
+    from rlpost.llm.data.envs import make_env
+    from rlpost.llm.rollout.agents import env_rollout
+    from rlpost.llm.rollout.engines import make_local_engine
+    from rlpost.llm.rollout.engines.base import SamplingParams
 
     engine = make_local_engine("auto", model, tok)
     seeds = [10**9 + i for i in range(n)]  # the trainer's held-out seeds, never trained on
@@ -76,7 +76,7 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.policy import load_policy
+    from rlpost.llm.model.policy import load_policy
     from rlpost.llm.recipes import recipe_path
     from rlpost.llm.trainer import Trainer
 
@@ -140,7 +140,7 @@ def main() -> None:
         args.base_steps, args.steps, args.prompts, args.eval_n, args.seeds = 20, 2, 4, 4, [0]
         args.out = "/tmp/llm_kg_coverage_quick.json"
 
-    from rlpost.llm.envs.pretrain import build_env_base
+    from rlpost.llm.data.envs.pretrain import build_env_base
 
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_kg_") as tmp:

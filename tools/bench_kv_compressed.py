@@ -49,10 +49,10 @@ ARMS = {  # name -> overrides
 
 def run(arm: str, seed: int, steps: int, sink: int, window: int, root: str) -> dict[str, Any]:
     from rlpost.llm.config import load_config
-    from rlpost.llm.engines import make_local_engine
-    from rlpost.llm.engines.kv_compressed import KVCompressedEngine
     from rlpost.llm.recipes import recipe_path
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.rollout.engines import make_local_engine
+    from rlpost.llm.rollout.engines.kv_compressed import KVCompressedEngine
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     run_dir = Path(root) / f"{arm}-{seed}"
@@ -113,7 +113,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.seeds, a.steps, a.out = [0], 4, "bench_results/llm_kv_compressed_quick.json"
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     t0 = time.perf_counter()
     build_base("arithmetic", digits=2)  # cached: the grpo_arithmetic base

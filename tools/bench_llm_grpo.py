@@ -52,7 +52,7 @@ for the descheduled thread): a 200 ms step then takes seconds, on both sides. Us
 ``--threads N`` on an otherwise idle machine with more than N cores.
 
 Deliberately identical on both sides: the model weights and tokenizer (one seeded,
-untrained tiny Qwen2 from ``rlpost.llm.tiny`` saved with ``save_pretrained``, loaded in
+untrained tiny Qwen2 from ``rlpost.llm.model.tiny`` saved with ``save_pretrained``, loaded in
 float32), the prompts (the first ``(warmup + steps) * prompts`` ArithmeticTask examples of
 ``random.Random(seed)``, in the same order; rlpost draws them from its own task stream,
 TRL reads them from a dataset with ``shuffle_dataset=False``; both are checked), group
@@ -191,7 +191,7 @@ def save_model(path: Path, size: str, seed: int) -> int:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     with torch.random.fork_rng():
@@ -210,7 +210,7 @@ def make_prompts(n: int, seed: int) -> list[dict[str, str]]:
     with ``data.seed = seed`` (default ArithmeticTask, one ``random.Random(seed)``)."""
     import random
 
-    from rlpost.llm.tasks import make_task
+    from rlpost.llm.data.tasks import make_task
 
     return [
         {"prompt": e.prompt, "answer": e.answer}
@@ -268,8 +268,8 @@ def rlpost_child(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from rlpost.llm.runlog import read_metrics
-    from rlpost.llm.tasks import make_task
+    from rlpost.llm.data.tasks import make_task
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     total = spec["warmup"] + spec["steps"]
@@ -604,7 +604,7 @@ def parse_args(argv=None):
         help="torch threads on both sides (2+ only on an otherwise idle machine)",
     )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--size", default="default", help="rlpost.llm.tiny size preset")
+    ap.add_argument("--size", default="default", help="rlpost.llm.model.tiny size preset")
     ap.add_argument("--model-seed", type=int, default=0, help="init seed of the shared model")
     ap.add_argument(
         "--mask-truncated",

@@ -1,14 +1,14 @@
 """Mutual RL on CPU (issue 19, catalog 001-11): two heterogeneous policies trained side by
 side, alone or exchanging experience by PRP, XGRPO and SGT.
 
-The two policies are our own tiny bases on 2-digit addition, built by ``rlpost.llm.tiny``:
+The two policies are our own tiny bases on 2-digit addition, built by ``rlpost.llm.model.tiny``:
 
 * ``char``: the character-level Qwen2 (the embedded default);
 * ``bpe``: a Llama of the same size with a byte-level BPE tokenizer trained on the task's
   text (it cuts "12+34=" as "12", "+34", "="), SFT-trained by the same recipe.
 
 Each configuration runs both as Ray actors (one CPU each) for the same steps on the same
-prompt stream through ``rlpost.llm.mutual.run_mutual``:
+prompt stream through ``rlpost.llm.runtimes.mutual.run_mutual``:
 
 * ``independent``: GRPO each, no sharing (the control: the same schedule and cost);
 * ``prp``: peer rollout pooling, F-TIS-weighted;
@@ -41,7 +41,7 @@ CONFIGS = {"independent": "grpo", "prp": "prp", "xgrpo": "xgrpo", "sgt": "sgt"}
 
 def run(a: argparse.Namespace, name: str, seed: int, root: Path) -> dict[str, Any]:
     from rlpost.llm.config import load_config
-    from rlpost.llm.mutual import run_mutual
+    from rlpost.llm.runtimes.mutual import run_mutual
 
     cfg = load_config(
         None,
@@ -89,7 +89,7 @@ def main() -> None:
     if a.quick:
         a.steps, a.prompts, a.eval_size, a.seeds = 2, 4, 16, [0]
         a.out = "bench_results/llm_mutual_quick.json"
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     for kind in ("char", "bpe"):  # built (or found in the cache) before the timed runs
         tiny.build_base("arithmetic", tokenizer=kind, digits=2)

@@ -43,8 +43,8 @@ def main() -> None:
     from transformers import Qwen2ForCausalLM
 
     from rlpost.kernels.ops.shared_prompt import packing_ratio
-    from rlpost.llm import tiny
-    from rlpost.llm.policy import completion_logprobs, make_seq_batch
+    from rlpost.llm.model import tiny
+    from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -56,7 +56,7 @@ MODES = {  # name -> (train.pipeline, torch threads, Ray rollout workers)
 def run(mode: str, seed: int, minutes: float, root: str) -> dict[str, Any]:
     from rlpost.llm.config import load_config
     from rlpost.llm.recipes import recipe_path
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     pipeline, threads, workers = MODES[mode]
@@ -102,7 +102,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.seeds, a.minutes, a.out = [0], 0.1, "bench_results/llm_pipelines_quick.json"
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     t0 = time.perf_counter()
     build_base("arithmetic", digits=2)  # cached: the grpo_arithmetic base

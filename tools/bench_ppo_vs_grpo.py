@@ -26,7 +26,7 @@ from benchlib import mean_std, print_table, write_result
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
-from rlpost.llm.runlog import read_metrics
+from rlpost.llm.tools.runlog import read_metrics
 from rlpost.llm.trainer import Trainer
 
 METHODS = {"grpo": "grpo_arithmetic", "ppo": "ppo_arithmetic"}

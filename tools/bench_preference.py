@@ -37,7 +37,7 @@ import torch
 from benchlib import mean_std, print_table, write_result
 
 from rlpost.core.preference import PREFERENCE_LOSSES
-from rlpost.llm.policy import load_policy
+from rlpost.llm.model.policy import load_policy
 from rlpost.llm.preference import PreferenceTrainer, load_preference_config
 from rlpost.llm.recipes import recipe_path
 

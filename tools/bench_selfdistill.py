@@ -68,8 +68,8 @@ def build_base(out: Path, steps: int, seed: int) -> dict[str, Any]:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
-    from rlpost.llm.tasks import Example, Task, make_task
+    from rlpost.llm.data.tasks import Example, Task, make_task
+    from rlpost.llm.model import tiny
 
     arith = make_task("arithmetic", digits=2)
 
@@ -133,7 +133,7 @@ def job(spec: dict) -> dict[str, Any]:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)

@@ -45,10 +45,10 @@ def main() -> None:
         a.out = "bench_results/llm_speculative_quick.json"
     import torch
 
-    from rlpost.llm import tiny
-    from rlpost.llm.engines import HFEngine, LeanEngine, SamplingParams
-    from rlpost.llm.engines.speculative import SpeculativeEngine
-    from rlpost.llm.tasks import make_task
+    from rlpost.llm.data.tasks import make_task
+    from rlpost.llm.model import tiny
+    from rlpost.llm.rollout.engines import HFEngine, LeanEngine, SamplingParams
+    from rlpost.llm.rollout.engines.speculative import SpeculativeEngine
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

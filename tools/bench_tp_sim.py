@@ -1,5 +1,5 @@
 """PAT's adaptive tensor parallelism in generation (001-22), in the cost-model simulator
-(:mod:`rlpost.llm.tpsim`): a generation stage's latency at each fixed degree and with the
+(:mod:`rlpost.llm.tools.tpsim`): a generation stage's latency at each fixed degree and with the
 predictor-guided plan, for a 14B model on 8 GPUs with skewed response lengths.
 
 The profile is a roofline of H100-class GPUs (3 TB/s HBM, 400 TFLOP/s sustained,
@@ -33,7 +33,7 @@ def lengths(n: int, seed: int, median: float, sigma: float, cap: int) -> list[in
 
 
 def main() -> None:
-    from rlpost.llm.tpsim import TPProfile, adaptive, simulate
+    from rlpost.llm.tools.tpsim import TPProfile, adaptive, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=2048)

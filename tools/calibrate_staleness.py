@@ -42,7 +42,7 @@ def job(spec: dict) -> dict[str, Any]:
     from rlpost.core.guard import RunStopped
     from rlpost.llm.config import load_config
     from rlpost.llm.recipes import recipe_path
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -130,7 +130,7 @@ def main() -> None:
     if a.quick:
         a.intervals, a.lrs, a.steps, a.prompts = [1, 2], [1e-4, 1e-2], 10, 4
         a.out, a.plot = "bench_results/llm_staleness_calibration_quick.json", "/tmp/stale.png"
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     t0 = time.perf_counter()
     build_base("arithmetic", digits=2)  # cached: the grpo_arithmetic base

@@ -266,7 +266,7 @@ def vllm_engine(smoke: bool) -> dict:
         t = time.perf_counter()
         tr.train()
         wall = time.perf_counter() - t
-        from rlpost.llm.runlog import read_metrics
+        from rlpost.llm.tools.runlog import read_metrics
 
         rows = read_metrics(Path(tmp) / "run")
     gen = sum(r.get("tokens/generated", 0.0) for r in rows)
@@ -294,9 +294,9 @@ def vllm_teacher(smoke: bool) -> dict:
         return {"ok": True, "ran": False, "why": f"vllm not installed: {exc}"}
     import tempfile
 
-    from rlpost.llm import tiny
     from rlpost.llm.config import load_config
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.model import tiny
+    from rlpost.llm.tools.runlog import read_metrics
     from rlpost.llm.trainer import Trainer
 
     base = tiny.build_base("arithmetic", progress=False, digits=2)
@@ -325,7 +325,7 @@ def vllm_teacher(smoke: bool) -> dict:
 def _no_base(smoke: bool) -> str | None:
     """Why the demo's tiny base cannot be used (``None`` when it can: in the cache, or the
     untrained model at ``--smoke``)."""
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     if smoke or tiny._is_complete(tiny.base_path("arithmetic", digits=2)):
         return None
@@ -383,10 +383,10 @@ def parity(dev: str, smoke: bool) -> dict:
     import torch
 
     from rlpost.llm.config import load_config
-    from rlpost.llm.data import encode_prompt
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.engines.lean import LeanEngine
+    from rlpost.llm.data.prompts import encode_prompt
     from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.rollout.engines.lean import LeanEngine
     from rlpost.llm.trainer import Trainer
 
     settings = {
@@ -461,9 +461,9 @@ def engines(dev: str, smoke: bool) -> dict:
     TRL's GRPOTrainer runs without vLLM), same prompts and sampling."""
     import torch
 
-    from rlpost.llm import tiny
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.engines.lean import LeanEngine
+    from rlpost.llm.model import tiny
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.rollout.engines.lean import LeanEngine
 
     model, cfg, _ = _qwen3(dev, smoke)
     model.eval()
@@ -518,7 +518,7 @@ def trainer_step(dev: str, smoke: bool) -> dict:
 
     from rlpost.core.presets import PolicyBatch
     from rlpost.llm.config import load_config
-    from rlpost.llm.policy import completion_logprobs, make_seq_batch
+    from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
 
     prompts, group, P, L = (2, 4, 16, 16) if smoke else (8, 8, 256, 768)
     model, cfg, dtype = _qwen3(dev, smoke)

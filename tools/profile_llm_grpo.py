@@ -65,7 +65,7 @@ def _cumulative(stats: pstats.Stats, file_part: str, name: str) -> float:
 
 
 def _trainer(spec: dict, run_dir: Path):
-    from rlpost.llm.tasks import make_task
+    from rlpost.llm.data.tasks import make_task
     from rlpost.llm.trainer import Trainer
 
     return Trainer(rlpost_config(spec, run_dir), reward_fn=make_task("arithmetic").score)
@@ -74,7 +74,7 @@ def _trainer(spec: dict, run_dir: Path):
 def run(spec: dict) -> dict:
     import torch
 
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
 
     torch.set_num_threads(spec["threads"])
     work = Path(spec["work"])
@@ -179,7 +179,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", default="default", help="rlpost.llm.tiny size preset")
+    ap.add_argument("--size", default="default", help="rlpost.llm.model.tiny size preset")
     ap.add_argument("--out", default="bench_results/llm_grpo_profile.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:

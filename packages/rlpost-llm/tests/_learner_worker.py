@@ -1,5 +1,5 @@
 """Launched by test_distributed.py under torch.distributed.run: one rank of a
-:class:`~rlpost.llm.parallel.Learner` over a small model, its gradients written by rank 0.
+:class:`~rlpost.llm.train.parallel.Learner` over a small model, its gradients written by rank 0.
 
 Rows are split unevenly (``argv[2]``: rank 0's share), so the ranks take different numbers
 of micro-batches, and a rank may have none at all."""
@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlpost.llm.parallel import Learner
+from rlpost.llm.train.parallel import Learner
 
 
 def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpost.llm.agents import env_rollout
 from rlpost.llm.config import ConfigError
-from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.fake import ActionScriptEngine
-from rlpost.llm.envs import make_env
-from rlpost.llm.envs.rewrite import audit
+from rlpost.llm.data.envs import make_env
+from rlpost.llm.data.envs.rewrite import audit
+from rlpost.llm.rollout.agents import env_rollout
+from rlpost.llm.rollout.engines.base import SamplingParams
+from rlpost.llm.rollout.engines.fake import ActionScriptEngine
 
 
 def _all_rewrites(old: str) -> set[str]:
@@ -70,7 +70,7 @@ def test_the_environment_is_deterministic_and_its_reward_exact():
 
 
 def test_rollouts_are_token_in_token_out_with_observations_masked():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     env = make_env("rewrite", min_len=4, max_len=4)
@@ -147,7 +147,7 @@ class SlowEnv:
     def step(self, action: str):
         import time
 
-        from rlpost.llm.envs.base import StepResult
+        from rlpost.llm.data.envs.base import StepResult
 
         time.sleep(0.2)
         return StepResult("", 1.0, True, {"solved": True})
@@ -156,7 +156,7 @@ class SlowEnv:
 def test_slow_environments_step_concurrently():
     import time
 
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     eng = ActionScriptEngine(tok, [["1"]] * 8)
@@ -170,8 +170,8 @@ def test_the_environment_base_is_trained_on_the_rollout_layout(tmp_path):
     """A demonstration is laid out exactly as a rollout of the same actions (the base is
     pretrained on what it will see), with labels on the actions and their EOS only; the
     base builds, caches, and records its held-out success."""
-    from rlpost.llm import tiny
-    from rlpost.llm.envs.pretrain import build_env_base, demonstration
+    from rlpost.llm.data.envs.pretrain import build_env_base, demonstration
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     env = make_env("rewrite", min_len=4, max_len=4)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import warnings
 
-from rlpost.llm.agents import env_rollout
-from rlpost.llm.chat import ChatFormat, append_only_violations, parse_tool_call, render
-from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.fake import ActionScriptEngine
-from rlpost.llm.envs import make_env
+from rlpost.llm.data.envs import make_env
+from rlpost.llm.rollout.agents import env_rollout
+from rlpost.llm.rollout.chat import ChatFormat, append_only_violations, parse_tool_call, render
+from rlpost.llm.rollout.engines.base import SamplingParams
+from rlpost.llm.rollout.engines.fake import ActionScriptEngine
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
@@ -30,7 +30,7 @@ def byte_tokenizer(template: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from rlpost.llm.tiny import _bytes_to_unicode
+    from rlpost.llm.model.tiny import _bytes_to_unicode
 
     pieces = list(_bytes_to_unicode().values())
     specials = ["<pad>", "<|im_start|>", "<|im_end|>"]

@@ -47,8 +47,8 @@ def test_dr_grpo_normaliser_is_the_generation_budget_the_trainer_provides():
 def test_every_shipped_recipe_validates(name):
     import yaml
 
-    from rlpost.llm.latent import load_dlr_config
     from rlpost.llm.preference import load_preference_config
+    from rlpost.llm.runtimes.dlr import load_dlr_config
 
     # preference recipes (a top-level `loss:` section) load with the preference schema,
     # DLR's (a `latent:` section) with rlpost-llm dlr's
@@ -82,7 +82,7 @@ def test_a_task_parameter_the_task_does_not_take_is_refused_at_load(overrides, m
 
 
 def test_a_model_path_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
-    from rlpost.llm.policy import load_policy
+    from rlpost.llm.model.policy import load_policy
 
     missing = tmp_path / "no-model"
     cfg = load_config(recipe_path("grpo_pde"), [f"model.path={missing}"])

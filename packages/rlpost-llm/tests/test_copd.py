@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.llm.config import ConfigError
-from rlpost.llm.copd import expert_config, run_copd
+from rlpost.llm.runtimes.copd import expert_config, run_copd
 
 MIX = "data.mixture=[{task: arithmetic}, {task: countdown}]"
 

@@ -91,9 +91,9 @@ def test_cuda_training_resumes_to_the_uninterrupted_run(tmp_path, fast_cfg):
 def test_cuda_evaluation_decodes_what_the_cpu_decodes(fast_cfg):
     """``rlpost-llm eval`` on the GPU (``run.device``): the greedy completions of the
     held-out prompts are the CPU's (float32; only the reduction order differs)."""
-    from rlpost.llm.data import encode_prompt, make_prompt_source
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.evaluate import _policy_engine
+    from rlpost.llm.data.prompts import encode_prompt, make_prompt_source
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.tools.evaluate import _policy_engine
 
     texts = {}
     for device in ("cpu", "cuda"):
@@ -108,7 +108,7 @@ def test_cuda_evaluation_decodes_what_the_cpu_decodes(fast_cfg):
 
 @cuda
 def test_cuda_a_model_passed_on_the_cpu_goes_to_the_gpu(fast_cfg):
-    from rlpost.llm.policy import load_policy
+    from rlpost.llm.model.policy import load_policy
 
     model, tok = load_policy(fast_cfg("run.device=cpu"), progress=False)
     tr = Trainer(fast_cfg("run.device=cuda"), model=model, tokenizer=tok, reward_fn=parity_reward)

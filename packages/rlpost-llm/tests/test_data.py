@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rlpost.llm.data import make_prompt_source
-from rlpost.llm.rewards import math_verify_reward
+from rlpost.llm.data.prompts import make_prompt_source
+from rlpost.llm.rollout.rewards import math_verify_reward
 
 
 def _write_jsonl(path, n):

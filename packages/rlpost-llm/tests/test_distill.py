@@ -15,11 +15,11 @@ import torch
 
 from rlpost.core.distill import DISTILL_ESTIMATORS
 from rlpost.llm.config import ConfigError
-from rlpost.llm.data import DomainScore, MixtureSource
-from rlpost.llm.distill import Teacher, Teachers, teacher_prompt
-from rlpost.llm.policy import completion_logprobs, make_seq_batch
-from rlpost.llm.provide import sampled_index
-from rlpost.llm.tasks import Example
+from rlpost.llm.data.prompts import DomainScore, MixtureSource
+from rlpost.llm.data.tasks import Example
+from rlpost.llm.methods.distill import Teacher, Teachers, teacher_prompt
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.train.provide import sampled_index
 from rlpost.llm.trainer import Trainer
 
 from .test_provides import spy_entry
@@ -34,7 +34,7 @@ def _rows(run: Path) -> list[dict]:
 def _random_model(seed: int, tok):
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -99,7 +99,7 @@ def test_mixture_source_tags_domains_scores_each_and_resumes(fast_cfg):
 
 
 def test_routing_scores_each_row_with_its_domains_teacher():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     a, c = _random_model(1, tok), _random_model(2, tok)
@@ -116,7 +116,7 @@ def test_routing_scores_each_row_with_its_domains_teacher():
     comp = torch.randint(3, 12, (12, 5), generator=g)
     mask = torch.ones(12, 5)
     mask[3, 2:] = 0
-    from rlpost.llm.engines.base import RolloutBatch
+    from rlpost.llm.rollout.engines.base import RolloutBatch
 
     prompts = [tok.encode(e.prompt) for e in exs]
     batch = RolloutBatch(
@@ -142,7 +142,7 @@ def test_routing_scores_each_row_with_its_domains_teacher():
 
 
 def test_student_log_probs_of_given_ids_are_differentiable_and_exact():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     model = _random_model(3, tok)
@@ -333,7 +333,7 @@ def bpe_teacher(tmp_path_factory):
 
 
 def _batch_of(tok, texts_and_completions):
-    from rlpost.llm.engines.base import RolloutBatch
+    from rlpost.llm.rollout.engines.base import RolloutBatch
 
     rows = []
     for prompt, comp in texts_and_completions:
@@ -345,7 +345,7 @@ def _batch_of(tok, texts_and_completions):
 def test_a_teacher_of_the_same_tokenizer_through_the_text_path_changes_nothing():
     """Forcing the retokenise-and-align path with the student's own tokenizer gives one
     character per block and exactly the direct path's log-probs."""
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     model = _random_model(7, tok)
@@ -364,7 +364,7 @@ def test_a_teacher_of_the_same_tokenizer_through_the_text_path_changes_nothing()
 
 
 class _ScorerLikeVLLM:
-    """The :class:`~rlpost.llm.engines.vllm.VLLMScorer` interface answered from a plain
+    """The :class:`~rlpost.llm.rollout.engines.vllm.VLLMScorer` interface answered from a plain
     forward over prompt + completion, read the way vLLM's ``prompt_logprobs`` are: each
     position's log-probs of the next token, a dict of the top-K plus the actual token."""
 
@@ -393,7 +393,7 @@ def test_a_vllm_teacher_fills_the_same_scores_as_the_in_process_teacher():
     """The vLLM teacher's plumbing (its log-probs and top-K placed on the student's rows)
     on CPU: a scorer answering like vLLM's prompt log-probs gives exactly the in-process
     teacher's scores; the full vocabulary is refused with the fix."""
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     model = _random_model(11, tok)
@@ -419,8 +419,8 @@ def test_a_vllm_teacher_fills_the_same_scores_as_the_in_process_teacher():
 def test_a_bpe_teacher_scores_aligned_text_blocks(bpe_teacher):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlpost.llm import tiny
-    from rlpost.llm.tokalign import align, tokenize
+    from rlpost.llm.model import tiny
+    from rlpost.llm.model.tokalign import align, tokenize
 
     tok = tiny.build_tokenizer()
     tt = AutoTokenizer.from_pretrained(bpe_teacher)

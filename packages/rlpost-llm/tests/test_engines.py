@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from rlpost.llm import tiny
-from rlpost.llm.engines import RolloutBatch, RolloutEngine, SamplingParams, make_vllm_engine
-from rlpost.llm.engines.fake import FakeEngine
-from rlpost.llm.engines.hf import HFEngine
-from rlpost.llm.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.model import tiny
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.rollout.engines import RolloutBatch, RolloutEngine, SamplingParams, make_vllm_engine
+from rlpost.llm.rollout.engines.fake import FakeEngine
+from rlpost.llm.rollout.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_vllm_engine_missing_gives_an_actionable_error():
 def test_fused_logprobs_equal_the_logits_path_with_gradients(model_tok, temperature):
     """The fused kernel path (decoder hidden states + LM-head weight) gives the same
     log-probs, entropies and parameter gradients as the model's own logits."""
-    from rlpost.llm.policy import fused_head
+    from rlpost.llm.model.policy import fused_head
 
     m, tok = model_tok
     assert fused_head(m) is not None  # Qwen2: plain tied linear head
@@ -139,7 +139,7 @@ def test_fused_logprobs_equal_the_logits_path_with_gradients(model_tok, temperat
 
 
 def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
-    from rlpost.llm.policy import fused_head
+    from rlpost.llm.model.policy import fused_head
 
     m, tok = model_tok
 
@@ -196,7 +196,7 @@ def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, mon
     """The packed forward of a transformers model goes through the shared-prompt attention
     kernel op (not the dense 4D mask), and the model's attention setting is restored."""
     import rlpost.kernels.ops.shared_prompt as sp
-    from rlpost.llm import packing
+    from rlpost.llm.model import packing
 
     m, tok = model_tok
     assert packing.supports_shared_attention(m)

@@ -11,7 +11,7 @@ def test_environment_report_lists_engines_with_installed_versions():
 
 
 def test_llm_exposes_core_presets():
-    from rlpost.llm.presets import PRESETS, get_preset
+    from rlpost.llm.tools.presets import PRESETS, get_preset
 
     assert {"grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp", "ppo"} <= set(PRESETS)
     assert get_preset("dapo").objective.params["clip_high"] == 0.28

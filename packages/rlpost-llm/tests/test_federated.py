@@ -1,11 +1,11 @@
-"""Federated post-training through the trainer (rlpost.llm.federated, catalog 001-07)."""
+"""Federated post-training through the trainer (rlpost.llm.runtimes.federated, catalog 001-07)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlpost.llm.federated import Client, client_config, flat_weights, run_federated
+from rlpost.llm.runtimes.federated import Client, client_config, flat_weights, run_federated
 
 # varied rewards on the untrained model (the format reward), every response trained on
 LEARN = ("reward.funcs=[{name: correct}, {name: format}]", "train.overlong_mask=false")

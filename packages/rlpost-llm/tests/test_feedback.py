@@ -13,11 +13,11 @@ import torch
 from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.peers import OWN, TRAIN
 from rlpost.llm.config import ConfigError
-from rlpost.llm.engines.base import RolloutBatch
-from rlpost.llm.engines.fake import FakeEngine
-from rlpost.llm.feedback import assemble, guided_contexts
-from rlpost.llm.tasks import Example, make_task
-from rlpost.llm.tiny import build_tokenizer
+from rlpost.llm.data.tasks import Example, make_task
+from rlpost.llm.methods.feedback import assemble, guided_contexts
+from rlpost.llm.model.tiny import build_tokenizer
+from rlpost.llm.rollout.engines.base import RolloutBatch
+from rlpost.llm.rollout.engines.fake import FakeEngine
 from rlpost.llm.trainer import Trainer
 
 ARITH = make_task("arithmetic", digits=2)
@@ -136,7 +136,7 @@ def test_a_feedback_aware_base_reads_a_diagnosis_pretrained_in_the_guided_format
     w = cd.wrong_attempt(c, rng)
     assert w is not None and cd.score(w, c) == 0.0 and cd.feedback(w, c) not in ("", "()")
     assert make_task("knapsack").wrong_attempt(c, rng) is None
-    from rlpost.llm.tiny import _SFTRun
+    from rlpost.llm.model.tiny import _SFTRun
 
     run = _SFTRun(torch.nn.Linear(1, 1), build_tokenizer(), task, 1, 64, 1e-3, 0, feedback=1.0)
     shown = run._examples()
@@ -277,7 +277,7 @@ def test_the_reflection_meta_policy_is_trained_on_the_verdicts_of_the_attempts_i
 
 
 def test_a_reflection_base_is_shown_failed_attempts_with_the_lesson_of_their_diagnosis():
-    from rlpost.llm.tiny import _SFTRun
+    from rlpost.llm.model.tiny import _SFTRun
 
     task = make_task("arithmetic", digits=2)
     run = _SFTRun(

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from rlpost.llm.engines.fake import FakeEngine
-from rlpost.llm.hacking import exploration_hacking_report
-from rlpost.llm.tasks import make_task
+from rlpost.llm.data.tasks import make_task
+from rlpost.llm.rollout.engines.fake import FakeEngine
+from rlpost.llm.tools.hacking import exploration_hacking_report
 
 CONTEXTS = {"plain": "{prompt}", "training": "0:{prompt}"}  # "0:" says "you are in RL"
 
@@ -37,7 +37,7 @@ def organism(tok, examples, behaviour):
 
 @pytest.fixture
 def setup():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     task = make_task("arithmetic")
@@ -87,11 +87,11 @@ def test_the_monitor_runs_from_the_cli(fast_overrides, tmp_path, capsys):
 
 
 def test_planted_shortcuts_are_detected_and_hardening_removes_them():
-    from rlpost.llm import tiny
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.engines.fake import ActionScriptEngine
-    from rlpost.llm.envs import make_env
-    from rlpost.llm.hacking import shortcut_report
+    from rlpost.llm.data.envs import make_env
+    from rlpost.llm.model import tiny
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.rollout.engines.fake import ActionScriptEngine
+    from rlpost.llm.tools.hacking import shortcut_report
 
     tok = tiny.build_tokenizer()
     params = {"min_hops": 2, "max_hops": 2, "shortcuts": ["metadata", "tamper"], "slack": 1}
@@ -179,7 +179,7 @@ def parametric(tok, examples, net: GatedOrganism):
 
 
 def test_weight_noise_raises_a_sandbaggers_success_and_not_an_honest_ones(setup):
-    from rlpost.llm.hacking import weight_noise_probe
+    from rlpost.llm.tools.hacking import weight_noise_probe
 
     tok, score, exs = setup
     sandbagger = GatedOrganism()
@@ -205,7 +205,7 @@ def test_weight_noise_raises_a_sandbaggers_success_and_not_an_honest_ones(setup)
 
 
 def test_weight_noise_refuses_bad_input_and_restores_weights_after_an_error(setup):
-    from rlpost.llm.hacking import weight_noise_probe
+    from rlpost.llm.tools.hacking import weight_noise_probe
 
     tok, score, exs = setup
     net = GatedOrganism()
@@ -244,8 +244,8 @@ def test_the_noise_probe_runs_from_the_cli(fast_overrides, tmp_path, capsys):
 
 
 def test_a_planted_underperformer_needs_a_cue_with_the_prompt_and_wrong_answers():
-    from rlpost.llm import tiny
-    from rlpost.llm.hacking import plant_underperformer
+    from rlpost.llm.model import tiny
+    from rlpost.llm.tools.hacking import plant_underperformer
 
     tok = tiny.build_tokenizer()
     with pytest.raises(ValueError, match="must contain"):
@@ -259,7 +259,7 @@ def _honest(env) -> list[str]:
 
 
 def test_the_chained_regime_poses_questions_in_turn_and_tracks_exploits_across_them():
-    from rlpost.llm.envs import make_env
+    from rlpost.llm.data.envs import make_env
 
     params = {"min_hops": 1, "max_hops": 2, "shortcuts": ["tamper"], "slack": 1}
     one, three = make_env("search", **params), make_env("search", **params, tasks=3)
@@ -302,11 +302,11 @@ def test_the_chained_regime_poses_questions_in_turn_and_tracks_exploits_across_t
 
 
 def test_the_exploit_report_over_chains(setup):
-    from rlpost.llm import tiny
-    from rlpost.llm.engines.base import SamplingParams
-    from rlpost.llm.engines.fake import ActionScriptEngine
-    from rlpost.llm.envs import make_env
-    from rlpost.llm.hacking import shortcut_report
+    from rlpost.llm.data.envs import make_env
+    from rlpost.llm.model import tiny
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.rollout.engines.fake import ActionScriptEngine
+    from rlpost.llm.tools.hacking import shortcut_report
 
     tok = tiny.build_tokenizer()
     params = {"min_hops": 1, "max_hops": 1, "shortcuts": ["metadata"], "slack": 0, "tasks": 2}
@@ -331,7 +331,8 @@ def test_the_exploit_report_over_chains(setup):
 
 
 def test_sft_elicitation_trains_on_a_few_cued_right_answers(monkeypatch):
-    from rlpost.llm import hacking, tiny
+    from rlpost.llm.model import tiny
+    from rlpost.llm.tools import hacking
 
     seen = []
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from rlpost.apps.llm.cli import main as cli
-from rlpost.llm.policy import load_policy
+from rlpost.llm.model.policy import load_policy
 from rlpost.llm.trainer import Trainer
 
 from .test_trainer import parity_reward

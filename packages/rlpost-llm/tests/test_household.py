@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlpost.llm.agents import env_rollout, group_hindsight
-from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.fake import ActionScriptEngine
-from rlpost.llm.envs import make_env
-from rlpost.llm.envs.base import hint_text, play
-from rlpost.llm.envs.household import KINDS, HouseholdEnv
-from rlpost.llm.envs.pretrain import demonstration
+from rlpost.llm.data.envs import make_env
+from rlpost.llm.data.envs.base import hint_text, play
+from rlpost.llm.data.envs.household import KINDS, HouseholdEnv
+from rlpost.llm.data.envs.pretrain import demonstration
+from rlpost.llm.rollout.agents import env_rollout, group_hindsight
+from rlpost.llm.rollout.engines.base import SamplingParams
+from rlpost.llm.rollout.engines.fake import ActionScriptEngine
 
 
 def test_deterministic_under_a_seed_and_every_demonstration_solves():
@@ -88,7 +88,7 @@ def test_the_budget_ends_an_episode_unsolved():
 
 
 def test_hinted_demonstrations_and_group_hindsight():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     env = make_env("household")

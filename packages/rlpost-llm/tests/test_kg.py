@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from rlpost.llm.envs import make_env
-from rlpost.llm.envs.kg import FAMILIES, parse, solve
+from rlpost.llm.data.envs import make_env
+from rlpost.llm.data.envs.kg import FAMILIES, parse, solve
 
 
 def test_deterministic_unique_and_exactly_verified():

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from rlpost.llm.config import load_config
-from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.hf import HFEngine
-from rlpost.llm.engines.kv_compressed import KVCompressedEngine, shadow_mask
-from rlpost.llm.policy import completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.model.policy import completion_logprobs, load_policy, make_seq_batch
+from rlpost.llm.rollout.engines.base import SamplingParams
+from rlpost.llm.rollout.engines.hf import HFEngine
+from rlpost.llm.rollout.engines.kv_compressed import KVCompressedEngine, shadow_mask
 from rlpost.llm.trainer import Trainer
 
 
@@ -86,7 +86,7 @@ def test_the_correction_is_the_identity_at_zero_compression(
 
 
 def test_kv_compressed_rollouts_train_from_the_config(fast_cfg):
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
 
     cfg = fast_cfg("rollout.kv_compression.sink=1", "rollout.kv_compression.window=3",
                    "rollout.kv_compression.distill=0.1", "rollout.max_new_tokens=6")  # fmt: skip

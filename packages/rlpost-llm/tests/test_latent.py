@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
-from rlpost.llm.latent import (
+from rlpost.llm.model.tiny import build_tokenizer, tiny_config
+from rlpost.llm.runtimes.dlr import (
     DLRTrainer,
     add_codes,
     load_dlr_config,
     search_codes,
     select_codes,
 )
-from rlpost.llm.tiny import build_tokenizer, tiny_config
 
 FAST = [
     "model.path=tiny-random", "data.train_size=16", "data.eval_size=8", "train.batch_size=4",
@@ -128,7 +128,7 @@ def test_a_run_checkpoints_loadable_models_and_resumes_exactly(tmp_path):
 
 def test_dlr_trains_from_the_cli_and_bad_settings_are_refused(tmp_path, capsys):
     from rlpost.apps.llm.cli import main as cli
-    from rlpost.llm.latent import ConfigError
+    from rlpost.llm.runtimes.dlr import ConfigError
 
     over = [*FAST, "run.eval_every=2", f"run.dir={tmp_path / 'cli'}"]
     assert cli(["dlr", "--config", "dlr_arithmetic", *over]) == 0

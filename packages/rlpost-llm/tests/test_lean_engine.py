@@ -20,8 +20,9 @@ from transformers import (
 )
 
 from rlpost.core.guard import NonFiniteError
-from rlpost.llm import tiny
-from rlpost.llm.engines import (
+from rlpost.llm.model import tiny
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.rollout.engines import (
     HFEngine,
     LeanEngine,
     RolloutEngine,
@@ -29,8 +30,7 @@ from rlpost.llm.engines import (
     lean_unsupported,
     make_local_engine,
 )
-from rlpost.llm.engines.lean import process_logits, sample
-from rlpost.llm.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.rollout.engines.lean import process_logits, sample
 
 
 @pytest.fixture(scope="module")

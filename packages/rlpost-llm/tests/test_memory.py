@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlpost.llm.config import ConfigError, MemoryConfig
-from rlpost.llm.memory import Playbook, TeacherMemory
-from rlpost.llm.tasks import Example, make_task
+from rlpost.llm.data.tasks import Example, make_task
+from rlpost.llm.methods.memory import Playbook, TeacherMemory
 
 ARITH = make_task("arithmetic", digits=2)
 
@@ -101,7 +101,7 @@ def test_memory_config_errors_name_the_problem(fast_cfg):
 def test_resd_trains_with_its_playbook_in_the_teachers_context_and_resumes_it(
     fast_cfg, monkeypatch, tmp_path
 ):
-    from rlpost.llm.distill import Teachers
+    from rlpost.llm.methods.distill import Teachers
     from rlpost.llm.trainer import Trainer
 
     prompts: list[dict] = []

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from rlpost.core.peers import BASELINE, OWN, TRAIN
-from rlpost.llm import tiny
 from rlpost.llm.config import ConfigError
-from rlpost.llm.mutual import (
+from rlpost.llm.data.tasks import make_task
+from rlpost.llm.model import tiny
+from rlpost.llm.model.tokalign import tokenize
+from rlpost.llm.runtimes.mutual import (
     Experience,
     _offsets,
     carry_logprobs,
@@ -23,8 +25,6 @@ from rlpost.llm.mutual import (
     import_experience,
     run_mutual,
 )
-from rlpost.llm.tasks import make_task
-from rlpost.llm.tokalign import tokenize
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_log_probs_cross_tokenizers_block_by_block_exactly():
     """Every aligned block's (and so the response's) log-prob is the peer's, exactly."""
     char = tiny.build_tokenizer()
     bpe = tiny.build_bpe_tokenizer(make_task("arithmetic", digits=2))
-    from rlpost.llm.tokalign import align
+    from rlpost.llm.model.tokalign import align
 
     g = torch.Generator().manual_seed(0)
     merged = 0
@@ -233,7 +233,7 @@ def test_two_tokenizers_train_together_on_ray(fast_cfg, bpe_policy, tmp_path):
 def test_without_ray_the_error_says_how_to_get_it(monkeypatch):
     import sys
 
-    from rlpost.llm.cluster import import_ray
+    from rlpost.llm.runtimes.cluster import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(ValueError, match=r"mutual\.backend=ray runs on Ray.*rlpost-llm\[ray\]"):

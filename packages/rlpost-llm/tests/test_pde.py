@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from rlpost.llm.pde import describe, extract_code, magnitude_score, problem, verify
-from rlpost.llm.tasks import PDETask, make_task
+from rlpost.llm.data.pde import describe, extract_code, magnitude_score, problem, verify
+from rlpost.llm.data.tasks import PDETask, make_task
 
 POISSON = {"family": "elliptic", "k": 2, "n": 33}
 HEAT = {"family": "parabolic", "k": 1, "n": 21, "nu": 0.02, "T": 0.5, "m": 200}

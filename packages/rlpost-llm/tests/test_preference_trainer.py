@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from rlpost.core.preference import PREFERENCE_LOSSES
 from rlpost.llm.config import ConfigError
-from rlpost.llm.engines.fake import FakeEngine
 from rlpost.llm.preference import PreferenceTrainer, load_preference_config
+from rlpost.llm.rollout.engines.fake import FakeEngine
 
 PFAST = [
     "model.path=tiny-random",
@@ -163,7 +163,7 @@ def arithmetic_script(tok):
 
 
 def online_trainer(run_dir: Path, *overrides: str) -> PreferenceTrainer:
-    from rlpost.llm.policy import load_policy
+    from rlpost.llm.model.policy import load_policy
 
     cfg = cfg_of(run_dir, "mode=online", *overrides)
     model, tok = load_policy(cfg, progress=False)
@@ -214,7 +214,7 @@ def test_online_iterative_resume_restores_the_round_reference(tmp_path):
     full.train()
     online_trainer(tmp_path / "split", "train.steps=3", *it).train()
     cfg = cfg_of(tmp_path / "split", "mode=online", "train.steps=5", *it)
-    from rlpost.llm.policy import load_policy
+    from rlpost.llm.model.policy import load_policy
 
     model, tok = load_policy(cfg, progress=False)
     resumed = PreferenceTrainer(

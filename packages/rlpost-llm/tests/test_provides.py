@@ -148,9 +148,9 @@ def test_scalar_estimators_get_the_weighted_sum(fast_cfg):
 
 
 def test_a_custom_reward_function_by_import_path(fast_cfg):
-    cfg = fast_cfg("reward.funcs=[{name: 'rlpost.llm.tasks:format_reward'}]")
+    cfg = fast_cfg("reward.funcs=[{name: 'rlpost.llm.data.tasks:format_reward'}]")
     col = Trainer(cfg).collect()
-    assert "reward/rlpost.llm.tasks:format_reward/mean" in col.metrics
+    assert "reward/rlpost.llm.data.tasks:format_reward/mean" in col.metrics
     with pytest.raises(ValueError, match="cannot import"):
         Trainer(fast_cfg("reward.funcs=[{name: 'nowhere.at_all:fn'}]"))
 
@@ -178,7 +178,7 @@ def test_token_distributions_are_both_policies_top_k_of_the_behaviour(fast_cfg, 
     torch.testing.assert_close(d1.old_logp, d0.old_logp)
     assert not torch.allclose(d1.logp, d1.old_logp)
     # independent check: the pre-update policy's full softmax, top-5, at the sampled tokens
-    from rlpost.llm.policy import make_seq_batch
+    from rlpost.llm.model.policy import make_seq_batch
 
     tr.model.load_state_dict(model0)
     b = col.batch
@@ -396,7 +396,7 @@ def test_conspo_margin_follows_the_training_progress(fast_cfg):
 
 
 def test_critic_from_a_separate_model_and_with_lora(fast_cfg, tmp_path):
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     from transformers import Qwen2ForCausalLM

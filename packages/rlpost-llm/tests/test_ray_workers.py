@@ -10,9 +10,9 @@ import ray
 import torch
 from transformers import Qwen2ForCausalLM
 
-from rlpost.llm import tiny
-from rlpost.llm.engines import HFEngine, SamplingParams
-from rlpost.llm.engines.ray_workers import RayRolloutEngine
+from rlpost.llm.model import tiny
+from rlpost.llm.rollout.engines import HFEngine, SamplingParams
+from rlpost.llm.rollout.engines.ray_workers import RayRolloutEngine
 
 
 @pytest.fixture(scope="module")

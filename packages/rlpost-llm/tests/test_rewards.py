@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from rlpost.llm.rewards import RewardPool, RewardResult, math_verify_reward
-from rlpost.llm.tasks import Example
+from rlpost.llm.data.tasks import Example
+from rlpost.llm.rollout.rewards import RewardPool, RewardResult, math_verify_reward
 
 TIMEOUT = 1.0
 #: Generous bound for one score() call with hung / dying verifiers (includes worker restarts).

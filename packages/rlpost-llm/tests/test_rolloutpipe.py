@@ -83,7 +83,7 @@ def test_groups_train_whole_while_later_groups_are_still_generating(fast_cfg):
 
 
 def test_rolloutpipe_trains_from_the_config(fast_cfg):
-    from rlpost.llm.runlog import read_metrics
+    from rlpost.llm.tools.runlog import read_metrics
 
     cfg = fast_cfg("train.pipeline=rolloutpipe", "train.stream_prompts=2", "train.steps=3")
     res = Trainer(cfg, reward_fn=parity).train()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from rlpost.llm.sandbox import run_sandboxed
+from rlpost.llm.data.sandbox import run_sandboxed
 
 
 def test_an_infinite_loop_is_killed():

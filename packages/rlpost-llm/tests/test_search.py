@@ -8,14 +8,14 @@ import re
 import pytest
 import torch
 
-from rlpost.llm.agents import env_rollout
-from rlpost.llm.engines.base import SamplingParams
-from rlpost.llm.engines.fake import ActionScriptEngine
-from rlpost.llm.envs import make_env
-from rlpost.llm.envs.base import play
-from rlpost.llm.envs.search import build_corpus, parse_fact, words
-from rlpost.llm.envs.search_corpus import main
-from rlpost.llm.provide import information_gain
+from rlpost.llm.data.envs import make_env
+from rlpost.llm.data.envs.base import play
+from rlpost.llm.data.envs.search import build_corpus, parse_fact, words
+from rlpost.llm.data.envs.search_corpus import main
+from rlpost.llm.rollout.agents import env_rollout
+from rlpost.llm.rollout.engines.base import SamplingParams
+from rlpost.llm.rollout.engines.fake import ActionScriptEngine
+from rlpost.llm.train.provide import information_gain
 
 
 def test_the_corpus_and_the_bm25_words():
@@ -78,7 +78,7 @@ def test_information_gain_is_the_change_in_the_truths_probability():
     forward of each context followed by the truth, no padding, no batching."""
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def test_information_gain_refuses_a_chained_episode():
     """A chain poses several questions, so no single truth's probability is the gain."""
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     make = lambda: make_env("search", min_hops=1, max_hops=1, tasks=2)  # noqa: E731
@@ -146,7 +146,7 @@ def test_a2tgpo_trains_on_information_gain_from_the_cli(fast_overrides, fast_cfg
 
 
 def test_the_query_mask_marks_exactly_the_search_actions():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     tok = tiny.build_tokenizer()
     env = make_env("search", min_hops=1, max_hops=1)
@@ -245,7 +245,7 @@ def test_rubricem_trains_on_stage_judgments_from_the_cli(fast_overrides, fast_cf
 
 
 def test_a_parameter_set_to_its_default_shares_the_default_base(tmp_path):
-    from rlpost.llm.envs.pretrain import env_base_path
+    from rlpost.llm.data.envs.pretrain import env_base_path
 
     def path(**params):
         return env_base_path("search", params, 800, 0, tmp_path)

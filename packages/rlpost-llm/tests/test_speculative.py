@@ -6,10 +6,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlpost.llm import tiny
-from rlpost.llm.engines import HFEngine, SamplingParams
-from rlpost.llm.engines.speculative import SpeculativeEngine, early_exit_draft
-from rlpost.llm.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.model import tiny
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.rollout.engines import HFEngine, SamplingParams
+from rlpost.llm.rollout.engines.speculative import SpeculativeEngine, early_exit_draft
 
 
 @pytest.fixture(scope="module")

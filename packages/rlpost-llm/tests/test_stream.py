@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rlpost.llm.config import load_config
-from rlpost.llm.stream import ChunkStream
+from rlpost.llm.rollout.stream import ChunkStream
 from rlpost.llm.trainer import Trainer
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rlpost.llm.tasks import (
+from rlpost.llm.data.tasks import (
     CHARSET,
     TASKS,
     ArithmeticTask,
@@ -197,7 +197,7 @@ def test_tasks_and_scores_pickle():
 
 
 def test_knapsack_scores_raw_values_without_reading_the_answer():
-    from rlpost.llm.tasks import KnapsackTask
+    from rlpost.llm.data.tasks import KnapsackTask
 
     task = make_task("knapsack")
     assert isinstance(task, KnapsackTask)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from rlpost.llm import tiny
-from rlpost.llm.tasks import CHARSET, ArithmeticTask, Example
+from rlpost.llm.data.tasks import CHARSET, ArithmeticTask, Example
+from rlpost.llm.model import tiny
 
 TINY_BUILD = {
     "task_name": "arithmetic",

@@ -1,4 +1,4 @@
-"""Retokenisation and span alignment between two different tokenizers (rlpost.llm.tokalign):
+"""Retokenisation and span alignment between two different tokenizers (rlpost.llm.model.tokalign):
 the embedded character tokenizer and a BPE tokenizer trained with ``tokenizers``."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from rlpost.llm.tasks import make_task
-from rlpost.llm.tokalign import align, block_sums, retokenize, tokenize
+from rlpost.llm.data.tasks import make_task
+from rlpost.llm.model.tokalign import align, block_sums, retokenize, tokenize
 
 
 def _texts(n: int = 60) -> list[str]:
@@ -23,7 +23,7 @@ def _texts(n: int = 60) -> list[str]:
 
 @pytest.fixture(scope="module")
 def char_tok():
-    from rlpost.llm import tiny
+    from rlpost.llm.model import tiny
 
     return tiny.build_tokenizer()
 

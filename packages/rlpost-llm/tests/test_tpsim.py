@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rlpost.llm.tpsim import (
+from rlpost.llm.tools.tpsim import (
     TPProfile,
     active_counts,
     adaptive,

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.llm.config import load_config
-from rlpost.llm.engines.fake import FakeEngine
-from rlpost.llm.engines.hf import HFEngine
+from rlpost.llm.rollout.engines.fake import FakeEngine
+from rlpost.llm.rollout.engines.hf import HFEngine
 from rlpost.llm.trainer import Trainer
 
 

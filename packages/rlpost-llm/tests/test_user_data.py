@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from rlpost.llm.data import encode_prompt
-from rlpost.llm.policy import load_policy
+from rlpost.llm.data.prompts import encode_prompt
+from rlpost.llm.model.policy import load_policy
 from rlpost.llm.trainer import Trainer
 
 # characters of the tiny tokenizer's vocabulary, so that every rendered one is a token

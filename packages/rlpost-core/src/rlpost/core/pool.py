@@ -5,7 +5,7 @@ completions, the diffusion trainer a user's image reward, one image per item.
 
 A *reward function* is any picklable, module-level callable ``fn(item, example) ->
 float`` (an LLM verifier gets the completion text and its
-:class:`rlpost.llm.tasks.Example`; a diffusion reward goes through an adapter that
+:class:`rlpost.llm.data.tasks.Example`; a diffusion reward goes through an adapter that
 scores one image and its prompt). Bound methods of picklable objects (e.g.
 ``task.score``) and picklable callable instances work too. A function may carry an
 optional ``warmup`` attribute, a zero-argument callable that every worker process runs

@@ -85,7 +85,7 @@ class MixtureDomain(_Strict):
 
 
 class EnvConfig(_Strict):
-    """A text environment for multi-turn agents (``rlpost.llm.envs``; ``rlpost.llm.agents``
+    """A text environment for multi-turn agents (``rlpost.llm.data.envs``; ``rlpost.llm.rollout.agents``
     rolls it out token-in / token-out): each training prompt is an episode's seed, each
     group ``rollout.group_size`` episodes of one seed, the reward the environment's."""
 
@@ -96,7 +96,7 @@ class EnvConfig(_Strict):
     workers: int = Field(1, ge=1)
     """Threads that step the episodes' environments concurrently (slow tools overlap)."""
     chat: bool = False
-    """Episodes in the model's chat template (``rlpost.llm.chat``): observations as user /
+    """Episodes in the model's chat template (``rlpost.llm.rollout.chat``): observations as user /
     tool messages, actions as assistant turns, tool calls in the Hermes / Qwen format for
     environments with tools. The template is checked for being append-only at start."""
     system: str | None = None
@@ -110,7 +110,7 @@ class EnvConfig(_Strict):
 
     @model_validator(mode="after")
     def _exists(self) -> EnvConfig:
-        from rlpost.llm.envs import make_env
+        from rlpost.llm.data.envs import make_env
 
         try:
             env = make_env(self.name, **self.params)
@@ -165,7 +165,7 @@ class DataConfig(_Strict):
         names = [d.task for d in self.mixture]
         if len(set(names)) != len(names):
             raise ValueError(f"data.mixture: duplicate domains {names}")
-        from rlpost.llm.tasks import check_task_params
+        from rlpost.llm.data.tasks import check_task_params
 
         if self.path is None and self.env is None and not (self.curriculum or self.mixture):
             check_task_params(self.task, self.task_params, "data.task_params")
@@ -196,7 +196,7 @@ class SpeculativeConfig(_Strict):
 
 class KVCompressionConfig(_Strict):
     """Rollouts under a compressed KV cache (001-13): each generated token attends to the
-    row's first ``sink`` tokens and its last ``window`` ones (rlpost.llm.engines.
+    row's first ``sink`` tokens and its last ``window`` ones (rlpost.llm.rollout.engines.
     kv_compressed; the prompt's prefill stays dense)."""
 
     sink: int = Field(4, ge=0)
@@ -217,7 +217,7 @@ class KVCompressionConfig(_Strict):
 class RolloutConfig(_Strict):
     engine: Literal["auto", "lean", "hf", "vllm"] = "auto"
     """``lean``: rlpost's decode loop (one prefill per prompt, static KV cache,
-    rlpost.llm.engines.lean); ``hf``: transformers ``generate``; ``vllm``: vLLM (GPU);
+    rlpost.llm.rollout.engines.lean); ``hf``: transformers ``generate``; ``vllm``: vLLM (GPU);
     ``auto``: lean when the model's architecture is one it runs, else hf."""
     group_size: int | None = Field(None, ge=1)  # None: the preset's
     prompts_per_step: int = Field(16, ge=1)
@@ -228,7 +228,7 @@ class RolloutConfig(_Strict):
     stop: list[str] = []
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     workers: int = Field(0, ge=0)
-    """Ray rollout workers (rlpost.llm.engines.ray_workers): that many engine actors, each
+    """Ray rollout workers (rlpost.llm.rollout.engines.ray_workers): that many engine actors, each
     with its own copy of the policy, generate a step's prompts in shards; weights go
     through Ray's object store after each update; a dead worker is replaced and its shard
     regenerated. 0: generate in this process."""
@@ -238,7 +238,7 @@ class RolloutConfig(_Strict):
     speculative: SpeculativeConfig | None = None
     """Lossless speculative decoding (001-27): rollouts from the policy's exact
     distribution, a draft model proposing tokens the policy verifies in one forward
-    (rlpost.llm.engines.speculative; replaces the in-process engine)."""
+    (rlpost.llm.rollout.engines.speculative; replaces the in-process engine)."""
     kv_compression: KVCompressionConfig | None = None
     """Rollouts under a sink + window compressed KV cache, and the learner's correction
     (001-13; replaces the in-process engine)."""
@@ -597,7 +597,7 @@ class TeacherConfig(_Strict):
 
 
 class MemoryConfig(_Strict):
-    """The self-teacher's memory (``rlpost.llm.memory``): RESD's reflections and playbook
+    """The self-teacher's memory (``rlpost.llm.methods.memory``): RESD's reflections and playbook
     (``kind: playbook``, 000-26) or PMD's three-level procedural memory (``procedural``,
     004-22), filled from the run's rollouts and read by the teachers' ``template`` through
     ``{reflection}``, ``{playbook}`` (and ``{trajectory}``, ``{lessons}``, ``{patterns}``)."""
@@ -628,7 +628,7 @@ class DistillConfig(_Strict):
 
 
 class CoPDConfig(_Strict):
-    """Co-evolving policy distillation (catalog 001-26; ``rlpost.llm.copd``): one expert per
+    """Co-evolving policy distillation (catalog 001-26; ``rlpost.llm.runtimes.copd``): one expert per
     domain of ``data.mixture``, trained in parallel as Ray actors. Each expert runs RLVR on
     its own domain and on-policy distillation from the other experts on theirs; after every
     round the experts exchange weights (bidirectional OPD); at the end they are
@@ -648,7 +648,7 @@ class CoPDConfig(_Strict):
 
 
 class FederatedConfig(_Strict):
-    """Federated post-training (catalog 001-07; ``rlpost.llm.federated``): clients train
+    """Federated post-training (catalog 001-07; ``rlpost.llm.runtimes.federated``): clients train
     locally on their own prompt streams and send compressed updates to the server."""
 
     clients: int = Field(4, ge=1)
@@ -688,7 +688,7 @@ class MutualPolicyConfig(_Strict):
 
 
 class MutualConfig(_Strict):
-    """Mutual RL (catalog 001-11; ``rlpost.llm.mutual``): heterogeneous policies, each a
+    """Mutual RL (catalog 001-11; ``rlpost.llm.runtimes.mutual``): heterogeneous policies, each a
     Ray actor with its own parameters, objective and tokenizer, answer the same prompts
     every step and exchange their typed experience (prompt, response text, token-level
     log-probs with character offsets, reward) through a Ray actor; each uses its peers'
@@ -700,7 +700,7 @@ class MutualConfig(_Strict):
     cluster ``ray.init`` connects to); ``local``: the policies in threads of this process
     (no Ray; they share its CPUs)."""
     member: str | None = None
-    """Set by ``rlpost.llm.mutual`` in each policy's own config: the policy it trains."""
+    """Set by ``rlpost.llm.runtimes.mutual`` in each policy's own config: the policy it trains."""
 
     @model_validator(mode="after")
     def _names(self) -> MutualConfig:
@@ -951,7 +951,7 @@ class Config(_Strict):
                 )
         mem = self.distill.memory
         if mem is not None:
-            from rlpost.llm.memory import FIELDS
+            from rlpost.llm.methods.memory import FIELDS
 
             used = [
                 f for t in self.distill.teachers for f in FIELDS[mem.kind]

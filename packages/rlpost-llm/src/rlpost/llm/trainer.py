@@ -18,9 +18,9 @@ Any :mod:`rlpost.core` preset plugs in unchanged: the trainer computes the optio
 the recipe's entries declare they read (:meth:`rlpost.core.presets.Recipe.reads`), and the
 config refuses at load a recipe needing one it cannot provide
 (:func:`rlpost.llm.config.provided_inputs`): critic values come from a value model built
-when an entry needs them (:mod:`rlpost.llm.critic`), vector rewards from several
+when an entry needs them (:mod:`rlpost.llm.train.critic`), vector rewards from several
 ``reward.funcs``, per-token top-K distributions from the trainer's own forwards, features
-and attention maps from no-grad forwards (:mod:`rlpost.llm.provide`). The preset's
+and attention maps from no-grad forwards (:mod:`rlpost.llm.train.provide`). The preset's
 schedules run here too: Mu-GRPO's large stages (``Preset.stages``) and REVA-PO's
 validation-anchored reset (``Preset.validation_reset``), plus the optimiser choice
 (``optim.name``), a gradient regulariser (``regularizer``) and a task curriculum
@@ -30,7 +30,7 @@ Asynchronous "one-step-off" mode generates step t+1's rollouts on a weight snaps
 background thread while step t trains; every batch carries the policy version that
 generated it and the staleness bound is enforced. Data parallelism: rank 0 generates and
 scores, the batch is broadcast, each rank trains on its slice through torch's
-``DistributedDataParallel`` (:mod:`rlpost.llm.parallel`: one bucketed all-reduce per
+``DistributedDataParallel`` (:mod:`rlpost.llm.train.parallel`: one bucketed all-reduce per
 update, on the last micro-batch), so a W-process run equals a 1-process run with the same
 global batch.
 """
@@ -73,16 +73,13 @@ from rlpost.core.peers import BASELINE, OWN, TRAIN
 from rlpost.core.presets import PolicyBatch
 from rlpost.core.regularizers import REGULARIZERS, GradientInput, flat_grad, set_flat_grad_
 from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
-from rlpost.llm.aux_data import AuxData, aux_gradients
 from rlpost.llm.config import Config
-from rlpost.llm.critic import ValueModel, explained_variance
-from rlpost.llm.data import DomainScore, MixtureSource, encode_prompt, make_prompt_source
-from rlpost.llm.distill import Teachers, TeacherScores, student_distributions
-from rlpost.llm.engines.base import RolloutBatch, RolloutEngine, SamplingParams
-from rlpost.llm.memory import TeacherMemory
-from rlpost.llm.optim import build_optimizer, lr_schedule
-from rlpost.llm.parallel import Learner
-from rlpost.llm.policy import (
+from rlpost.llm.data.aux_data import AuxData, aux_gradients
+from rlpost.llm.data.prompts import DomainScore, MixtureSource, encode_prompt, make_prompt_source
+from rlpost.llm.data.tasks import Example, Task, format_reward, make_task
+from rlpost.llm.methods.distill import Teachers, TeacherScores, student_distributions
+from rlpost.llm.methods.memory import TeacherMemory
+from rlpost.llm.model.policy import (
     Reference,
     completion_logprobs,
     is_peft,
@@ -90,12 +87,15 @@ from rlpost.llm.policy import (
     make_seq_batch,
     save_pretrained_files,
 )
-from rlpost.llm.provide import attention_token_entropy, pooled_hidden, token_distributions
-from rlpost.llm.rewards import RewardPool, as_verifier, math_verify_reward
-from rlpost.llm.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
-from rlpost.llm.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
-from rlpost.llm.stream import ChunkStream
-from rlpost.llm.tasks import Example, Task, format_reward, make_task
+from rlpost.llm.rollout.engines.base import RolloutBatch, RolloutEngine, SamplingParams
+from rlpost.llm.rollout.rewards import RewardPool, as_verifier, math_verify_reward
+from rlpost.llm.rollout.stream import ChunkStream
+from rlpost.llm.tools.runlog import MetricsLogger, plot_curves, read_metrics, summary_table
+from rlpost.llm.train.critic import ValueModel, explained_variance
+from rlpost.llm.train.optim import build_optimizer, lr_schedule
+from rlpost.llm.train.parallel import Learner
+from rlpost.llm.train.provide import attention_token_entropy, pooled_hidden, token_distributions
+from rlpost.llm.train.schedule import CurriculumSource, StageBuffer, StagedScore, ValidationAnchor
 
 
 @dataclass
@@ -236,7 +236,7 @@ def to_host(x: Any) -> Any:
 
 
 def host_logprobs(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """:func:`~rlpost.llm.policy.completion_logprobs` on the model's device (a GPU: the
+    """:func:`~rlpost.llm.model.policy.completion_logprobs` on the model's device (a GPU: the
     forward, the fused head and their backward run there), its ``[B, L]`` results on the
     host (:func:`to_host`)."""
     return to_host(completion_logprobs(model, *args, **kwargs))
@@ -476,7 +476,7 @@ class Trainer:
         self._gen_spans: list[tuple[float, float]] = []  # collect()'s wall-clock spans
         self.staleness_counts: dict[int, int] = {}  # staleness -> steps trained at it
         # Mutual RL: ``exchange(trainer, collected) -> collected`` adds the peers' responses
-        # (rlpost.llm.mutual sets it on each policy's trainer)
+        # (rlpost.llm.runtimes.mutual sets it on each policy's trainer)
         self.exchange = None
         resumed = None
         if resume:
@@ -503,7 +503,7 @@ class Trainer:
         if cfg.rollout.engine == "vllm":
             from safetensors.torch import save_file
 
-            from rlpost.llm.engines import make_vllm_engine
+            from rlpost.llm.rollout.engines import make_vllm_engine
 
             path = self.run_dir / "vllm-init"  # a loadable copy of the (merged) initial weights
             base = (
@@ -518,10 +518,10 @@ class Trainer:
             )
             eng.update_weights(merged_state_dict(self.model), 0)
             return eng
-        from rlpost.llm.engines import lean_unsupported, make_local_engine
+        from rlpost.llm.rollout.engines import lean_unsupported, make_local_engine
 
         if cfg.rollout.workers:
-            from rlpost.llm.engines.ray_workers import RayRolloutEngine
+            from rlpost.llm.rollout.engines.ray_workers import RayRolloutEngine
 
             eng = RayRolloutEngine(
                 self.model,
@@ -534,13 +534,13 @@ class Trainer:
             return eng
         kv = cfg.rollout.kv_compression
         if kv is not None:
-            from rlpost.llm.engines.kv_compressed import KVCompressedEngine
+            from rlpost.llm.rollout.engines.kv_compressed import KVCompressedEngine
 
             return KVCompressedEngine(
                 self.model, self.tok, kv.sink, kv.window, own_copy=cfg.train.overlapped
             )
         if cfg.train.pipeline == "bubblespec":  # drafts from a snapshot, verified here
-            from rlpost.llm.engines.speculative import SpeculativeEngine
+            from rlpost.llm.rollout.engines.speculative import SpeculativeEngine
 
             self._draft_engine = make_local_engine(
                 cfg.rollout.engine, self.model, self.tok, own_copy=True
@@ -548,7 +548,7 @@ class Trainer:
             return SpeculativeEngine(self.model, self.tok, None, k=cfg.train.draft_k)
         spec = cfg.rollout.speculative
         if spec is not None:
-            from rlpost.llm.engines.speculative import SpeculativeEngine
+            from rlpost.llm.rollout.engines.speculative import SpeculativeEngine
 
             draft = spec.draft
             if isinstance(draft, str):
@@ -673,8 +673,8 @@ class Trainer:
 
     def _check_chat_template(self) -> None:
         """Chat episodes need a chat template; warn once if it is not append-only."""
-        from rlpost.llm.chat import append_only_violations
-        from rlpost.llm.envs import make_env
+        from rlpost.llm.data.envs import make_env
+        from rlpost.llm.rollout.chat import append_only_violations
 
         env = self.cfg.data.env
         if not getattr(self.tok, "chat_template", None):
@@ -692,14 +692,14 @@ class Trainer:
             )
 
     def _env_rollout(self, seeds: list[int], n: int, sampling: SamplingParams):
-        from rlpost.llm.agents import env_rollout
-        from rlpost.llm.envs import make_env
+        from rlpost.llm.data.envs import make_env
+        from rlpost.llm.rollout.agents import env_rollout
 
         env = self.cfg.data.env
         assert env is not None
         chat = None
         if env.chat:
-            from rlpost.llm.chat import ChatFormat
+            from rlpost.llm.rollout.chat import ChatFormat
 
             chat = lambda: ChatFormat(self.tok, env.system, self._chat_tools)  # noqa: E731
         return env_rollout(
@@ -717,8 +717,8 @@ class Trainer:
         self.env_next += P
         ro = self._env_rollout(seeds, G, self.sampling)
         b = ro.batch
-        from rlpost.llm.agents import group_hindsight
-        from rlpost.llm.provide import information_gain
+        from rlpost.llm.rollout.agents import group_hindsight
+        from rlpost.llm.train.provide import information_gain
 
         hints = group_hindsight(ro, G)
         examples = [
@@ -758,7 +758,7 @@ class Trainer:
             metrics["env/ig_abs_mean"] = float(turn_rewards.abs().mean())
         stages = None
         if self.cfg.data.env.turn_signal == "rubric":
-            from rlpost.llm.envs.base import ENVIRONMENTS
+            from rlpost.llm.data.envs.base import ENVIRONMENTS
 
             judge = ENVIRONMENTS[self.cfg.data.env.name].judge  # a static method
             stages = torch.full_like(turn_rewards, -1, dtype=torch.long)
@@ -791,12 +791,12 @@ class Trainer:
     def _collect_feedback(self) -> Collected:
         """FBOS-RL (000-15): a plain round of ``G - m`` rollouts per prompt, a second round
         of ``m`` conditioned on a diagnosed failure (plain where there is none), assembled
-        into EPA's and ECC's rows (:mod:`rlpost.llm.feedback`). With the policy as
+        into EPA's and ECC's rows (:mod:`rlpost.llm.methods.feedback`). With the policy as
         reflector (RubricEM's reflection meta-policy, 000-30), each guided rollout reads a
         reflection the policy wrote on the first failure; under ``meta`` the reflections
         join the batch, a group per failure, rewarded by the attempts they guided."""
         from rlpost.core.feedback import rescued
-        from rlpost.llm.feedback import assemble, guided_contexts
+        from rlpost.llm.methods.feedback import assemble, guided_contexts
 
         fb = self.preset.feedback
         assert fb is not None
@@ -871,7 +871,7 @@ class Trainer:
         per reflection. Returns ``(guided [P], second [P * m], reflections, reflected,
         metrics)``: ``second`` prompt-major, the plain prompt where nothing failed;
         ``reflections`` ``m`` per prompt of ``reflected`` (None: nothing failed)."""
-        from rlpost.llm.feedback import first_failures
+        from rlpost.llm.methods.feedback import first_failures
 
         P, m = len(examples), fb.split(self.preset.group_size)[1]
         failed = first_failures(examples, texts, correct)
@@ -1844,7 +1844,7 @@ class Trainer:
         if m is not None and m.member is not None and self.exchange is None:
             raise ValueError(
                 f"mutual.member {m.member!r}: a Mutual RL policy trains beside its peers "
-                "through rlpost.llm.mutual.run_mutual (rlpost-llm train with the run's config)"
+                "through rlpost.llm.runtimes.mutual.run_mutual (rlpost-llm train with the run's config)"
             )
         finished = False
         try:

@@ -27,8 +27,8 @@ import sys
 import rlpost.llm as llm
 from rlpost.apps.common import App
 from rlpost.llm.config import load_config
-from rlpost.llm.presets import preset_table
 from rlpost.llm.recipes import recipe_path
+from rlpost.llm.tools.presets import preset_table
 
 
 def _config(args: argparse.Namespace):
@@ -52,17 +52,17 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     if cfg.copd is not None:  # experts in parallel on Ray, then one model
-        from rlpost.llm.copd import run_copd, summary_table
+        from rlpost.llm.runtimes.copd import run_copd, summary_table
 
         print(summary_table(run_copd(cfg, resume=args.resume, overwrite=args.overwrite)))
         return 0
     if cfg.mutual is not None and cfg.mutual.member is None:  # policies side by side on Ray
-        from rlpost.llm.mutual import run_mutual, summary_table
+        from rlpost.llm.runtimes.mutual import run_mutual, summary_table
 
         print(summary_table(run_mutual(cfg, resume=args.resume, overwrite=args.overwrite)))
         return 0
     if cfg.federated is not None:  # clients' compressed updates folded into the server
-        from rlpost.llm.federated import run_federated
+        from rlpost.llm.runtimes.federated import run_federated
 
         s = run_federated(cfg, overwrite=args.overwrite)
         print(
@@ -113,7 +113,7 @@ def _dpo(args: argparse.Namespace) -> int:
 
 
 def _dlr(args: argparse.Namespace) -> int:
-    from rlpost.llm.latent import DLRTrainer, load_dlr_config
+    from rlpost.llm.runtimes.dlr import DLRTrainer, load_dlr_config
 
     path = recipe_path(args.config) if args.config else None
     cfg = load_dlr_config(path, args.overrides)
@@ -122,7 +122,7 @@ def _dlr(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rlpost.llm.evaluate import evaluate_config
+    from rlpost.llm.tools.evaluate import evaluate_config
 
     res = evaluate_config(_config(args), args.checkpoint, samples=args.samples)
     for k, v in res.items():
@@ -142,7 +142,7 @@ def _show(report, out: str | None) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from rlpost.llm.evaluate import monitor_config
+    from rlpost.llm.tools.evaluate import monitor_config
 
     contexts = {"plain": "{prompt}"}
     for c in args.context:
@@ -163,14 +163,14 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _exploits(args: argparse.Namespace) -> int:
-    from rlpost.llm.evaluate import exploits_config
+    from rlpost.llm.tools.evaluate import exploits_config
 
     report = exploits_config(_config(args), args.checkpoint, args.greedy)
     return _show(report, args.out)
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rlpost.llm.evaluate import export_checkpoint
+    from rlpost.llm.tools.evaluate import export_checkpoint
 
     out = export_checkpoint(_config(args), args.checkpoint, args.out)
     print(
@@ -180,7 +180,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _build_base(args: argparse.Namespace) -> int:
-    from rlpost.llm.tiny import build_base
+    from rlpost.llm.model.tiny import build_base
 
     print(build_base(args.task, force=args.force))
     return 0

@@ -117,7 +117,7 @@ def save_checkpoint(
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
     ``optimizer_state``: the optimiser's state dict when ``optimizer.state_dict()`` is not
-    the whole of it (a sharded learner's, gathered: ``rlpost.llm.parallel.Learner``).
+    the whole of it (a sharded learner's, gathered: ``rlpost.llm.train.parallel.Learner``).
     ``trainable_only``: store only the parameters with ``requires_grad`` (LoRA adapters on
     a frozen multi-billion-parameter base); the frozen rest comes from the base on load.
     ``extras``: further ``name -> (module, optimizer or None)`` pairs saved beside the

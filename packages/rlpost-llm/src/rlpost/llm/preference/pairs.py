@@ -4,7 +4,7 @@
   answer, rejected = a wrong answer made by perturbing it (off by one, off by ten, or one
   digit changed; checked wrong by the task's verifier), deterministic given the seed.
   Training prompts are drawn with ``random.Random(seed)`` and exclude the held-out prompts,
-  which are :class:`rlpost.llm.data.PromptSource`'s (``random.Random(10_000 + seed)``, the
+  which are :class:`rlpost.llm.data.prompts.PromptSource`'s (``random.Random(10_000 + seed)``, the
   GRPO trainer's held-out set).
 * file-backed: a local JSONL / parquet with TRL's ``prompt``, ``chosen``, ``rejected``
   string columns, loaded with ``datasets``; the last ``eval_size`` rows are held out.
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.io.config import ConfigError
-from rlpost.llm.tasks import Example, Task
+from rlpost.llm.data.tasks import Example, Task
 
 COLUMNS = ("prompt", "chosen", "rejected")
 

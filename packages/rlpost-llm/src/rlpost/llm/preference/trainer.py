@@ -51,10 +51,8 @@ from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
-from rlpost.llm.data import PromptSource, make_prompt_source
-from rlpost.llm.engines.base import RolloutEngine, SamplingParams
-from rlpost.llm.optim import build_optimizer, lr_schedule
-from rlpost.llm.policy import (
+from rlpost.llm.data.prompts import PromptSource, make_prompt_source
+from rlpost.llm.model.policy import (
     Reference,
     completion_logprobs,
     load_policy,
@@ -69,8 +67,10 @@ from rlpost.llm.preference.pairs import (
     sample_train_examples,
     task_pairs,
 )
-from rlpost.llm.rewards import RewardPool
-from rlpost.llm.runlog import plot_curves, summary_table
+from rlpost.llm.rollout.engines.base import RolloutEngine, SamplingParams
+from rlpost.llm.rollout.rewards import RewardPool
+from rlpost.llm.tools.runlog import plot_curves, summary_table
+from rlpost.llm.train.optim import build_optimizer, lr_schedule
 
 PANELS = [
     ("loss", ("loss", "eval/loss")),
@@ -186,7 +186,7 @@ class PreferenceTrainer:
         self.task = self.data.source.task if self.data.source is not None else None
         self.engine = engine
         if self.engine is None and self.task is not None:
-            from rlpost.llm.engines import make_local_engine
+            from rlpost.llm.rollout.engines import make_local_engine
 
             self.engine = make_local_engine("auto", model, tokenizer)
         self.pool = None

@@ -1,6 +1,0 @@
-"""Text environments for multi-turn agents (issue 20): the protocol and our environments."""
-
-from rlpost.llm.envs import household, kg, rewrite, search  # noqa: F401  (register them)
-from rlpost.llm.envs.base import ENVIRONMENTS, StepResult, TextEnv, make_env, register_env
-
-__all__ = ["ENVIRONMENTS", "StepResult", "TextEnv", "make_env", "register_env"]

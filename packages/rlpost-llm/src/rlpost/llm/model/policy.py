@@ -1,0 +1,455 @@
+"""Policy models: loading (embedded default, local path, hub id), LoRA, the frozen
+reference, and the trainer-side log-probs of sampled completions."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlpost.core.logprobs import logprobs_and_entropy
+from rlpost.llm.config import Config
+
+ROW_TOKENS = 128
+"""Ragged packing: a group longer than ``max(ROW_TOKENS, 2 x its longest sequence)`` is
+split into several packed sequences, its prompt repeated in each (the dense per-row mask
+and attention stay small)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_policy(cfg: Config, progress: bool = True, device: torch.device | None = None):
+    """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured), on
+    ``device`` when given (else where it was loaded: the CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlpost.llm.model import tiny
+
+    path = cfg.model.path
+    torch.manual_seed(cfg.run.seed)
+    env = getattr(cfg.data, "env", None)  # (the preference and DLR configs have none)
+    if path == "tiny" and env is not None:  # the environment's own tiny base
+        from rlpost.llm.data.envs.pretrain import build_env_base
+
+        model, tok = tiny.load_base(build_env_base(env.name, env.params, progress=progress))
+    elif path in ("tiny", "tiny-bpe", "tiny-feedback", "tiny-reflect"):
+        kind = "bpe" if path == "tiny-bpe" else "char"
+        fb = 0.5 if path in ("tiny-feedback", "tiny-reflect") else None
+        base = tiny.build_base(
+            cfg.data.task, progress=progress, tokenizer=kind, feedback=fb,
+            reflect=0.25 if path == "tiny-reflect" else None, **cfg.data.task_params,
+        )  # fmt: skip
+        model, tok = tiny.load_base(base)
+    elif path == "tiny-random":
+        tok = tiny.build_tokenizer()
+        from transformers import Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(tiny.tiny_config(tok))
+    else:
+        local = Path(path).expanduser()
+        if path.startswith(("/", ".", "~")) and not local.exists():
+            raise ValueError(f"model.path {path!r}: no such folder")
+        marks = ("config.json", "adapter_config.json")  # a model, or a PEFT adapter
+        if local.is_dir() and not any((local / m).exists() for m in marks):
+            raise ValueError(
+                f"model.path {path!r}: no config.json (not a Hugging Face model folder)"
+            )
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.model.dtype])
+        except OSError as exc:  # not a folder, and the hub unreachable or without it
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"model.path {path!r}: cannot load it ({why})") from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = model.to(DTYPES[cfg.model.dtype])
+    if device is not None:
+        model = model.to(device)
+    if cfg.model.lora is not None:
+        model = apply_lora(model, cfg.model.lora)
+    return model, tok
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def save_pretrained_files(model: torch.nn.Module, tokenizer, folder: Path) -> None:
+    """What makes a checkpoint folder load with the field's own loaders, beside the
+    trainer's ``model.safetensors``: for a full model its ``config.json`` and generation
+    config (``AutoModelForCausalLM.from_pretrained(folder)`` then reads
+    ``model.safetensors``); for LoRA the PEFT adapter (``adapter_config.json``,
+    ``adapter_model.safetensors``: ``PeftModel.from_pretrained(base, folder)``); and the
+    tokenizer (``AutoTokenizer.from_pretrained(folder)``)."""
+    if is_peft(model):
+        model.save_pretrained(str(folder))
+    else:
+        model.config.save_pretrained(str(folder))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(folder))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+
+
+def export_merged(model: torch.nn.Module, tokenizer, out: Path) -> Path:
+    """A standalone Hugging Face model folder: LoRA adapters merged into the base."""
+    out = Path(out)
+    merged = model.merge_and_unload() if is_peft(model) else model
+    merged.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def apply_lora(model: torch.nn.Module, lc) -> torch.nn.Module:
+    """``model`` wrapped with PEFT LoRA adapters of a ``LoraConfig`` section."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+        ),
+    )
+
+
+class Reference:
+    """Frozen reference policy for the KL term: for LoRA the base with adapters disabled
+    (no copy), otherwise a frozen copy of the initial weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.lora = hasattr(model, "disable_adapter")
+        self.model = model if self.lora else copy.deepcopy(model).eval().requires_grad_(False)
+
+    @contextlib.contextmanager
+    def active(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        if self.lora:
+            with policy.disable_adapter():
+                yield policy
+        else:
+            yield self.model
+
+
+@dataclass
+class SeqBatch:
+    """Prompt + completion rows laid out for one forward: prompts left-padded to ``P``,
+    completions right-padded to ``L``; ``input_ids`` ``[B, P + L]``."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    targets: Tensor  # [B, L] completion tokens
+    P: int
+    packed: Any = None  # rlpost.kernels.ops.shared_prompt.PackedGroups when packing
+    shadow: Tensor | None = None  # [B, 1, S, S] bool: a compressed-KV sampler's attention
+
+
+def make_seq_batch(
+    prompt_ids: list[list[int]],
+    completion_ids: Tensor,
+    mask: Tensor,
+    pad_id: int,
+    pack: bool = False,
+    layout: str = "ragged",
+    attend: Tensor | None = None,
+    kv: tuple[int, int] | None = None,
+) -> SeqBatch:
+    """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
+    prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
+    :func:`rlpost.kernels.ops.shared_prompt.pack_groups`), which
+    :func:`completion_logprobs` then uses instead: ``layout="ragged"`` keeps only each
+    response's real tokens and attends through the model's own attention with a 4D mask;
+    ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (Triton
+    on CUDA). ``attend``: the completion tokens attended to where they are more than the
+    ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
+    ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
+    (:func:`rlpost.llm.rollout.engines.kv_compressed.shadow_mask`; no packing)."""
+    if layout not in ("ragged", "uniform"):
+        raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
+    B, L = completion_ids.shape
+    P = max(len(p) for p in prompt_ids)
+    left = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompt_ids], dtype=torch.long)
+    ids = torch.cat([left.view(B, P), completion_ids.long()], 1)
+    attn = torch.zeros(B, P + L, dtype=torch.long)
+    attn[:, :P] = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids]).view(B, P)
+    real = attend if attend is not None else mask
+    attn[:, P:] = real.long()
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
+    packed = shadow = None
+    if kv is not None:
+        from rlpost.llm.rollout.engines.kv_compressed import shadow_mask
+
+        shadow = shadow_mask(attn, P, *kv)
+        pack = False
+    if pack:
+        from rlpost.kernels.ops.shared_prompt import pack_groups
+
+        lengths = real.sum(1).long() if layout == "ragged" else None
+        packed = pack_groups(
+            prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS, last_token=False
+        )  # (the last token of a response predicts nothing: not an input)
+    return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
+
+
+def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
+    """``(decoder, lm_head weight)`` when the model's logits are exactly
+    ``decoder(...).last_hidden_state @ W^T`` (no head bias, soft-capping or logit scaling),
+    so the fused log-prob kernel applies; else ``None``."""
+    get_dec = getattr(model, "get_decoder", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    if get_dec is None or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return None
+    try:
+        decoder = get_dec()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (decoder, head.weight) if decoder is not None else None
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    sb: SeqBatch,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    impl: str = "auto",
+    dists: int | Tensor | None = None,
+    student_ids: Tensor | None = None,
+) -> tuple[Tensor, ...]:
+    """log pi(y_t | x, y_<t) and the entropy of pi(. | x, y_<t) for every completion
+    position, ``[B, L]`` float32, at the sampling temperature.
+
+    ``student_ids`` ``[B, L, K]``: also return, last and *differentiable*, the log-probs of
+    those ids (a teacher's top-K, or the vocabulary, for on-policy distillation), computed
+    in row chunks under activation checkpointing (only the ``[B, L, K]`` result is kept);
+    the result is then ``(logp, entropy, dists or None, student log-probs)``.
+
+    ``dists``: also return ``(ids, logp)`` ``[B, L, K]`` (detached) of a per-token
+    distribution: with an int ``K`` the policy's top-K ids and their log-probs, with a
+    ``[B, L, K]`` id tensor the log-probs of those ids (the other policy's top-K), computed
+    in row chunks from the full log-softmax (for ``TokenDistributions``).
+
+    ``impl="fused"`` runs the decoder and feeds its last hidden states and the LM-head
+    weight to :func:`rlpost.kernels.ops.linear_logprob.linear_logprob_entropy` (Triton on
+    CUDA, a vocabulary-chunked torch path elsewhere): no ``[B, L, V]`` logits exist.
+    ``impl="logits"`` takes the model's logits and computes both chunked over the rows
+    (:func:`rlpost.core.logprobs.logprobs_and_entropy`). ``"auto"``: fused when
+    :func:`fused_head` accepts the model.
+    """
+    if impl not in ("auto", "fused", "logits"):
+        raise ValueError(f"impl must be auto, fused or logits, got {impl!r}")
+    L = sb.targets.shape[1]
+    dev = next(model.parameters()).device
+    head = fused_head(model) if impl != "logits" else None
+    if impl == "fused" and head is None:
+        raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
+    targets = sb.targets.to(dev)
+    if sb.packed is not None:
+        return _packed_logprobs(
+            model, sb, head, targets, temperature, chunk_size, dists, student_ids
+        )
+    inputs = {
+        "input_ids": sb.input_ids.to(dev),
+        "attention_mask": sb.attention_mask.to(dev),
+        "position_ids": sb.position_ids.to(dev),
+        "use_cache": False,
+    }
+    if sb.shadow is not None:  # boolean for SDPA, additive for eager implementations
+        allow = sb.shadow.to(dev)
+        if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+            inputs["attention_mask"] = allow
+        else:
+            dtype = next(model.parameters()).dtype
+            zero = torch.zeros((), dtype=dtype, device=dev)
+            inputs["attention_mask"] = torch.where(allow, zero, torch.finfo(dtype).min)
+
+    def select_hidden(x: Tensor) -> Tensor:  # position P-1+t predicts completion token t
+        return x[:, sb.P - 1 : sb.P - 1 + L]
+
+    def select_logits(x: Tensor) -> Tensor:  # the model kept the last L + 1 positions
+        return x[:, :-1]
+
+    return _head_logprobs(
+        model,
+        inputs,
+        head,
+        (select_hidden, select_logits),
+        targets,
+        temperature,
+        chunk_size,
+        {"logits_to_keep": L + 1},
+        dists=dists,
+        student_ids=student_ids,
+    )
+
+
+def _head_logprobs(
+    model,
+    inputs: dict,
+    head,
+    selects,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    logits_kwargs: dict | None = None,
+    mode=None,
+    dists: int | Tensor | None = None,
+    student_ids: Tensor | None = None,
+) -> tuple[Tensor, ...]:
+    """One forward (inside ``mode``, a context manager), then log-probs / entropies
+    ``[B, L]`` of ``targets``: through the fused kernel op from the decoder's hidden states
+    when ``head`` (see :func:`fused_head`), else from the logits (called with
+    ``logits_kwargs``). ``selects = (for hidden states, for logits)`` pick the predicting
+    positions ``-> [B, L, ...]``."""
+    B, L = targets.shape
+    with mode or contextlib.nullcontext():
+        if head is not None:
+            decoder, weight = head
+            hidden = decoder(**inputs).last_hidden_state
+        else:
+            logits = model(**inputs, **(logits_kwargs or {})).logits
+    if head is not None:
+        from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
+
+        flat = selects[0](hidden).reshape(B * L, -1)
+        logp, ent = linear_logprob_entropy(flat, weight, targets.reshape(-1), temperature)
+        out = (logp.view(B, L), ent.view(B, L))
+
+        def chunk_logits(s: slice) -> Tensor:
+            return flat[s].detach() @ weight.detach().T
+
+        extra = (
+            _dist_logprobs(chunk_logits, B, L, dists, temperature, chunk)
+            if dists is not None
+            else None
+        )
+        if student_ids is None:
+            return out if extra is None else (*out, extra)
+        grad_lp = _ids_logprobs(lambda x: x @ weight.T, flat, student_ids, temperature, chunk)
+        return (*out, extra, grad_lp)
+    sel = selects[1](logits)
+    res = logprobs_and_entropy(sel, targets, chunk_size=chunk, temperature=temperature)
+    extra = None
+    if dists is not None:
+        flat_logits = sel.detach().reshape(B * L, -1)
+        extra = _dist_logprobs(lambda s: flat_logits[s], B, L, dists, temperature, chunk)
+    if student_ids is None:
+        return (res.logp, res.entropy) if extra is None else (res.logp, res.entropy, extra)
+    flat = sel.reshape(B * L, -1)
+    grad_lp = _ids_logprobs(lambda x: x, flat, student_ids, temperature, chunk)
+    return res.logp, res.entropy, extra, grad_lp
+
+
+def _ids_logprobs(to_logits, flat: Tensor, ids: Tensor, temperature: float, chunk: int) -> Tensor:
+    """Differentiable ``log_softmax(to_logits(flat) / temperature)`` at ``ids``
+    ``[B, L, K]``, in row chunks under activation checkpointing: the ``[chunk, V]``
+    log-softmax is recomputed in the backward instead of kept."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, L, K = ids.shape
+    flat_ids = ids.reshape(B * L, K).to(flat.device)
+
+    def piece(x: Tensor, i: Tensor) -> Tensor:
+        return (to_logits(x).float() / temperature).log_softmax(-1).gather(-1, i)
+
+    parts = [
+        checkpoint(piece, flat[s : s + chunk], flat_ids[s : s + chunk], use_reentrant=False)
+        for s in range(0, B * L, chunk)
+    ]
+    return torch.cat(parts).view(B, L, K)
+
+
+def _dist_logprobs(
+    chunk_logits, B: int, L: int, dists: int | Tensor, temperature: float, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """``(ids, logp)`` ``[B, L, K]``: the top-K (``dists`` an int) or the given ids' log-probs
+    under ``log_softmax(logits / temperature)``, from row chunks of ``[N, V]`` logits."""
+    ids_in = None if isinstance(dists, int) else dists.reshape(B * L, -1)
+    out_ids, out_lp = [], []
+    with torch.no_grad():
+        for s in range(0, B * L, chunk):
+            sl = slice(s, s + chunk)
+            lsm = (chunk_logits(sl).float() / temperature).log_softmax(-1)
+            if ids_in is None:
+                k = min(int(dists), lsm.shape[-1])
+                vals, ids = lsm.topk(k, dim=-1)
+            else:
+                ids = ids_in[sl].to(lsm.device)
+                vals = lsm.gather(-1, ids)
+            out_ids.append(ids)
+            out_lp.append(vals)
+    K = out_ids[0].shape[-1] if out_ids else 0
+    return torch.cat(out_ids).view(B, L, K), torch.cat(out_lp).view(B, L, K)
+
+
+def _packed_logprobs(
+    model,
+    sb: SeqBatch,
+    head,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    dists=None,
+    student_ids=None,
+):
+    """Shared-prompt packed forward: one sequence per prompt, gathered outputs.
+
+    In a transformers model the uniform layout attends through the shared-prompt attention
+    function, and the ragged one takes its rows' real tokens end to end (no padding in any
+    per-token layer) and attends row by row under the rows' mask. Other models take the
+    padded rows and a dense 4D mask (boolean for SDPA, additive for eager attention)."""
+    from rlpost.llm.model.packing import (
+        flat_rows,
+        packed_rows_attention_mode,
+        shared_prompt_attention_mode,
+        supports_shared_attention,
+    )
+
+    pk = sb.packed
+    dev = targets.device
+    inputs = {
+        "input_ids": pk.input_ids.to(dev),
+        "position_ids": pk.position_ids.to(dev),
+        "use_cache": False,
+    }
+    idx = pk.gather.to(dev)  # [B, L] flat positions of the packed rows
+    mode = None
+    if pk.layout is not None and supports_shared_attention(model):
+        mode = shared_prompt_attention_mode(model, pk.layout)
+    elif supports_shared_attention(model):
+        rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow).to(dev)
+        inputs["input_ids"] = inputs["input_ids"].view(1, -1)[:, rows.keep]
+        inputs["position_ids"] = inputs["position_ids"].view(1, -1)[:, rows.keep]
+        idx = rows.src[idx]  # into the flat sequence
+        mode = packed_rows_attention_mode(model, rows)
+    elif getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+        inputs["attention_mask"] = pk.allow[:, None].to(dev)
+    else:
+        dtype = next(model.parameters()).dtype
+        inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
+
+    def select(x: Tensor) -> Tensor:
+        return x.reshape(-1, x.shape[-1])[idx]
+
+    return _head_logprobs(
+        model,
+        inputs,
+        head,
+        (select, select),
+        targets,
+        temperature,
+        chunk,
+        mode=mode,
+        dists=dists,
+        student_ids=student_ids,
+    )

@@ -1,0 +1,405 @@
+"""A lean rollout engine: one prefill per prompt, a preallocated KV cache, a plain decode loop.
+
+Hugging Face ``generate`` with ``num_return_sequences=n`` prefills every one of a group's
+``n`` copies of a prompt, rebuilds attention masks and runs its logits processors and
+stopping criteria on every token, and keeps decoding rows that have already finished.
+On the tiny models of this repository that overhead is most of a GRPO step's rollout
+(``docs/llm.md``, "Where a step's time goes"). :class:`LeanEngine` runs the model's own
+modules (embeddings, rotary embedding, decoder layers, final norm, LM head; LoRA-wrapped
+projections included) in a loop of its own:
+
+* **prefill once per prompt**: the ``U`` distinct prompts of a call (left-padded) go through
+  the decoder once; their keys and values are copied into the static cache of all
+  ``N = U n`` rows, and the first token's distribution is shared by the group;
+* **static cache**: per layer one ``[N, H_kv, T_prompt + max_new_tokens, d]`` buffer
+  written in place; attention is one ``scaled_dot_product_attention`` over the filled
+  prefix with a key mask (left padding), grouped-query heads folded into the query axis;
+* **finished rows leave the batch**: when a quarter of the active rows have stopped (EOS or
+  a stop string) the cache and state are compacted to the unfinished rows;
+* **sampling** at temperature / top-k / top-p with the same order and semantics as
+  ``generate``'s warpers, by the exponential-race form of the Gumbel-max trick (no host
+  synchronisation, no error on a diverged row); the log-probability of each sampled token
+  under the processed distribution is returned, as the HF engine does. Non-finite logits
+  raise :class:`~rlpost.core.guard.NonFiniteError` at the end of the call.
+
+The attention goes through transformers' ``AttentionInterface`` (a registered function that
+reads and writes the engine's cache), so each architecture's own projections, q/k norms,
+biases and rotary embedding are used unchanged. Architectures whose decoder forward does
+anything beyond ``embed -> layers -> norm`` (embedding scaling, soft-capping, sliding
+windows shorter than the sequence) are not accepted: :func:`lean_unsupported` says why, and
+the trainer falls back to :class:`~rlpost.llm.rollout.engines.hf.HFEngine`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlpost.llm.rollout.engines.base import FinishReason, LocalEngine, SamplingParams
+
+NAME = "rlpost_lean_decode"
+# model types whose decoder forward is exactly embed -> rotary -> layers -> norm
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+_STATE: contextvars.ContextVar[_Cache | None] = contextvars.ContextVar(
+    "rlpost_lean_state", default=None
+)
+_registered = False
+COMPACT = 8  # compact the batch once 1/COMPACT of its rows have finished
+
+
+@dataclass
+class _Cache:
+    """The decode state the registered attention function reads: per-layer key / value
+    buffers, the key mask of the filled prefix, and the write position (``None``: prefill,
+    whose keys / values are stored as they come)."""
+
+    k: dict[int, Tensor] = field(default_factory=dict)
+    v: dict[int, Tensor] = field(default_factory=dict)
+    mask: Tensor | None = None  # prefill [B, 1, T, T]; decode [N, 1, 1, S]
+    write: int | None = None
+
+
+def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling,
+               dropout: float = 0.0, **kwargs):  # fmt: skip
+    """transformers attention function over the engine's cache: ``query [B, H, T, d]``
+    -> ``([B, T, H, d], None)``."""
+    st = _STATE.get()
+    if st is None:
+        raise RuntimeError(f"{NAME} attention used outside LeanEngine")
+    i = module.layer_idx
+    B, H, _, d = query.shape
+    Hkv = key.shape[1]
+    rep = H // Hkv
+    if st.write is None:  # prefill: causal over the left-padded prompts
+        st.k[i], st.v[i] = key, value
+        k = key.repeat_interleave(rep, 1) if rep > 1 else key
+        v = value.repeat_interleave(rep, 1) if rep > 1 else value
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=st.mask, scale=scaling)
+        return out.transpose(1, 2), None
+    kc, vc = st.k[i], st.v[i]
+    kc[:, :, st.write] = key[:, :, 0]
+    vc[:, :, st.write] = value[:, :, 0]
+    S = st.mask.shape[-1]
+    q = query.reshape(B, Hkv, rep, d)  # one query token: the heads of a KV head as queries
+    s = torch.matmul(q, kc[:, :, :S].transpose(-1, -2)) * scaling  # [B, Hkv, rep, S]
+    w = s.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(q.dtype)
+    out = torch.matmul(w, vc[:, :, :S])
+    return out.reshape(B, H, 1, d).transpose(1, 2), None
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, _attention)
+    _registered = True
+
+
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def lean_unsupported(model: torch.nn.Module) -> str | None:
+    """Why :class:`LeanEngine` cannot run ``model`` (``None`` when it can)."""
+    base = _base(model)
+    cfg = getattr(base, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED:
+        return f"model type {mtype!r} is not one of {', '.join(SUPPORTED)}"
+    if not getattr(base, "_supports_attention_backend", False):
+        return f"{type(base).__name__} does not route attention through AttentionInterface"
+    dec = base.get_decoder()
+    for part in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if not hasattr(dec, part):
+            return f"{type(dec).__name__} has no {part}"
+    head = base.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        return "the LM head is not a linear layer"
+    sliding = any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+    if (
+        sliding
+        and getattr(cfg, "use_sliding_window", True)
+        and getattr(cfg, "sliding_window", None)
+    ):
+        return "sliding-window attention layers"
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return f"config.{attr} is set"
+    return None
+
+
+def process_logits(logits: Tensor, sp: SamplingParams) -> Tensor:
+    """Float32 logits after ``generate``'s own warpers, in its order: temperature, top-k,
+    top-p (masked entries at ``-inf``); greedy (temperature 0) leaves them raw."""
+    x = logits.float()
+    if sp.temperature == 0:
+        return x
+    for warp in _warpers(sp):
+        x = warp(None, x)
+    return x
+
+
+@functools.lru_cache(maxsize=32)
+def _warpers(sp: SamplingParams) -> tuple:
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    out = [TemperatureLogitsWarper(sp.temperature)] if sp.temperature != 1.0 else []
+    if sp.top_k:
+        out.append(TopKLogitsWarper(sp.top_k))
+    if sp.top_p < 1.0:
+        out.append(TopPLogitsWarper(sp.top_p))
+    return tuple(out)
+
+
+def sample(scores: Tensor, greedy: bool) -> tuple[Tensor, Tensor]:
+    """``(tokens [B], log-probs [B])`` from processed ``scores [B, V]``: argmax when greedy,
+    else the exponential race ``argmax p_i / E_i`` (``E_i ~ Exp(1)``), an exact draw from
+    ``softmax(scores)`` that needs no host synchronisation."""
+    logp = scores.log_softmax(-1)
+    if greedy:
+        tok = scores.argmax(-1)
+    else:
+        race = logp.exp() / torch.empty_like(logp).exponential_()
+        tok = race.argmax(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _cat_linear(mods: list[torch.nn.Module]) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) for several linear layers applied to the same input."""
+    w = torch.cat([m.weight for m in mods])
+    if all(m.bias is None for m in mods):
+        return w, None
+    return w, torch.cat(
+        [m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in mods]
+    )
+
+
+class _FusedDecode:
+    """The decode step of plain llama-family layers with fewer, larger ops: q/k/v and
+    gate/up as one matrix product each (weights concatenated once per ``generate`` call),
+    the rotary embedding of queries and keys in one pass, attention over the static cache;
+    the norms and the down projection are the layer's own modules. :meth:`build` returns ``None`` when a
+    layer is not plain (e.g. LoRA-wrapped projections): the module path then runs."""
+
+    def __init__(self, layers: list[dict]):
+        self.layers = layers
+
+    @staticmethod
+    def build(dec: torch.nn.Module) -> _FusedDecode | None:
+        out = []
+        for layer in dec.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+            mlps = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+            if any(type(m) is not torch.nn.Linear for m in projs + mlps):
+                return None
+            if not hasattr(mlp, "act_fn"):
+                return None
+            wqkv, bqkv = _cat_linear(projs[:3])
+            wgu, bgu = _cat_linear(mlps[:2])
+            out.append(
+                dict(
+                    ln1=layer.input_layernorm,
+                    ln2=layer.post_attention_layernorm,
+                    wqkv=wqkv,
+                    bqkv=bqkv,
+                    o=a.o_proj,
+                    q_norm=getattr(a, "q_norm", None),
+                    k_norm=getattr(a, "k_norm", None),
+                    split=(a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
+                    hd=a.head_dim,
+                    scale=a.scaling,
+                    wgu=wgu,
+                    bgu=bgu,
+                    inter=mlps[0].out_features,
+                    act=mlp.act_fn,
+                    down=mlps[2],
+                )
+            )
+        return _FusedDecode(out)
+
+    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, st: _Cache) -> Tensor:
+        """``h [B, 1, D]`` through every layer at cache position ``st.write``."""
+        B = h.shape[0]
+        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, d]: over the heads
+        w, S = st.write, st.mask.shape[-1]
+        for i, ly in enumerate(self.layers):
+            hd = ly["hd"]
+            qkv = F.linear(ly["ln1"](h), ly["wqkv"], ly["bqkv"])
+            q, k, v = qkv.split(ly["split"], -1)
+            q, k, v = q.view(B, 1, -1, hd), k.view(B, 1, -1, hd), v.view(B, 1, -1, hd)
+            if ly["q_norm"] is not None:
+                q, k = ly["q_norm"](q), ly["k_norm"](k)
+            H, Hkv = q.shape[2], k.shape[2]
+            qk = torch.cat([q, k], 2).transpose(1, 2)  # [B, H + Hkv, 1, d]
+            half = hd // 2
+            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos) + (rot * sin)
+            kc, vc = st.k[i], st.v[i]
+            kc[:, :, w] = qk[:, H:, 0]
+            vc[:, :, w] = v[:, 0]
+            qh = qk[:, :H].reshape(B, Hkv, H // Hkv, hd)
+            sc = torch.matmul(qh, kc[:, :, :S].transpose(-1, -2)) * ly["scale"]
+            att = sc.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(qh.dtype)
+            o = torch.matmul(att, vc[:, :, :S]).reshape(B, 1, H * hd)
+            h = h + ly["o"](o)
+            gu = F.linear(ly["ln2"](h), ly["wgu"], ly["bgu"])
+            g, u = gu.split(ly["inter"], -1)
+            h = h + ly["down"](ly["act"](g) * u)
+        return h
+
+
+class LeanEngine(LocalEngine):
+    """The lean decode loop (module docstring) behind the :class:`RolloutEngine` protocol.
+
+    ``own_copy`` / ``batch_size`` as for :class:`~rlpost.llm.rollout.engines.hf.HFEngine`: the
+    trainer's module used in place (colocated) or a deep copy updated by
+    :meth:`update_weights`; at most ``batch_size`` completions decoded at once; ``fuse``:
+    decode steps of plain layers through :class:`_FusedDecode` (else the modules).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        own_copy: bool = False,
+        batch_size: int = 256,
+        fuse: bool = True,
+    ):
+        why = lean_unsupported(model)
+        if why is not None:
+            raise ValueError(f"LeanEngine: {why}; use the hf engine")
+        super().__init__(model, tokenizer, own_copy, batch_size)
+        self.fuse = fuse
+        _register()
+
+    @contextlib.contextmanager
+    def _context(self) -> Iterator[None]:
+        with self._mode(), torch.inference_mode():  # the results leave as Python lists
+            yield
+
+    @contextlib.contextmanager
+    def _mode(self) -> Iterator[None]:
+        base = _base(self.model)
+        was_training = self.model.training
+        self.model.eval()
+        before = base.config._attn_implementation
+        base.config._attn_implementation = NAME
+        try:
+            yield
+        finally:
+            base.config._attn_implementation = before
+            self.model.train(was_training)
+
+    def _forward(self, ids: Tensor, pos: Tensor, fused: _FusedDecode | None = None) -> Tensor:
+        """Decoder layers on ``ids [B, T]`` at positions ``pos`` (through ``fused`` for a
+        decode step when given); float32 logits of the last position ``[B, V]``."""
+        base = _base(self.model)
+        dec = base.get_decoder()
+        h = dec.embed_tokens(ids)
+        cos_sin = dec.rotary_emb(h, pos)
+        if fused is not None:
+            h = fused(h, cos_sin[0][:, 0], cos_sin[1][:, 0], _STATE.get())
+        else:
+            for layer in dec.layers:
+                h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+                h = h[0] if isinstance(h, tuple) else h
+        return base.get_output_embeddings()(dec.norm(h[:, -1])).float()
+
+    def _generate_chunk(self, prompts: list[list[int]], n: int, sp: SamplingParams):
+        dev = next(self.model.parameters()).device
+        U, Tp, L = len(prompts), max(len(p) for p in prompts), sp.max_new_tokens
+        ids = torch.full((U, Tp), self.pad_id, dtype=torch.long)
+        real = torch.zeros(U, Tp, dtype=torch.bool)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, Tp - len(p) :] = torch.tensor(p, dtype=torch.long)
+            real[i, Tp - len(p) :] = True
+        ids, real = ids.to(dev), real.to(dev)
+        pos = (real.long().cumsum(-1) - 1).clamp_min(0)
+        causal = torch.ones(Tp, Tp, dtype=torch.bool, device=dev).tril()
+        eye = torch.eye(Tp, dtype=torch.bool, device=dev)
+        st = _Cache(mask=((causal & real[:, None, :]) | eye)[:, None])  # pads see themselves
+        token = _STATE.set(st)
+        try:
+            logits = self._forward(ids, pos).repeat_interleave(n, 0)  # [N, V] first tokens
+            fused = _FusedDecode.build(_base(self.model).get_decoder()) if self.fuse else None
+            N = U * n
+            for i in list(st.k):  # the static cache of all N rows, the prompt part filled
+                for buf in (st.k, st.v):
+                    x = buf[i]
+                    full = x.new_zeros(N, x.shape[1], Tp + L, x.shape[3])
+                    full[:, :, :Tp] = x.repeat_interleave(n, 0)
+                    buf[i] = full
+            keys = torch.zeros(N, Tp + L, dtype=torch.bool, device=dev)
+            keys[:, :Tp] = real.repeat_interleave(n, 0)
+            next_pos = real.sum(-1).repeat_interleave(n, 0)  # [N] position of token 0
+            row = torch.arange(N, device=dev)  # the batch row -> the completion it extends
+            toks = torch.zeros(N, L, dtype=torch.long, device=dev)
+            lps = torch.zeros(N, L, device=dev)
+            lengths = torch.full((N,), L, dtype=torch.long)
+            finite = torch.ones((), dtype=torch.bool, device=dev)
+            done = torch.zeros(N, dtype=torch.bool)  # of the active rows
+            eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
+            greedy = sp.temperature == 0
+            for t in range(L):
+                finite &= torch.isfinite(logits).all()
+                tok, lp = sample(process_logits(logits, sp), greedy)
+                toks[row, t], lps[row, t] = tok, lp
+                stop = torch.isin(tok, eos).cpu()
+                if sp.stop:
+                    stop |= self._stopped(toks[row, : t + 1], sp.stop)
+                newly = stop & ~done
+                lengths[row.cpu()[newly]] = t + 1
+                done |= stop
+                if bool(done.all()) or t == L - 1:
+                    break
+                if int(done.sum()) * COMPACT >= len(row):  # enough rows finished: compact
+                    keep = torch.nonzero(~done).flatten()
+                    kd = keep.to(dev)
+                    for i in list(st.k):
+                        st.k[i], st.v[i] = st.k[i][kd], st.v[i][kd]
+                    keys, next_pos, row, tok = keys[kd], next_pos[kd], row[kd], tok[kd]
+                    done = done[keep]
+                keys[:, Tp + t] = True
+                st.write, st.mask = Tp + t, keys[:, None, None, : Tp + t + 1]
+                logits = self._forward(tok[:, None], (next_pos + t)[:, None], fused)
+        finally:
+            _STATE.reset(token)
+        if not bool(finite):
+            from rlpost.core.guard import NonFiniteError
+
+            raise NonFiniteError(
+                "the policy's logits are not finite at generation: its weights have diverged"
+            )
+        toks, lps = toks.cpu(), lps.cpu()
+        out = []
+        for i in range(N):
+            k = int(lengths[i])
+            reason: FinishReason = "length"
+            if k < L or self._ends(toks[i, :k].tolist(), sp):
+                reason = "stop"
+            out.append((prompts[i // n], toks[i, :k].tolist(), lps[i, :k].tolist(), reason))
+        return out
+
+    def _stopped(self, toks: Tensor, stops: tuple[str, ...]) -> Tensor:
+        """``[B]`` bool: the row's text so far holds a stop string."""
+        texts = self.tokenizer.batch_decode(toks.tolist(), skip_special_tokens=False)
+        return torch.tensor([any(s in t for s in stops) for t in texts], dtype=torch.bool)
+
+    def _ends(self, toks: list[int], sp: SamplingParams) -> bool:
+        """The completion ends with EOS or a stop string (it stopped at its last token)."""
+        if toks and toks[-1] in self.eos_ids:
+            return True
+        if sp.stop:
+            text = self.tokenizer.decode(toks, skip_special_tokens=False)
+            return any(s in text for s in sp.stop)
+        return False

@@ -1,0 +1,149 @@
+"""Rollout workers on Ray: N engine actors behind the :class:`RolloutEngine` protocol.
+
+:class:`RayRolloutEngine` splits a generate call's prompts into contiguous shards of whole
+groups, one per worker, and concatenates the workers' batches in prompt order. Each
+worker (:class:`RolloutWorker`) holds its own copy of the policy in an in-process engine
+(lean or HF ``generate``, one torch thread). After each update the trainer's weights go
+into Ray's object store once (``ray.put``); every worker loads them from there.
+
+The same code runs on one machine (a local Ray started here) and on a cluster: call
+``ray.init(address=...)`` first, or set ``rollout.ray_address``.
+
+Faults: a shard whose worker died is regenerated on a fresh worker that first loads the
+current weights. Each shard's seed is drawn before dispatch, so the regenerated shard
+holds the rows the dead worker would have returned: nothing is lost and nothing is
+counted twice (``restarts`` counts the replacements).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlpost.llm.rollout.engines.base import RolloutBatch, SamplingParams
+
+
+class RolloutWorker:
+    """One Ray actor: an in-process engine over its own copy of the policy."""
+
+    def __init__(self, config: Any, tokenizer: Any, engine: str, threads: int = 1):
+        torch.set_num_threads(threads)
+        from transformers import AutoModelForCausalLM
+
+        from rlpost.llm.rollout.engines import make_local_engine
+
+        model = AutoModelForCausalLM.from_config(config)
+        self.engine = make_local_engine(engine, model.eval(), tokenizer)
+
+    def load(self, state_dict: dict[str, Tensor], version: int) -> int:
+        self.engine.model.load_state_dict(state_dict, strict=True)
+        self.engine.policy_version = version
+        return os.getpid()
+
+    def generate(self, prompts: list[list[int]], n: int, sp: SamplingParams, seed: int):
+        torch.manual_seed(seed)
+        return self.engine.generate(prompts, n, sp)
+
+
+class RayRolloutEngine:
+    """``workers`` :class:`RolloutWorker` actors (``engine``: ``auto``, ``lean`` or ``hf``)
+    generating for ``model``'s architecture with ``tokenizer``, on the weights of the
+    last :meth:`update_weights` (full weights: LoRA merged). ``address``: the Ray cluster
+    to join (None: the one this process joined, else a local one)."""
+
+    own_copy = True  # the workers hold their own weights, synced by update_weights
+    merged_weights = True  # full weights (LoRA merged), as an external engine needs
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        workers: int,
+        engine: str = "auto",
+        address: str | None = None,
+        threads: int = 1,
+    ):
+        from rlpost.llm.runtimes.cluster import import_ray
+
+        if workers < 1:
+            raise ValueError(f"rollout.workers: at least 1, got {workers}")
+        ray = import_ray("rollout.workers")
+        self.ray = ray
+        self._started = not ray.is_initialized()
+        if self._started:
+            kw = {"address": address} if address else {"num_cpus": workers}
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._spawn_args = (base.config, tokenizer, engine, threads)
+        self._cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.policy_version = 0
+        self.restarts = 0
+        self._weights = None
+        self.workers = [self._spawn() for _ in range(workers)]  # weights: update_weights
+
+    def _spawn(self):
+        return self._cls.remote(*self._spawn_args)
+
+    def _replace(self, i: int) -> None:
+        """A fresh worker in slot ``i``, on the current weights."""
+        with contextlib.suppress(Exception):  # (already gone)
+            self.ray.kill(self.workers[i])
+        self.workers[i] = self._spawn()
+        self.ray.get(self.workers[i].load.remote(self._weights, self.policy_version))
+        self.restarts += 1
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+        self._weights = self.ray.put(cpu)  # once into the object store, read by every worker
+        self.policy_version = version
+        refs = {i: w.load.remote(self._weights, version) for i, w in enumerate(self.workers)}
+        for i, ref in refs.items():
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                self._replace(i)
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
+        if self._weights is None:
+            raise RuntimeError("RayRolloutEngine: update_weights before the first generate")
+        W = min(len(self.workers), len(prompts))
+        bounds = [round(i * len(prompts) / W) for i in range(W + 1)]
+        shards = [prompts[bounds[i] : bounds[i + 1]] for i in range(W)]
+        seeds = torch.randint(0, 2**31 - 1, (W,)).tolist()  # drawn before dispatch
+        refs = {
+            i: self.workers[i].generate.remote(shards[i], n, sampling, seeds[i]) for i in range(W)
+        }
+        out: dict[int, RolloutBatch] = {}
+        while refs:
+            i, ref = next(iter(refs.items()))
+            try:
+                out[i] = self.ray.get(ref)
+                del refs[i]
+            except self.ray.exceptions.RayActorError:  # the worker died: its whole shard again
+                self._replace(i)
+                refs[i] = self.workers[i].generate.remote(shards[i], n, sampling, seeds[i])
+            except self.ray.exceptions.RayTaskError as exc:  # e.g. non-finite logits
+                cause = getattr(exc, "cause", None)
+                raise (cause if isinstance(cause, Exception) else exc) from None
+        batch = RolloutBatch.concat([out[i] for i in range(W)])
+        batch.policy_version = self.policy_version
+        return batch
+
+    def sleep(self) -> None:
+        """Nothing to release in this process."""
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep` (nothing to undo)."""
+
+    def close(self) -> None:
+        for w in self.workers:
+            with contextlib.suppress(Exception):
+                self.ray.kill(w)
+        self.workers = []
+        if self._started and self.ray.is_initialized():
+            self.ray.shutdown()

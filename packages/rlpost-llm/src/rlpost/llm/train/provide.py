@@ -1,0 +1,187 @@
+"""Optional inputs of the method/trainer contract that the LLM trainer computes from the
+policy, only when the recipe's entries declare them (``Recipe.reads()``):
+
+* :func:`pooled_hidden`: prompt / completion features (BASIS, GCPO);
+* :func:`attention_token_entropy`: per-token attention entropy (token weightings, 001-08);
+* :func:`token_distributions`: both policies' per-token top-K (predictive divergence mask).
+
+All run without gradient, in eval mode, in micro-batches, on the model's device, and
+return CPU tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from rlpost.core.ratios import TokenDistributions
+from rlpost.core.weights import attention_entropy
+from rlpost.llm.data.envs.base import encode_observation
+from rlpost.llm.model.policy import completion_logprobs, fused_head, make_seq_batch
+from rlpost.llm.rollout.engines.base import RolloutBatch
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the duration, then back to its own mode."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def _slices(n: int, size: int) -> Iterator[slice]:
+    for s in range(0, n, size):
+        yield slice(s, s + size)
+
+
+@torch.no_grad()
+def pooled_hidden(
+    model: torch.nn.Module, batch: RolloutBatch, part: str, micro_batch: int
+) -> Tensor:
+    """``[N, H]`` (CPU, float32) mean of the last hidden states over the prompt or the
+    completion tokens (``part``). Uses the decoder alone when the model has one (no logits,
+    no per-layer states kept); every rank computes all rows, so ranks agree."""
+    if part not in ("prompt", "completion"):
+        raise ValueError(f"part must be 'prompt' or 'completion', got {part!r}")
+    dec = fused_head(model)
+    body = dec[0] if dec is not None else model
+    dev = next(model.parameters()).device
+    out = []
+    with eval_mode(model):
+        for sl in _slices(len(batch), micro_batch):
+            sb = make_seq_batch(
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
+                attend=batch.attention[sl],
+            )  # fmt: skip
+            res = body(
+                input_ids=sb.input_ids.to(dev),
+                attention_mask=sb.attention_mask.to(dev),
+                position_ids=sb.position_ids.to(dev),
+                output_hidden_states=dec is None,
+            )
+            h = res.last_hidden_state if dec is not None else res.hidden_states[-1]
+            cols = slice(0, sb.P) if part == "prompt" else slice(sb.P, None)
+            w = sb.attention_mask[:, cols].to(dev, h.dtype)[..., None]
+            out.append(((h[:, cols] * w).sum(1) / w.sum(1).clamp_min(1.0)).float().cpu())
+    return torch.cat(out)
+
+
+@contextlib.contextmanager
+def _eager_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Eager attention for the duration (the only implementation that returns the maps)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    setter = getattr(base, "set_attn_implementation", None)
+    before = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if setter is None:
+        raise ValueError(f"{type(base).__name__} cannot switch to eager attention")
+    setter("eager")
+    try:
+        yield
+    finally:
+        if before is not None:
+            setter(before)
+
+
+@torch.no_grad()
+def attention_token_entropy(
+    model: torch.nn.Module, batch: RolloutBatch, micro_batch: int
+) -> Tensor:
+    """``[N, L]`` mean attention entropy (over layers and heads) of the query that produces
+    each completion token, 0 on padding (:func:`rlpost.core.weights.attention_entropy`)."""
+    dev = next(model.parameters()).device
+    out = []
+    with eval_mode(model), _eager_attention(model):
+        for sl in _slices(len(batch), micro_batch):
+            sb = make_seq_batch(
+                batch.prompt_ids[sl], batch.completion_ids[sl], batch.mask[sl], batch.pad_id,
+                attend=batch.attention[sl],
+            )  # fmt: skip
+            res = model(
+                input_ids=sb.input_ids.to(dev),
+                attention_mask=sb.attention_mask.to(dev),
+                position_ids=sb.position_ids.to(dev),
+                output_attentions=True,
+                use_cache=False,
+                logits_to_keep=1,
+            )
+            L = sb.targets.shape[1]
+            h = attention_entropy(res.attentions)[:, sb.P - 1 : sb.P - 1 + L]  # [b, L]
+            out.append(h.float().cpu() * batch.mask[sl])
+    return torch.cat(out)
+
+
+def token_distributions(
+    current: tuple[Tensor, Tensor], behaviour: tuple[Tensor, Tensor], targets: Tensor
+) -> TokenDistributions:
+    """Both policies over the behaviour policy's top-K ids: ``current`` / ``behaviour`` are
+    ``(ids, logp)`` ``[B, L, K]`` on the same ids (``completion_logprobs(dists=...)``),
+    ``targets`` ``[B, L]`` the sampled tokens (column among the ids, -1 if absent)."""
+    ids, cur = current
+    b_ids, old = behaviour
+    if not torch.equal(ids.cpu(), b_ids.cpu()):
+        raise ValueError("current and behaviour distributions must be over the same ids")
+    col = sampled_index(ids.cpu(), targets.cpu())
+    return TokenDistributions(cur.detach().cpu(), old.detach().cpu(), col)
+
+
+def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
+    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent), long."""
+    hit = ids == tokens[..., None]
+    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1)).long()
+
+
+@torch.no_grad()
+def information_gain(
+    model, tokenizer, ro, temperature: float = 1.0, micro_batch: int = 64
+) -> Tensor:
+    """``[N, U]`` A²TGPO's information gain over an :class:`rlpost.llm.rollout.agents.EnvRollout`
+    ``ro``: for each turn ``u`` that is followed by an
+    observation, ``P(truth | context after u) - P(truth | context before u)``, the
+    probability of the episode's ``ground_truth()`` action (its ids and EOS) under
+    ``model`` with the whole sequence up to the turn's end (its observation included) as
+    context; the last turn of an episode gets 0 (nothing follows it to predict)."""
+    b = ro.batch
+    N, U = ro.turn_rewards.shape
+    if any(t is None for t in ro.truths):
+        raise ValueError("information gain needs an environment with ground_truth()")
+    if any(x.get("task", 0) > 0 for ep in ro.infos for x in ep):
+        raise ValueError(
+            "information gain needs one answer per episode, and a chained episode "
+            "(tasks > 1) poses several: use data.env.turn_signal env or rubric"
+        )
+    contexts, owner = [], []  # (episode, turn boundary k): context after k turns
+    lens = b.lengths.tolist()
+    for i in range(N):
+        tid = ro.turn_ids[i, : lens[i]].tolist()
+        cut = [0]  # the boundaries: the start of each turn after the first
+        cut += [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
+        for k, c in enumerate(cut):
+            contexts.append(list(b.prompt_ids[i]) + b.completion_ids[i, :c].tolist())
+            owner.append((i, k))
+    ans = [[*encode_observation(tokenizer, ro.truths[i]), tokenizer.eos_token_id] for i, _ in owner]
+    width = max(len(a) for a in ans)
+    pad = b.pad_id
+    ids = torch.full((len(ans), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(ans), width)
+    for r, a in enumerate(ans):
+        ids[r, : len(a)] = torch.tensor(a)
+        mask[r, : len(a)] = 1.0
+    prob = torch.zeros(len(ans))
+    with eval_mode(model):
+        for s in range(0, len(ans), micro_batch):
+            sl = slice(s, s + micro_batch)
+            sb = make_seq_batch(contexts[sl], ids[sl], mask[sl], pad)
+            lp = completion_logprobs(model, sb, temperature)[0].float().cpu()
+            prob[sl] = (lp * mask[sl]).sum(1).exp()
+    ig = torch.zeros(N, U)
+    at = {key: float(p) for key, p in zip(owner, prob.tolist(), strict=True)}
+    for (i, k), p in at.items():
+        if k > 0:  # turn k-1 took the probability from at[(i, k-1)] to p
+            ig[i, k - 1] = p - at[(i, k - 1)]
+    return ig
