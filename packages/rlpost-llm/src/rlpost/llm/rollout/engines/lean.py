@@ -14,8 +14,9 @@ projections included) in a loop of its own:
 * **static cache**: per layer one ``[N, H_kv, T_prompt + max_new_tokens, d]`` buffer
   written in place; attention is one ``scaled_dot_product_attention`` over the filled
   prefix with a key mask (left padding), grouped-query heads folded into the query axis;
-* **finished rows leave the batch**: when a quarter of the active rows have stopped (EOS or
-  a stop string) the cache and state are compacted to the unfinished rows;
+* **finished rows leave the batch**: when an eighth (``1 / COMPACT``) of the active rows
+  have stopped (EOS or a stop string), the cache and state are compacted to the unfinished
+  rows;
 * **sampling** at temperature / top-k / top-p with the same order and semantics as
   ``generate``'s warpers, by the exponential-race form of the Gumbel-max trick (no host
   synchronisation, no error on a diverged row); the log-probability of each sampled token
@@ -258,6 +259,50 @@ class _FusedDecode:
         return h
 
 
+def _left_padded(prompts: list[list[int]], pad_id: int, dev) -> tuple[Tensor, Tensor]:
+    """``(ids [U, T], real [U, T] bool)`` of the prompts left-padded to the longest, on ``dev``."""
+    U, Tp = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((U, Tp), pad_id, dtype=torch.long)
+    real = torch.zeros(U, Tp, dtype=torch.bool)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, Tp - len(p) :] = torch.tensor(p, dtype=torch.long)
+        real[i, Tp - len(p) :] = True
+    return ids.to(dev), real.to(dev)
+
+
+def _prefill_mask(real: Tensor) -> Tensor:
+    """``[U, 1, T, T]`` causal attention over the real prompt tokens; pads see themselves."""
+    Tp, dev = real.shape[1], real.device
+    causal = torch.ones(Tp, Tp, dtype=torch.bool, device=dev).tril()
+    eye = torch.eye(Tp, dtype=torch.bool, device=dev)
+    return ((causal & real[:, None, :]) | eye)[:, None]
+
+
+def _spread_cache(st: _Cache, real: Tensor, n: int, L: int) -> Tensor:
+    """Replace the prefill's keys / values in ``st`` by the static cache of all ``N = U n``
+    rows (``T + L`` columns, the prompt part filled); its key mask ``[N, T + L]``."""
+    N, Tp = len(real) * n, real.shape[1]
+    for i in list(st.k):
+        for buf in (st.k, st.v):
+            x = buf[i]
+            full = x.new_zeros(N, x.shape[1], Tp + L, x.shape[3])
+            full[:, :, :Tp] = x.repeat_interleave(n, 0)
+            buf[i] = full
+    keys = torch.zeros(N, Tp + L, dtype=torch.bool, device=real.device)
+    keys[:, :Tp] = real.repeat_interleave(n, 0)
+    return keys
+
+
+def _compact(st: _Cache, done: Tensor, keys: Tensor, next_pos: Tensor, row: Tensor, tok: Tensor):
+    """Drop the finished rows (``done``, on the CPU) from the cache and the decode state;
+    ``(keys, next_pos, row, tok, done)`` of the unfinished rows."""
+    keep = torch.nonzero(~done).flatten()
+    kd = keep.to(keys.device)
+    for i in list(st.k):
+        st.k[i], st.v[i] = st.k[i][kd], st.v[i][kd]
+    return keys[kd], next_pos[kd], row[kd], tok[kd], done[keep]
+
+
 class LeanEngine(LocalEngine):
     """The lean decode loop (module docstring) behind the :class:`RolloutEngine` protocol.
 
@@ -316,62 +361,19 @@ class LeanEngine(LocalEngine):
         return base.get_output_embeddings()(dec.norm(h[:, -1])).float()
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sp: SamplingParams):
+        """``n`` completions of each prompt: one prefill per prompt (its cache spread over
+        the prompt's ``n`` rows), then the decode loop."""
         dev = next(self.model.parameters()).device
-        U, Tp, L = len(prompts), max(len(p) for p in prompts), sp.max_new_tokens
-        ids = torch.full((U, Tp), self.pad_id, dtype=torch.long)
-        real = torch.zeros(U, Tp, dtype=torch.bool)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, Tp - len(p) :] = torch.tensor(p, dtype=torch.long)
-            real[i, Tp - len(p) :] = True
-        ids, real = ids.to(dev), real.to(dev)
+        ids, real = _left_padded(prompts, self.pad_id, dev)
         pos = (real.long().cumsum(-1) - 1).clamp_min(0)
-        causal = torch.ones(Tp, Tp, dtype=torch.bool, device=dev).tril()
-        eye = torch.eye(Tp, dtype=torch.bool, device=dev)
-        st = _Cache(mask=((causal & real[:, None, :]) | eye)[:, None])  # pads see themselves
+        st = _Cache(mask=_prefill_mask(real))
         token = _STATE.set(st)
         try:
             logits = self._forward(ids, pos).repeat_interleave(n, 0)  # [N, V] first tokens
             fused = _FusedDecode.build(_base(self.model).get_decoder()) if self.fuse else None
-            N = U * n
-            for i in list(st.k):  # the static cache of all N rows, the prompt part filled
-                for buf in (st.k, st.v):
-                    x = buf[i]
-                    full = x.new_zeros(N, x.shape[1], Tp + L, x.shape[3])
-                    full[:, :, :Tp] = x.repeat_interleave(n, 0)
-                    buf[i] = full
-            keys = torch.zeros(N, Tp + L, dtype=torch.bool, device=dev)
-            keys[:, :Tp] = real.repeat_interleave(n, 0)
+            keys = _spread_cache(st, real, n, sp.max_new_tokens)
             next_pos = real.sum(-1).repeat_interleave(n, 0)  # [N] position of token 0
-            row = torch.arange(N, device=dev)  # the batch row -> the completion it extends
-            toks = torch.zeros(N, L, dtype=torch.long, device=dev)
-            lps = torch.zeros(N, L, device=dev)
-            lengths = torch.full((N,), L, dtype=torch.long)
-            finite = torch.ones((), dtype=torch.bool, device=dev)
-            done = torch.zeros(N, dtype=torch.bool)  # of the active rows
-            eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
-            greedy = sp.temperature == 0
-            for t in range(L):
-                finite &= torch.isfinite(logits).all()
-                tok, lp = sample(process_logits(logits, sp), greedy)
-                toks[row, t], lps[row, t] = tok, lp
-                stop = torch.isin(tok, eos).cpu()
-                if sp.stop:
-                    stop |= self._stopped(toks[row, : t + 1], sp.stop)
-                newly = stop & ~done
-                lengths[row.cpu()[newly]] = t + 1
-                done |= stop
-                if bool(done.all()) or t == L - 1:
-                    break
-                if int(done.sum()) * COMPACT >= len(row):  # enough rows finished: compact
-                    keep = torch.nonzero(~done).flatten()
-                    kd = keep.to(dev)
-                    for i in list(st.k):
-                        st.k[i], st.v[i] = st.k[i][kd], st.v[i][kd]
-                    keys, next_pos, row, tok = keys[kd], next_pos[kd], row[kd], tok[kd]
-                    done = done[keep]
-                keys[:, Tp + t] = True
-                st.write, st.mask = Tp + t, keys[:, None, None, : Tp + t + 1]
-                logits = self._forward(tok[:, None], (next_pos + t)[:, None], fused)
+            toks, lps, lengths, finite = self._decode(logits, keys, next_pos, st, fused, sp)
         finally:
             _STATE.reset(token)
         if not bool(finite):
@@ -380,12 +382,72 @@ class LeanEngine(LocalEngine):
             raise NonFiniteError(
                 "the policy's logits are not finite at generation: its weights have diverged"
             )
+        return self._rows(prompts, n, toks, lps, lengths, sp)
+
+    def _decode(
+        self,
+        logits: Tensor,
+        keys: Tensor,
+        next_pos: Tensor,
+        st: _Cache,
+        fused: _FusedDecode | None,
+        sp: SamplingParams,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The token-by-token loop from the first tokens' ``logits`` over the static cache
+        (``keys``: its filled columns, ``next_pos``: each row's first position); ``(tokens
+        [N, L], log-probs [N, L], lengths [N] (CPU), whether all logits were finite)``."""
+        N, L = len(keys), sp.max_new_tokens
+        Tp, dev = keys.shape[1] - L, keys.device
+        row = torch.arange(N, device=dev)  # the batch row -> the completion it extends
+        toks = torch.zeros(N, L, dtype=torch.long, device=dev)
+        lps = torch.zeros(N, L, device=dev)
+        lengths = torch.full((N,), L, dtype=torch.long)
+        finite = torch.ones((), dtype=torch.bool, device=dev)
+        done = torch.zeros(N, dtype=torch.bool)  # of the active rows
+        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
+        greedy = sp.temperature == 0
+        for t in range(L):
+            finite &= torch.isfinite(logits).all()
+            tok, lp = sample(process_logits(logits, sp), greedy)
+            toks[row, t], lps[row, t] = tok, lp
+            stop = self._stop_at(tok, eos, toks, row, t, sp)
+            newly = stop & ~done
+            lengths[row.cpu()[newly]] = t + 1
+            done |= stop
+            if bool(done.all()) or t == L - 1:
+                break
+            if int(done.sum()) * COMPACT >= len(row):  # enough rows finished: compact
+                keys, next_pos, row, tok, done = _compact(st, done, keys, next_pos, row, tok)
+            keys[:, Tp + t] = True
+            st.write, st.mask = Tp + t, keys[:, None, None, : Tp + t + 1]
+            logits = self._forward(tok[:, None], (next_pos + t)[:, None], fused)
+        return toks, lps, lengths, finite
+
+    def _stop_at(
+        self, tok: Tensor, eos: Tensor, toks: Tensor, row: Tensor, t: int, sp: SamplingParams
+    ) -> Tensor:
+        """``[B]`` bool (CPU): the active rows that stop at token ``t`` (EOS or a stop string)."""
+        stop = torch.isin(tok, eos).cpu()
+        if sp.stop:
+            stop |= self._stopped(toks[row, : t + 1], sp.stop)
+        return stop
+
+    def _rows(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        toks: Tensor,
+        lps: Tensor,
+        lengths: Tensor,
+        sp: SamplingParams,
+    ) -> list[tuple[list[int], list[int], list[float], FinishReason]]:
+        """The completions as ``(prompt, tokens, log-probs, finish reason)`` rows."""
         toks, lps = toks.cpu(), lps.cpu()
         out = []
-        for i in range(N):
+        for i in range(len(lengths)):
             k = int(lengths[i])
             reason: FinishReason = "length"
-            if k < L or self._ends(toks[i, :k].tolist(), sp):
+            if k < sp.max_new_tokens or self._ends(toks[i, :k].tolist(), sp):
                 reason = "stop"
             out.append((prompts[i // n], toks[i, :k].tolist(), lps[i, :k].tolist(), reason))
         return out
