@@ -316,6 +316,36 @@ def _sft_batch(tokenizer, examples: list[Example]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def sft_optimizer(model, lr: float, total: int, weight_decay: float = 0.01):
+    """``(optimizer, scheduler)`` of an SFT of ``total`` steps: AdamW (betas 0.9, 0.98), its
+    learning rate warmed up linearly over ``min(100, total // 10)`` steps (at least 1),
+    then cosine-decayed from ``lr`` to ``lr / 10`` at ``total``."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay
+    )
+    warmup = max(1, min(100, total // 10))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def sft_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One SFT step on ``batch`` (the gradient norm clipped to 1, the schedule advanced);
+    the step's loss."""
+    loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
 class _SFTRun:
     """Resumable SFT state: one AdamW optimizer and one warmup + cosine schedule.
 
@@ -344,18 +374,7 @@ class _SFTRun:
         self.exclude = exclude_prompts
         self.total = max(1, total_steps)
         self.step = 0
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay
-        )
-        warmup = max(1, min(100, self.total // 10))
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, self.total - warmup))
-            return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.optimizer, self.scheduler = sft_optimizer(model, lr, self.total, weight_decay)
 
     def _examples(self) -> list[Example]:
         """A training batch, avoiding held-out prompts where the task space allows."""
@@ -404,12 +423,7 @@ class _SFTRun:
         bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, file=sys.stderr)
         for _ in bar:
             batch = _sft_batch(self.tokenizer, self._examples())
-            loss = self.model(**batch).loss
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.optimizer.step()
-            self.scheduler.step()
+            loss = sft_step(self.model, self.optimizer, self.scheduler, batch)
             self.step += 1
             losses.append(loss.item())
             if progress:
@@ -592,31 +606,28 @@ def build_base(
 ) -> Path:
     """Build (or find in the cache) a partly-trained tiny base model for a task.
 
-    If ``base_path(...)`` already holds a finished build (it has
-    ``base_info.json``) and ``force`` is false, that path is returned at once.
-    Otherwise: seeded random init of a :func:`tiny_config` Qwen2, then SFT on the
-    task in rounds of ``round_steps`` steps; after each round the greedy accuracy
-    on a fixed held-out set (``heldout`` examples from a separate seed, excluded
-    from training) is measured, and training stops as soon as it lies in
-    ``band`` (default 0.25-0.6) or ``max_steps`` is reached.  If a round jumps
-    past the band, the round checkpoint closest to the band is kept.
+    If ``base_path(...)`` already holds a finished build (it has ``base_info.json``) and
+    ``force`` is false, that path is returned at once.  Otherwise: seeded random init of a
+    :func:`tiny_config` Qwen2, then SFT on the task in rounds of ``round_steps`` steps; after
+    each round the greedy accuracy on a fixed held-out set (``heldout`` examples from a
+    separate seed, excluded from training) is measured, and training stops as soon as it lies
+    in ``band`` (default 0.25-0.6) or ``max_steps`` is reached.  If a round jumps past the
+    band, the round checkpoint closest to the band is kept.
 
     The model and tokenizer are saved (``save_pretrained``, safetensors) with a
-    ``base_info.json`` (task, params, train, steps, heldout_accuracy, seconds,
-    parameters, history) into a temporary sibling directory that is renamed
-    into place only when complete, so an interrupted build never leaves a
-    half-written cache entry.
+    ``base_info.json`` (task, params, train, steps, heldout_accuracy, seconds, parameters,
+    history) into a temporary sibling directory that is renamed into place only when
+    complete, so an interrupted build never leaves a half-written cache entry.
 
     Args:
         task_name: a key of :data:`rlpost.llm.data.tasks.TASKS`.
         cache_dir: cache root (default :func:`default_cache_dir`).
         force: rebuild even if a cached build exists (it is replaced).
         progress: show progress bars and per-round accuracy on stderr.
-        max_steps, round_steps, heldout, band, batch_size, lr, seed, size:
-            training parameters; ``None`` takes the task's :data:`BASE_RECIPES`
-            default.
-        tokenizer: ``"char"`` (default: the character tokenizer and a Qwen2) or
-            ``"bpe"`` (:func:`build_bpe_tokenizer` and a Llama of the same size).
+        max_steps, round_steps, heldout, band, batch_size, lr, seed, size: training
+            parameters; ``None`` takes the task's :data:`BASE_RECIPES` default.
+        tokenizer: ``"char"`` (default: the character tokenizer and a Qwen2) or ``"bpe"``
+            (:func:`build_bpe_tokenizer` and a Llama of the same size).
         feedback: the fraction of SFT examples shown after a wrong attempt's diagnosis
             (:meth:`Task.wrong_attempt`, FBOS-RL's guided format): a base that can read
             feedback, as a pretrained LLM can (default 0: none). The band is measured
@@ -630,19 +641,22 @@ def build_base(
     Returns:
         the directory of the finished build (loadable with :func:`load_base`).
     """
-    train = {
-        "max_steps": max_steps,
-        "round_steps": round_steps,
-        "heldout": heldout,
-        "band": band,
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
-        "size": size,
-        "tokenizer": tokenizer,
-        "feedback": feedback,
-        "reflect": reflect,
-    }
+    train = {"max_steps": max_steps, "round_steps": round_steps, "heldout": heldout}
+    train |= {"band": band, "batch_size": batch_size, "lr": lr, "seed": seed, "size": size}
+    train |= {"tokenizer": tokenizer, "feedback": feedback, "reflect": reflect}
+    return _cached_or_built(task_name, task_params, train, cache_dir, force, progress)
+
+
+def _cached_or_built(
+    task_name: str,
+    task_params: dict[str, Any],
+    train: dict[str, Any],
+    cache_dir: str | os.PathLike | None,
+    force: bool,
+    progress: bool,
+) -> Path:
+    """:func:`build_base` on its gathered arguments (``train``: the training parameters,
+    ``None`` where not given): the cached build unless ``force``, else a new one."""
     tp, tr = _resolve(task_name, task_params, train)
     target = base_path(task_name, cache_dir, train=tr, **tp)
     if _is_complete(target) and not force:
@@ -654,6 +668,87 @@ def build_base(
         return _build(task_name, tp, tr, target, force, progress)
 
 
+def _say(msg: str, progress: bool) -> None:
+    """Log a build's message, and write it on stderr (above the progress bars) when
+    ``progress``."""
+    log.info(msg)
+    if progress:
+        tqdm.write(msg, file=sys.stderr)
+
+
+def init_model(cls, config, tokenizer, seed: int):
+    """A ``cls`` of ``config``, randomly initialised under ``seed`` (the global torch RNG
+    left as it was), generating with ``tokenizer``'s padding and EOS."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = cls(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def _new_base(task: Task, tr: dict[str, Any]):
+    """``(tokenizer, model)`` of a new, untrained base for ``task``: the character
+    tokenizer and a Qwen2, or (``tokenizer: bpe``) a BPE trained on the task's text and a
+    Llama, of ``tr``'s size, initialised under ``tr``'s seed."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    bpe = tr["tokenizer"] == "bpe"
+    tokenizer = build_bpe_tokenizer(task, seed=tr["seed"]) if bpe else build_tokenizer()
+    family, cls = ("llama", LlamaForCausalLM) if bpe else ("qwen2", Qwen2ForCausalLM)
+    model = init_model(cls, tiny_config(tokenizer, tr["size"], family), tokenizer, tr["seed"])
+    model.generation_config.bos_token_id = None
+    return tokenizer, model
+
+
+def _train_to_band(
+    run: _SFTRun, heldout_set: list[Example], tr: dict[str, Any], progress: bool
+) -> tuple[int, float, list[dict[str, float]]]:
+    """SFT in rounds of ``round_steps`` steps, each followed by the greedy accuracy on
+    ``heldout_set``, until it reaches the band (or passes it) or ``max_steps`` are done.
+    The round closest to the band is kept (loaded back into the model when a later round
+    overshot): ``(its step, its accuracy, the history of every round)``."""
+    model, tokenizer, task = run.model, run.tokenizer, run.task
+    lo, hi = tr["band"]
+
+    def distance(acc: float) -> float:
+        return max(lo - acc, acc - hi, 0.0)
+
+    history: list[dict[str, float]] = []
+    best: tuple[float, int, float, dict] | None = None  # (distance, step, acc, state)
+    while run.step < tr["max_steps"]:
+        steps = min(tr["round_steps"], tr["max_steps"] - run.step)
+        losses = run.train(steps, progress=progress, desc=f"sft {run.step}/{tr['max_steps']}")
+        acc = greedy_accuracy(model, tokenizer, task, heldout_set)
+        loss = sum(losses) / len(losses)
+        history.append({"step": run.step, "loss": loss, "heldout_accuracy": acc})
+        _say(f"  step {run.step:5d}  loss {loss:.4f}  held-out accuracy {acc:.3f}", progress)
+        if best is None or distance(acc) < best[0]:
+            best = (distance(acc), run.step, acc, copy.deepcopy(model.state_dict()))
+        if acc >= lo:
+            break  # in the band, or past it (then the closest checkpoint is kept)
+    assert best is not None
+    _, steps_done, acc, state = best
+    if steps_done != run.step:
+        model.load_state_dict(state)
+        msg = f"  overshot the band; keeping the step-{steps_done} checkpoint (accuracy {acc:.3f})"
+        _say(msg, progress)
+    return steps_done, acc, history
+
+
+def publish_base(target: Path, model, tokenizer, info: dict[str, Any], force: bool) -> None:
+    """Save ``model``, ``tokenizer`` and ``info`` (as ``base_info.json``, which marks the
+    build complete) into ``target``, through a temporary sibling directory renamed into
+    place (:func:`~rlpost.core.io.cache.publish_directory`)."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "base_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    publish_directory(target, "base_info.json", write, force)
+
+
 def _build(
     task_name: str,
     tp: dict[str, Any],
@@ -662,25 +757,12 @@ def _build(
     force: bool,
     progress: bool,
 ) -> Path:
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
-
-    def say(msg: str) -> None:
-        log.info(msg)
-        if progress:
-            tqdm.write(msg, file=sys.stderr)
-
+    """Build the base of ``task_name`` (task parameters ``tp``, training parameters ``tr``)
+    into ``target`` as :func:`build_base` describes: a new base (:func:`_new_base`), SFT up
+    to the band (:func:`_train_to_band`), then published with its ``base_info.json``."""
     t0 = time.perf_counter()
     task = make_task(task_name, **tp)
-    bpe = tr["tokenizer"] == "bpe"
-    tokenizer = build_bpe_tokenizer(task, seed=tr["seed"]) if bpe else build_tokenizer()
-    with torch.random.fork_rng():
-        torch.manual_seed(tr["seed"])
-        family = "llama" if bpe else "qwen2"
-        cls = LlamaForCausalLM if bpe else Qwen2ForCausalLM
-        model = cls(tiny_config(tokenizer, tr["size"], family))
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = None
+    tokenizer, model = _new_base(task, tr)
     n_params = _count_parameters(model)
     heldout_set = task.sample(tr["heldout"], random.Random(f"heldout-{tr['seed']}"))
     run = _SFTRun(
@@ -695,34 +777,13 @@ def _build(
         feedback=tr["feedback"],
         reflect=tr["reflect"],
     )
-    lo, hi = tr["band"]
-
-    def distance(acc: float) -> float:
-        return max(lo - acc, acc - hi, 0.0)
-
-    say(
+    _say(
         f"building tiny {task_name} base ({n_params:,} params, {tr['tokenizer']} tokenizer, "
-        f"{tp}) -> {target}"
+        f"{tp}) -> {target}",
+        progress,
     )
-    history: list[dict[str, float]] = []
-    best: tuple[float, int, float, dict] | None = None  # (distance, step, acc, state)
-    acc = 0.0
-    while run.step < tr["max_steps"]:
-        steps = min(tr["round_steps"], tr["max_steps"] - run.step)
-        losses = run.train(steps, progress=progress, desc=f"sft {run.step}/{tr['max_steps']}")
-        acc = greedy_accuracy(model, tokenizer, task, heldout_set)
-        loss = sum(losses) / len(losses)
-        history.append({"step": run.step, "loss": loss, "heldout_accuracy": acc})
-        say(f"  step {run.step:5d}  loss {loss:.4f}  held-out accuracy {acc:.3f}")
-        if best is None or distance(acc) < best[0]:
-            best = (distance(acc), run.step, acc, copy.deepcopy(model.state_dict()))
-        if acc >= lo:
-            break  # in the band, or past it (then the closest checkpoint is kept)
-    assert best is not None
-    _, steps_done, acc, state = best
-    if steps_done != run.step:
-        model.load_state_dict(state)
-        say(f"  overshot the band; keeping the step-{steps_done} checkpoint (accuracy {acc:.3f})")
+    steps_done, acc, history = _train_to_band(run, heldout_set, tr, progress)
+    lo, hi = tr["band"]
     if not lo <= acc <= hi:
         log.warning("held-out accuracy %.3f is outside the band %s", acc, tr["band"])
     seconds = time.perf_counter() - t0
@@ -738,14 +799,11 @@ def _build(
         "parameters": n_params,
         "history": history,
     }
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "base_info.json").write_text(json.dumps(info, indent=2) + "\n")
-
-    publish_directory(target, "base_info.json", write, force)
-    say(f"saved {target} (step {steps_done}, held-out accuracy {acc:.3f}, {seconds:.0f} s)")
+    publish_base(target, model, tokenizer, info, force)
+    _say(
+        f"saved {target} (step {steps_done}, held-out accuracy {acc:.3f}, {seconds:.0f} s)",
+        progress,
+    )
     return target
 
 

@@ -20,7 +20,7 @@ retriever or a sandboxed program, overlap). A group is ``n`` episodes of the sam
 The episode's reward is the sum of its step rewards. ``turn_rewards[b, u]`` is each turn's
 own signal: the environment's ``info["gain"]`` where it reports one (progress made by the
 turn, the household world's; A²TGPO's per-turn signal), else the step's reward.
-:func:`rlpost.llm.train.provide.information_gain` gives the abstract's own signal where the environment knows the
+:func:`rlpost.llm.model.probes.information_gain` gives the abstract's own signal where the environment knows the
 right final action (``ground_truth()``): the change, across each turn, in the policy's
 probability of that action.
 """
@@ -91,78 +91,137 @@ def env_rollout(
     action."""
     from concurrent.futures import ThreadPoolExecutor
 
-    N = len(seeds) * n
-    envs = [make() for _ in range(N)]
-    first = [envs[i].reset(seeds[i // n]) for i in range(N)]
-    formats = [chat() for _ in range(N)] if chat is not None else None
-    if formats is not None:
-        prompts = [formats[i].prompt_ids(o) for i, o in enumerate(first)]
-    else:
-        prompts = [encode_observation(tokenizer, o) for o in first]
-    truths = [e.ground_truth() if hasattr(e, "ground_truth") else None for e in envs]
-    ids: list[list[int]] = [[] for _ in range(N)]
-    lps: list[list[float]] = [[] for _ in range(N)]
-    turn: list[list[int]] = [[] for _ in range(N)]  # each token's turn, -1: observation
-    step_rewards = torch.zeros(N, max_turns)
-    signal = torch.zeros(N, max_turns)
-    infos: list[list[dict]] = [[] for _ in range(N)]
-    said: list[list[str]] = [[] for _ in range(N)]
-    done = [False] * N
-    version = 0
+    episodes = _Episodes(tokenizer, make, seeds, n, max_turns, chat)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="env") if workers > 1 else None
     for u in range(max_turns):
-        live = [i for i in range(N) if not done[i]]
+        live = episodes.live()
         if not live:
             break
-        out = engine.generate([prompts[i] + ids[i] for i in live], 1, sampling)
-        version = out.policy_version
-        lens = out.lengths.tolist()
-        actions = [out.completion_ids[r, : lens[r]].tolist() for r in range(len(live))]
-        texts = [tokenizer.decode(a, skip_special_tokens=True) for a in actions]
-        calls = [as_action(envs[i], t) for i, t in zip(live, texts, strict=True)]
-        texts = [c[0] for c in calls]
-        steppers = [envs[i].step for i in live]
-        if pool is not None:
-            results = list(pool.map(lambda f, t: f(t), steppers, texts))
-        else:
-            results = [f(t) for f, t in zip(steppers, texts, strict=True)]
-        for r, i in enumerate(live):
-            a_ids, res = actions[r], results[r]
-            ids[i] += a_ids
-            lps[i] += out.logprobs[r, : lens[r]].tolist()
-            turn[i] += [u] * len(a_ids)
-            step_rewards[i, u] = res.reward
-            signal[i, u] = float(res.info.get("gain", res.reward))
-            infos[i].append(res.info)
-            said[i].append(texts[r])
-            if res.done:
-                done[i] = True
-                continue
-            if formats is not None:
-                o_ids = formats[i].observation_ids(a_ids, res.observation, calls[r][1])
-            else:
-                o_ids = encode_observation(tokenizer, res.observation)
-            ids[i] += o_ids
-            lps[i] += [0.0] * len(o_ids)
-            turn[i] += [-1] * len(o_ids)
+        episodes.play_turn(u, live, engine, sampling, pool)
     if pool is not None:
         pool.shutdown()
-    rows = [(prompts[i], ids[i], lps[i], "stop" if done[i] else "length") for i in range(N)]
-    batch = RolloutBatch.from_rows(rows, len(seeds), n, engine_pad(engine, tokenizer), version)
-    L = batch.completion_ids.shape[1]
-    t = torch.full((N, L), -1, dtype=torch.long)
-    for i in range(N):
-        t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
-    m = (t >= 0).float()  # actions are trained on, observations and padding are not
-    searched = torch.tensor(
-        [[bool(x.get("query")) for x in ep] + [False] * (max_turns - len(ep)) for ep in infos]
-    ).reshape(N, max_turns)
-    q = searched.gather(1, t.clamp_min(0)).float() * m  # the action tokens of search turns
-    # observations: attended (context), never trained on (mask)
-    batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
-    turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
-    solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
-    return EnvRollout(batch, t, step_rewards.sum(1), signal, turns, solved, infos, said, truths, q)
+    return episodes.assemble(engine, len(seeds), n)
+
+
+def _step_all(steppers: list[Callable], actions: list[str], pool) -> list:
+    """Each environment's step on its action (``steppers[r](actions[r])``), concurrently in
+    ``pool``'s threads where there is one, in order otherwise; the results in order."""
+    if pool is not None:
+        return list(pool.map(lambda f, t: f(t), steppers, actions))
+    return [f(t) for f, t in zip(steppers, actions, strict=True)]
+
+
+class _Episodes:
+    """The episodes of one :func:`env_rollout` as they run: their environments, chat
+    formats (``None``: plain text), prompts and ground truths, and what each has so far:
+    its completion's ids, log-probs and token turns (``-1``: observation), each turn's
+    reward and signal, each step's ``info``, its actions as text, and whether it ended."""
+
+    def __init__(
+        self,
+        tokenizer,
+        make: Callable[[], TextEnv],
+        seeds: list[int],
+        n: int,
+        max_turns: int,
+        chat: Callable[[], ChatFormat] | None,
+    ):
+        """Start ``n`` episodes per seed: each environment made and reset to its seed, its
+        first observation the prompt (in the episode's own chat format, given ``chat``)."""
+        N = len(seeds) * n
+        self.tokenizer, self.max_turns = tokenizer, max_turns
+        self.envs = [make() for _ in range(N)]
+        first = [self.envs[i].reset(seeds[i // n]) for i in range(N)]
+        self.formats = [chat() for _ in range(N)] if chat is not None else None
+        if self.formats is not None:
+            self.prompts = [self.formats[i].prompt_ids(o) for i, o in enumerate(first)]
+        else:
+            self.prompts = [encode_observation(tokenizer, o) for o in first]
+        self.truths = [e.ground_truth() if hasattr(e, "ground_truth") else None for e in self.envs]
+        self.ids: list[list[int]] = [[] for _ in range(N)]
+        self.lps: list[list[float]] = [[] for _ in range(N)]
+        self.turn: list[list[int]] = [[] for _ in range(N)]  # each token's turn, -1: observation
+        self.step_rewards = torch.zeros(N, max_turns)
+        self.signal = torch.zeros(N, max_turns)
+        self.infos: list[list[dict]] = [[] for _ in range(N)]
+        self.said: list[list[str]] = [[] for _ in range(N)]
+        self.done = [False] * N
+        self.version = 0
+
+    def live(self) -> list[int]:
+        """The episodes that have not ended."""
+        return [i for i in range(len(self.done)) if not self.done[i]]
+
+    def play_turn(self, u: int, live: list[int], engine: RolloutEngine, sampling, pool) -> None:
+        """Turn ``u`` of the ``live`` episodes: their actions generated together (one engine
+        call, from each whole sequence so far), their environments stepped
+        (:func:`_step_all`), each action and the observation it got appended."""
+        out = engine.generate([self.prompts[i] + self.ids[i] for i in live], 1, sampling)
+        self.version = out.policy_version
+        lens = out.lengths.tolist()
+        actions = [out.completion_ids[r, : lens[r]].tolist() for r in range(len(live))]
+        texts = [self.tokenizer.decode(a, skip_special_tokens=True) for a in actions]
+        calls = [as_action(self.envs[i], t) for i, t in zip(live, texts, strict=True)]
+        texts = [c[0] for c in calls]
+        results = _step_all([self.envs[i].step for i in live], texts, pool)
+        for r, i in enumerate(live):
+            res = results[r]
+            self._append_action(i, u, actions[r], out.logprobs[r, : lens[r]].tolist(), res)
+            self.said[i].append(texts[r])
+            if res.done:
+                self.done[i] = True
+                continue
+            self._append_observation(i, actions[r], res.observation, calls[r][1])
+
+    def _append_action(self, i: int, u: int, a_ids: list[int], a_lps: list[float], res) -> None:
+        """Episode ``i``'s action of turn ``u`` (ids as sampled, with their log-probs) and
+        its step's result: the turn's reward, signal (``info["gain"]``, else the reward)
+        and ``info``."""
+        self.ids[i] += a_ids
+        self.lps[i] += a_lps
+        self.turn[i] += [u] * len(a_ids)
+        self.step_rewards[i, u] = res.reward
+        self.signal[i, u] = float(res.info.get("gain", res.reward))
+        self.infos[i].append(res.info)
+
+    def _append_observation(self, i: int, a_ids: list[int], observation: str, tool: bool) -> None:
+        """Episode ``i``'s next observation after its action ``a_ids`` (a ``tool`` call or
+        not), in its chat format or as plain text: context only (log-prob 0, turn -1)."""
+        if self.formats is not None:
+            o_ids = self.formats[i].observation_ids(a_ids, observation, tool)
+        else:
+            o_ids = encode_observation(self.tokenizer, observation)
+        self.ids[i] += o_ids
+        self.lps[i] += [0.0] * len(o_ids)
+        self.turn[i] += [-1] * len(o_ids)
+
+    def assemble(self, engine: RolloutEngine, n_seeds: int, n: int) -> EnvRollout:
+        """The episodes as an :class:`EnvRollout` (``n`` per seed, ``n_seeds`` seeds): the
+        action tokens trained on, the observations attended to only."""
+        N, max_turns, turn, infos = len(self.envs), self.max_turns, self.turn, self.infos
+        rows = [
+            (self.prompts[i], self.ids[i], self.lps[i], "stop" if self.done[i] else "length")
+            for i in range(N)
+        ]
+        pad = engine_pad(engine, self.tokenizer)
+        batch = RolloutBatch.from_rows(rows, n_seeds, n, pad, self.version)
+        L = batch.completion_ids.shape[1]
+        t = torch.full((N, L), -1, dtype=torch.long)
+        for i in range(N):
+            t[i, : len(turn[i])] = torch.tensor(turn[i], dtype=torch.long)
+        m = (t >= 0).float()  # actions are trained on, observations and padding are not
+        searched = torch.tensor(
+            [[bool(x.get("query")) for x in ep] + [False] * (max_turns - len(ep)) for ep in infos]
+        ).reshape(N, max_turns)
+        q = searched.gather(1, t.clamp_min(0)).float() * m  # the action tokens of search turns
+        # observations: attended (context), never trained on (mask)
+        batch = replace(batch, mask=m, logprobs=batch.logprobs * m, context=batch.mask)
+        turns = torch.tensor([len(x) for x in infos], dtype=torch.long)
+        solved = torch.tensor([bool(x and x[-1].get("solved", False)) for x in infos])
+        rewards = self.step_rewards.sum(1)
+        return EnvRollout(
+            batch, t, rewards, self.signal, turns, solved, infos, self.said, self.truths, q
+        )
 
 
 def group_hindsight(ro: EnvRollout, n: int) -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import math
 import random
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlpost.core.io.cache import default_cache_dir, publish_directory
+from rlpost.core.io.cache import default_cache_dir
 from rlpost.llm.data.envs.base import encode_observation, hint_text, make_env
 
 ENV_BASE_VERSION = 1
@@ -105,13 +104,7 @@ def build_env_base(
     """Build (or find in the cache) the tiny base of environment ``name``: ``steps`` SFT
     steps on demonstrations of training seeds; its greedy success on 128 held-out seeds
     (with the demonstrations' own turn budget) goes to ``base_info.json``."""
-    from tqdm.auto import tqdm
-    from transformers import Qwen2ForCausalLM
-
     from rlpost.llm.model import tiny
-    from rlpost.llm.rollout.agents import env_rollout
-    from rlpost.llm.rollout.engines import make_local_engine
-    from rlpost.llm.rollout.engines.base import SamplingParams
 
     params = dict(params or {})
     target = env_base_path(name, params, steps, seed, cache_dir)
@@ -121,24 +114,60 @@ def build_env_base(
     env = make_env(name, **demo_params)
     hints = float(getattr(env, "hints", 0.0))
     t0 = time.perf_counter()
+    tok, model = _new_model(env, seed)
+    _sft_on_demonstrations(model, tok, env, steps, batch_size, lr, seed, hints, name, progress)
+    budget = getattr(env, "budget", None) or 8  # the search world's own limit applies anyway
+    success = _heldout_success(model, tok, lambda: make_env(name, **demo_params), budget)
+    info = {
+        "env": name, "params": demo_params, "steps": steps, "seed": seed,
+        "heldout_success": success, "hints": hints,
+        "seconds": round(time.perf_counter() - t0, 1), "version": ENV_BASE_VERSION,
+    }  # fmt: skip
+    tiny.publish_base(target, model, tok, info, force)
+    if progress:
+        print(
+            f"built {target}: held-out success {info['heldout_success']:.3f} with the "
+            f"demonstrations' budget ({info['seconds']:.0f} s)",
+            file=sys.stderr,
+        )
+    return target
+
+
+def _new_model(env, seed: int):
+    """``(tokenizer, model)``: the character tokenizer and a Qwen2 initialised under
+    ``seed``, their context ``env``'s ``positions`` (the tiny default's without one)."""
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.llm.model import tiny
+
     tok = tiny.build_tokenizer()
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        positions = getattr(env, "positions", tiny.MAX_POSITIONS)
-        model = Qwen2ForCausalLM(tiny.tiny_config(tok, positions=positions))
+    positions = getattr(env, "positions", tiny.MAX_POSITIONS)
+    config = tiny.tiny_config(tok, positions=positions)
+    model = tiny.init_model(Qwen2ForCausalLM, config, tok, seed)
     tok.model_max_length = positions
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = max(1, min(100, steps // 10))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            (s + 1) / warm
-            if s < warm
-            else 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm))))
-        ),
-    )
+    return tok, model
+
+
+def _sft_on_demonstrations(
+    model,
+    tok,
+    env,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    hints: float,
+    name: str,
+    progress: bool,
+) -> None:
+    """``steps`` SFT steps of ``model`` (left in eval mode) on batches of ``batch_size``
+    demonstrations (:func:`demonstration`) of random training seeds of ``env``, a ``hints``
+    share of them hinted, with the tiny base's optimizer, schedule and step."""
+    from tqdm.auto import tqdm
+
+    from rlpost.llm.model import tiny
+
+    opt, sched = tiny.sft_optimizer(model, lr, steps)
     rng = random.Random(f"env-sft-{seed}")
     model.train()
     bar = tqdm(range(steps), desc=f"sft {name}", disable=not progress, file=sys.stderr)
@@ -147,39 +176,22 @@ def build_env_base(
             demonstration(tok, env, rng.randrange(10**9), rng.random() < hints)
             for _ in range(batch_size)
         ]
-        loss = model(**_batch(rows, tok.pad_token_id)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = tiny.sft_step(model, opt, sched, _batch(rows, tok.pad_token_id))
         bar.set_postfix(loss=f"{loss.item():.4f}")
     model.eval()
+
+
+def _heldout_success(model, tok, make, budget: int) -> float:
+    """The greedy success rate of ``model`` on the trainer's 128 held-out seeds of the
+    environments ``make`` makes, at most ``budget`` turns an episode."""
+    from rlpost.llm.rollout.agents import env_rollout
+    from rlpost.llm.rollout.engines import make_local_engine
+    from rlpost.llm.rollout.engines.base import SamplingParams
+
     engine = make_local_engine("hf", model, tok)
     held = [10**9 + i for i in range(128)]  # the trainer's held-out seeds
-    ro = env_rollout(
-        engine, tok, lambda: make_env(name, **demo_params), held, 1, SamplingParams(8, 0.0),
-        getattr(env, "budget", None) or 8,  # the search world's own limit applies anyway
-    )  # fmt: skip
-    info = {
-        "env": name, "params": demo_params, "steps": steps, "seed": seed,
-        "heldout_success": float(ro.solved.float().mean()), "hints": hints,
-        "seconds": round(time.perf_counter() - t0, 1), "version": ENV_BASE_VERSION,
-    }  # fmt: skip
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "base_info.json").write_text(json.dumps(info, indent=2) + "\n")
-
-    publish_directory(target, "base_info.json", write, force)
-    if progress:
-        print(
-            f"built {target}: held-out success {info['heldout_success']:.3f} with the "
-            f"demonstrations' budget ({info['seconds']:.0f} s)",
-            file=sys.stderr,
-        )
-    return target
+    ro = env_rollout(engine, tok, make, held, 1, SamplingParams(8, 0.0), budget)
+    return float(ro.solved.float().mean())
 
 
 __all__ = ["build_env_base", "demonstration", "env_base_path"]
