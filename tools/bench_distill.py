@@ -82,7 +82,7 @@ def _eval_both(spec: dict, model, tok, where: Path) -> dict[str, float]:
     cfg = load_config(None, [*_common(spec, where), _mixture(), "train.steps=1"])
     tr = Trainer(cfg, model=model, tokenizer=tok)
     try:
-        m = tr._eval_metrics()
+        m = tr.eval_metrics()
     finally:
         tr.close()
     return {d: m[f"eval/{d}/accuracy"] for d in DOMAINS}

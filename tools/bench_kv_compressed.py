@@ -69,14 +69,14 @@ def run(arm: str, seed: int, steps: int, sink: int, window: int, root: str) -> d
     )  # fmt: skip
     t0 = time.perf_counter()
     tr = Trainer(cfg)
-    examples = tr.source.eval_examples
+    examples = tr.prompts.eval_examples
     compressed = KVCompressedEngine(tr.model, tr.tok, sink, window)
     dense = make_local_engine("auto", tr.model, tr.tok)
 
     def accuracy(engine) -> float:
         tr.engine, keep = engine, tr.engine
         try:
-            return tr._eval_accuracy(examples)
+            return tr.evaluate(examples)
         finally:
             tr.engine = keep
 

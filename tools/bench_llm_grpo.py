@@ -279,14 +279,14 @@ def rlpost_child(spec: dict) -> dict:
     trainer = Trainer(cfg, reward_fn=task.score)
 
     seen: list[str] = []
-    next_batch = trainer.source.next_batch
+    next_batch = trainer.prompts.next_batch
 
     def recording_next_batch(n):
         out = next_batch(n)
         seen.extend(e.prompt for e in out)
         return out
 
-    trainer.source.next_batch = recording_next_batch
+    trainer.prompts.next_batch = recording_next_batch
     stamps: list[float] = []
     cpu_stamps: list[float] = []
     at_end: dict = {}

@@ -406,7 +406,7 @@ def parity(dev: str, smoke: bool) -> dict:
         if smoke:
             over += ["data.eval_size=16", "model.path=tiny-random"]
         tr = Trainer(load_config(recipe_path("grpo_arithmetic"), over))
-        prompts = [encode_prompt(tr.tok, e.prompt) for e in tr.source.eval_examples]
+        prompts = [encode_prompt(tr.tok, e.prompt) for e in tr.prompts.eval_examples]
         greedy = SamplingParams(tr.sampling.max_new_tokens, 0.0, stop=tr.sampling.stop)
         P = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), P), tr.tok.pad_token_id, dtype=torch.long)

@@ -11,8 +11,8 @@ Two runs of the same seeded trainer (the benchmark's config, ``rlpost_config``):
 whose per-step wall time and the trainer's own ``time/rollout`` / ``time/update`` are the
 reference, and one under ``cProfile``, whose cumulative times split the step into
 
-* generation: the trainer's call into the rollout engine (``Trainer._generate``; the lean
-  engine by default, or HF), per generated token;
+* generation: the trainer's call into the rollout engine (the rollout sources'
+  ``generate``; the lean engine by default, or HF), per generated token;
 * reward: scoring the completions;
 * no-grad forwards: the old / reference log-probabilities recomputed before the update;
 * training forward + loss: the update's forwards with gradients and the objective;
@@ -42,14 +42,17 @@ from bench_llm_grpo import rlpost_config, save_model
 
 PARTS = {
     # the trainer's one call into whichever engine it runs (lean, HF, Ray, speculative...)
-    "generation": [("rlpost/llm/trainer.py", "_generate")],
-    "reward": [("rlpost/llm/trainer.py", "_score")],
-    "no-grad forwards": [("rlpost/llm/trainer.py", "_forward_nograd")],
+    "generation": [("rlpost/llm/rollout/sources/groups.py", "generate")],
+    "reward": [("rlpost/llm/rollout/scoring.py", "score")],
+    "no-grad forwards": [("rlpost/llm/train/forward.py", "nograd")],
     "update (all)": [("rlpost/llm/trainer.py", "update")],
     "backward": [("torch/_tensor.py", "backward")],
     "optimizer step": [("torch/optim/optimizer.py", "wrapper")],
     "grad clip": [("torch/nn/utils/clip_grad.py", "clip_grad_norm_")],
-    "step (all)": [("rlpost/llm/trainer.py", "collect"), ("rlpost/llm/trainer.py", "update")],
+    "step (all)": [
+        ("rlpost/llm/rollout/sources/groups.py", "collect"),
+        ("rlpost/llm/trainer.py", "update"),
+    ],
 }
 
 
@@ -101,17 +104,17 @@ def run(spec: dict) -> dict:
     prof_dir = work / "profiled"
     t = _trainer(spec, prof_dir)
     marks: dict[str, float] = {}
-    collect, log = t.collect, t.logger.log
+    step, log = t.rollouts.step, t.logger.log
 
-    def first_collect():
+    def first_step(stop):
         marks.setdefault("loop_start", time.perf_counter())
-        return collect()
+        return step(stop)
 
     def last_log(step, m):
         log(step, m)
         marks["loop_end"] = time.perf_counter()
 
-    t.collect, t.logger.log = first_collect, last_log
+    t.rollouts.step, t.logger.log = first_step, last_log
     prof = cProfile.Profile()
     prof.enable()
     t.train()

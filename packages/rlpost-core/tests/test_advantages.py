@@ -121,6 +121,21 @@ def test_kl_reward_penalty_is_detached_and_signed():
     assert not r.requires_grad
 
 
+def test_kl_reward_penalty_honours_a_bound_estimators_params():
+    from rlpost.core.kl import KL_ESTIMATORS
+
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-3.0, -2.0]])  # log-ratio (2, 0)
+    clamped = KL_ESTIMATORS.build("k1", clamp=0.5)
+    # the bound entry clamps the log-ratio at 0.5 -> reward -0.1 * 0.5; by name: -0.1 * 2
+    assert_close(
+        kl_reward_penalty(logp, ref, torch.ones(1, 2), 0.1, clamped), torch.tensor([[-0.05, 0.0]])
+    )
+    assert_close(
+        kl_reward_penalty(logp, ref, torch.ones(1, 2), 0.1, "k1"), torch.tensor([[-0.2, 0.0]])
+    )
+
+
 @pytest.mark.parametrize("name", ["grpo", "rloo"])
 def test_response_level_estimators_fold_in_reward_token_penalties(name):
     # in-reward KL: token rewards (-0.1, -0.2) on response 0 and (-0.6, pad) on response 1

@@ -167,7 +167,9 @@ def test_fbos_config_errors_name_the_problem(fast_cfg, overrides, match):
 
 def test_fbos_trains_with_its_settings_overridden(fast_cfg):
     cfg = fast_cfg("algo.preset=fbos", "algo.feedback={share: 0.25, ecc: false}")
-    assert cfg.preset().feedback == FeedbackExploration(share=0.25, ecc=False)
+    from rlpost.llm.rollout.sources import preset_params
+
+    assert preset_params(cfg.preset(), "feedback") == FeedbackExploration(share=0.25, ecc=False)
     tr = Trainer(cfg)
     try:
         tr.train()
@@ -311,3 +313,12 @@ def test_a_reflection_base_is_shown_failed_attempts_with_the_lesson_of_their_dia
 def test_reflection_config_errors_name_the_problem(fast_cfg, feedback, match):
     with pytest.raises(ConfigError, match=re.escape(match)):
         fast_cfg("algo.preset=rubricem_reflect", f"algo.feedback={feedback}")
+
+
+def test_the_guided_round_is_validated_against_the_group_size():
+    """The preset names its ``feedback`` rollout source; the trainer's config validates the
+    source's settings against the group (moved here from the core's presets test)."""
+    from rlpost.llm.config import load_config
+
+    with pytest.raises(ConfigError, match=r"preset 'fbos': .*group_size >= 2"):
+        load_config(None, ["algo.preset=fbos", "rollout.group_size=1"])

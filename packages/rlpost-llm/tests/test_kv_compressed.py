@@ -77,7 +77,7 @@ def test_the_correction_is_the_identity_at_zero_compression(
     start = {k: v.clone() for k, v in tr.model.state_dict().items()}
     corrected, _ = applied_grads(tr, lambda: tr.update(col))  # shadow view + distillation
     tr.model.load_state_dict(start)
-    tr._kv = None  # the plain learner: dense context, no distillation
+    tr.forwards.kv = None  # the plain learner: dense context, no distillation
     plain, _ = applied_grads(tr, lambda: tr.update(col))
     assert corrected.keys() == plain.keys() and plain
     same = all(torch.allclose(corrected[k], plain[k], rtol=1e-4, atol=1e-7) for k in plain)

@@ -123,9 +123,9 @@ def test_resd_trains_with_its_playbook_in_the_teachers_context_and_resumes_it(
     assert len(prompts) == 8 and all("playbook" in m and "reflection" in m for m in prompts)
     failed = [m for m in prompts if m["reflection"]]
     assert failed and all(m["playbook"] for m in prompts)  # every row sees the lessons
-    state = tr.memory.state_dict()
+    state = tr.components.get("teachers").memory.state_dict()
     resumed = Trainer(fast_cfg(*over, "train.steps=2"), resume=True)
-    assert resumed.memory.state_dict() == state
+    assert resumed.components.get("teachers").memory.state_dict() == state
     resumed.train()
     rows = [json.loads(x) for x in (Path(tr.run_dir) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "memory/lessons" in r] == [1, 2]

@@ -59,7 +59,7 @@ def test_the_rejection_count_survives_a_resume(fast_cfg):
     first.train(until=2)  # two rejections, then the step-2 checkpoint
     first.close()
     resumed = Trainer(cfg, reward_fn=parity, resume=True)
-    assert resumed.step == 2 and resumed.mipu_rejected == 2
+    assert resumed.step == 2 and resumed.components.get("mipu").rejected == 2
     resumed.train()
     assert _rows(cfg)[-1]["mipu/rejected"] == 3.0
 

@@ -90,14 +90,12 @@ def test_ppo_builds_a_critic_whose_value_loss_falls_and_that_is_checkpointed(fas
         "algo.kl_coef=0.0",
     )
     tr = Trainer(cfg, reward_fn=parity_reward)
-    assert tr.critic is not None
-    critic_before = {k: v.clone() for k, v in tr.critic.module.state_dict().items()}
+    critic = tr.components.get("critic").critic
+    critic_before = {k: v.clone() for k, v in critic.module.state_dict().items()}
     col = tr.collect()
     losses = [tr.update(col)["value/loss"] for _ in range(5)]  # the same batch: V fits R
     assert losses[-1] < 0.5 * losses[0], losses
-    assert any(
-        not torch.equal(v, tr.critic.module.state_dict()[k]) for k, v in critic_before.items()
-    )
+    assert any(not torch.equal(v, critic.module.state_dict()[k]) for k, v in critic_before.items())
     tr.close()
     res = Trainer(fast_cfg("algo.preset=ppo", "run.save_every=2"), reward_fn=parity_reward).train()
     ckpt = Path(cfg.run.dir) / "checkpoints" / "step-000002"
@@ -110,7 +108,8 @@ def test_ppo_builds_a_critic_whose_value_loss_falls_and_that_is_checkpointed(fas
 
 
 def test_critic_free_presets_build_no_critic(fast_cfg):
-    assert Trainer(fast_cfg("algo.preset=grpo"), reward_fn=parity_reward).critic is None
+    tr = Trainer(fast_cfg("algo.preset=grpo"), reward_fn=parity_reward)
+    assert tr.components.get("critic") is None
 
 
 def test_critic_warmup_leaves_the_policy_unchanged(fast_cfg):
@@ -200,16 +199,16 @@ def test_token_distributions_are_both_policies_top_k_of_the_behaviour(fast_cfg, 
 
 
 def test_attention_token_weights_reach_the_loss(fast_cfg, monkeypatch):
-    from rlpost.llm import trainer as trainer_mod
+    from rlpost.llm.model import probes
 
     seen = {}
-    real = trainer_mod.attention_token_entropy
+    real = probes.attention_token_entropy
 
     def spy(model, batch, mbs):
         seen["h"] = real(model, batch, mbs)
         return seen["h"]
 
-    monkeypatch.setattr(trainer_mod, "attention_token_entropy", spy)
+    monkeypatch.setattr(probes, "attention_token_entropy", spy)
     cfg = fast_cfg("algo.token_weights.name=anchors", "algo.token_weights.params.quantile=0.3")
     tr = Trainer(cfg, reward_fn=parity_reward)
     col = tr.collect()
@@ -296,7 +295,7 @@ def test_gac_mixes_sft_and_rl_with_a_bounded_lambda(fast_cfg):
     assert all(
         abs(b - a) <= 0.05 + 1e-9 for a, b in zip([0.5, *lams[:-1]], lams, strict=True)
     )  # max_step
-    assert tr.reg_state["lam"] == lams[-1]
+    assert tr.components.get("regularizer").state["lam"] == lams[-1]
     with pytest.raises(ConfigError, match="gradient samples"):
         fast_cfg("regularizer.name=gac", "regularizer.data.task=arithmetic")
 
@@ -316,7 +315,8 @@ def test_cpo_over_a_curriculum_penalises_drift_after_the_first_task(fast_cfg):
     assert "cpo/penalty" not in by_step[2] and by_step[4]["cpo/penalty"] > 0
     assert {"eval/0-arithmetic/accuracy", "eval/1-countdown/accuracy"} <= set(by_step[4])
     assert res["steps"] == 4
-    assert tr.reg_state["fisher"] is not None and tr.reg_state["start"] is not None
+    state = tr.components.get("regularizer").state
+    assert state["fisher"] is not None and state["start"] is not None
 
 
 # ------------------------------------------------------------------------- schedules
@@ -349,7 +349,8 @@ def test_mu_grpo_resumes_exactly_mid_stage(fast_cfg):
     for later in ("step-000002", "step-000003", "step-000004"):
         shutil.rmtree(ckpts / later)
     b = Trainer(cfg, reward_fn=parity_reward, resume=True)
-    assert b.step == 1 and len(b.stages) == 1
+    (stages,) = [s for s in b.rollouts.chain() if s.name == "stages"]
+    assert b.step == 1 and len(stages.buffer) == 1
     b.train()
     for k, v in final.items():
         torch.testing.assert_close(b.model.state_dict()[k], v, rtol=0, atol=0, msg=k)
@@ -360,8 +361,9 @@ def test_vapr_resets_policy_and_reference_to_the_best_validation_checkpoint(fast
     tr = Trainer(cfg, reward_fn=parity_reward)
     scores = iter([0.5, 0.2, 0.7])  # step 0 (anchor), step 1 (worse: reset), step 2 (better)
     monkeypatch.setattr(tr, "evaluate", lambda examples=None: next(scores))
+    anchor = tr.components.get("validation_reset").anchor
     anchor_weights = {}
-    real_update = tr.anchor.update
+    real_update = anchor.update
 
     def record(model, acc):
         worse = real_update(model, acc)
@@ -369,15 +371,15 @@ def test_vapr_resets_policy_and_reference_to_the_best_validation_checkpoint(fast
             anchor_weights.update({k: v.clone() for k, v in model.state_dict().items()})
         return worse
 
-    tr.anchor.update = record
+    anchor.update = record
     restored = []
-    real_restore = tr.anchor.restore
+    real_restore = anchor.restore
 
     def check_restore(*modules):
         real_restore(*modules)
         restored.append([{k: v.clone() for k, v in m.state_dict().items()} for m in modules])
 
-    tr.anchor.restore = check_restore
+    anchor.restore = check_restore
     tr.train()
     rows = {r["step"]: r for r in _rows(Path(cfg.run.dir))}
     assert rows[1].get("vapr/reset") == 1.0 and "vapr/reset" not in rows[2]
@@ -407,10 +409,12 @@ def test_critic_from_a_separate_model_and_with_lora(fast_cfg, tmp_path):
         reward_fn=parity_reward,
     )
     policy_ids = {id(p) for p in tr.model.parameters()}
-    assert not policy_ids & {id(p) for p in tr.critic.module.parameters()}
+    critic = tr.components.get("critic").critic
+    assert not policy_ids & {id(p) for p in critic.module.parameters()}
     m = tr.update(tr.collect())
     assert math.isfinite(m["value/loss"])
     lora = Trainer(fast_cfg("algo.preset=ppo", "critic.lora.r=4"), reward_fn=parity_reward)
-    trainable = [n for n, p in lora.critic.module.named_parameters() if p.requires_grad]
+    critic = lora.components.get("critic").critic
+    trainable = [n for n, p in critic.module.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n or n.startswith("head.") for n in trainable)
     assert math.isfinite(lora.update(lora.collect())["value/loss"])

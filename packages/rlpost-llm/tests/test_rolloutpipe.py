@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlpost.llm.config import load_config
-from rlpost.llm.trainer import Collected, Trainer
+from rlpost.llm.rollout.collected import Collected
+from rlpost.llm.trainer import Trainer
 
 
 def parity(completion: str, example) -> float:
@@ -39,8 +40,9 @@ def test_the_pipelined_update_equals_the_synchronous_one(fast_cfg, applied_grads
     sync_grads, sync = applied_grads(tr, lambda: tr.update(Collected.concat(parts)))
     tr.model.load_state_dict(start)  # the same weights again (Adam's state plays no part)
     given = iter(parts)
-    tr.collect = lambda want=None, given_=None: next(given)
-    pipe_grads, (col, piped, _) = applied_grads(tr, tr._pipe_step)
+    tr.rollouts.inner.collect = lambda want=None, given_=None: next(given)
+    pipe_grads, got = applied_grads(tr, lambda: tr.rollouts.step(tr.total_steps))
+    col, piped = got.col, got.update
     assert len(col.batch) == 4 * 4 and piped["pipe/chunks"] == 4.0
     assert sync_grads.keys() == pipe_grads.keys() and sync_grads
     for k, g in sync_grads.items():
@@ -56,7 +58,8 @@ def test_groups_train_whole_while_later_groups_are_still_generating(fast_cfg):
     cfg = fast_cfg("train.pipeline=rolloutpipe", "train.stream_prompts=1", "train.steps=2")
     tr = Trainer(cfg, reward_fn=parity)
     first_trained = threading.Event()
-    collect, backward = tr.collect, tr._backward
+    source = tr.rollouts.inner  # the generator the pipeline asks for chunks
+    collect, backward = source.collect, tr.updater.backward
     produced, trained, stalls = [], [], []
 
     def gated_collect(want=None, given=None):
@@ -66,14 +69,14 @@ def test_groups_train_whole_while_later_groups_are_still_generating(fast_cfg):
         produced.append(part)
         return part
 
-    def recording_backward(prep, rows, *a):
-        b = prep.batch
+    def recording_backward(step, rows, *a):
+        b = step.batch
         labels, counts = b.group.unique(return_counts=True)
         trained.append((len(labels), counts.tolist(), list(b.finish_reasons)))
         first_trained.set()
-        return backward(prep, rows, *a)
+        return backward(step, rows, *a)
 
-    tr.collect, tr._backward = gated_collect, recording_backward
+    source.collect, tr.updater.backward = gated_collect, recording_backward
     result = tr.train()
     assert result["steps"] == 2 and not stalls
     assert len(trained) == 2 * 4  # one chunk of one group each, four a step

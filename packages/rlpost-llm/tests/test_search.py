@@ -12,10 +12,10 @@ from rlpost.llm.data.envs import make_env
 from rlpost.llm.data.envs.base import play
 from rlpost.llm.data.envs.search import build_corpus, parse_fact, words
 from rlpost.llm.data.envs.search_corpus import main
+from rlpost.llm.model.probes import information_gain
 from rlpost.llm.rollout.agents import env_rollout
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.rollout.engines.fake import ActionScriptEngine
-from rlpost.llm.train.provide import information_gain
 
 
 def test_the_corpus_and_the_bm25_words():
@@ -175,15 +175,17 @@ def test_sd_search_distils_only_query_tokens(fast_overrides, tmp_path, monkeypat
         "train.steps=1",
     ])  # fmt: skip
     tr = Trainer(cfg)
+    from rlpost.llm.train.inputs import Role
+
     seen = []
-    real = tr._teacher_scores
+    teachers = tr.components.get("teachers")
+    real = teachers.provide
 
-    def spy(col, mask):
-        teach, tmask = real(col, mask)
-        seen.append((col.query_mask.clone(), tmask.clone()))
-        return teach, tmask
+    def spy(step):
+        real(step)
+        seen.append((step.col.query_mask.clone(), step[Role.TEACHER_MASK].clone()))
 
-    monkeypatch.setattr(tr, "_teacher_scores", spy)
+    monkeypatch.setattr(teachers, "provide", spy)
     tr.train()
     ((query, tmask),) = seen
     assert torch.equal(tmask, query * tmask.amax(1, keepdim=True))  # rows x query tokens

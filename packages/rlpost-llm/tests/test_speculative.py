@@ -231,14 +231,14 @@ def test_bubblespec_trains_on_policy_from_pre_generated_drafts(fast_cfg):
     tr = Trainer(cfg, reward_fn=parity)
     assert isinstance(tr.engine, SpeculativeEngine) and tr.engine.draft is None
     seen = []
-    orig = tr._drafts_for
+    orig = tr.rollouts.drafts_for
 
     def spy(examples):
         out = orig(examples)
         seen.append([e.prompt for e in examples])
         return out
 
-    tr._drafts_for = spy
+    tr.rollouts.drafts_for = spy
     trained = []
     update = tr.update
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlpost.core.contract import Input
 from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.llm.config import load_config
 from rlpost.llm.rollout.engines.fake import FakeEngine
@@ -222,7 +223,8 @@ def test_lora_policy_reference_is_the_adapter_free_base(fast_cfg):
     tr = Trainer(fast_cfg("model.lora.r=4", "algo.kl_coef=0.05"), reward_fn=parity_reward)
     trainable = [n for n, p in tr.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
-    assert tr.reference is not None and tr.reference.lora
+    ref = tr.components.get("reference")
+    assert ref is not None and ref.reference.lora
     m = tr.update(tr.collect())
     assert m["kl"] >= 0.0 and tr.version == 1
 
@@ -312,15 +314,22 @@ def test_seed_advantage_presets_get_their_inputs_and_train_a_step(preset, fast_c
     # issue-7 estimators that need them; group-level objectives get whole groups
     tr = Trainer(fast_cfg(f"algo.preset={preset}", "rollout.group_size=4"), reward_fn=parity_reward)
     col = tr.collect()
-    extras = tr._advantage_extras(tr.model, col.batch)
-    assert extras["logprobs"].shape == col.batch.mask.shape
-    assert extras["dynamics"].initial_entropy == pytest.approx(extras["dynamics"].entropy)
-    part = {"basis": "prompt_features", "gcpo": "completion_features"}.get(preset)
+    step = tr.step_inputs(col)
+    assert step[Input.BEHAVIOUR_LOGPROBS].shape == col.batch.mask.shape
+    # training dynamics: computed for the estimators that read them, and only for them
+    assert (Input.DYNAMICS in step) == (Input.DYNAMICS in tr.recipe.reads())
+    if Input.DYNAMICS in step:
+        dyn = step[Input.DYNAMICS]
+        assert dyn.initial_entropy == pytest.approx(dyn.entropy)
+    part = {"basis": Input.PROMPT_FEATURES, "gcpo": Input.COMPLETION_FEATURES}.get(preset)
+    features = {Input.PROMPT_FEATURES, Input.COMPLETION_FEATURES} & set(step.values)
     if part is not None:  # what the estimator declares it needs is computed, nothing else
         H = tr.model.config.hidden_size
-        assert extras[part].shape == (len(col.batch), H)
-        assert torch.isfinite(extras[part]).all()
-        assert {k for k in extras if k.endswith("_features")} == {part}
+        assert step[part].shape == (len(col.batch), H)
+        assert torch.isfinite(step[part]).all()
+        assert features == {part}
+    else:
+        assert not features
     m = tr.update(col)
     assert math.isfinite(m["grad_norm"]) and tr.version == 1
 

@@ -74,7 +74,7 @@ def test_a_small_file_holds_out_a_tenth_and_says_so(fast_cfg, tmp_path, capsys):
     model, tok = load_policy(cfg, progress=False)
     tok.chat_template = TEMPLATE
     t = Trainer(cfg, model=model, tokenizer=tok)
-    assert len(t.source.examples) == 9 and len(t.source.eval_examples) == 1
+    assert len(t.prompts.examples) == 9 and len(t.prompts.eval_examples) == 1
     assert "10 rows <= data.eval_size=256; holding out 1" in capsys.readouterr().err
 
 
@@ -85,7 +85,7 @@ def test_a_datasets_dataset_from_python(fast_cfg):
         [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(30)]
     )
     t = Trainer(fast_cfg("data.eval_size=5", "train.steps=1"), train_dataset=ds)
-    assert len(t.source.examples) == 25 and t.source.eval_examples[-1].prompt == "29+2="
+    assert len(t.prompts.examples) == 25 and t.prompts.eval_examples[-1].prompt == "29+2="
     t.train()
 
 
@@ -158,8 +158,9 @@ def test_trl_style_reward_files_from_the_config_each_logged(fast_cfg, tmp_path):
     finally:
         t.close()
     m = col.metrics
-    assert m["reward/errors"] == 0, t.pool.last_failures if t.pool else None
-    names = [n for n in t.reward_names]
+    pool = t.scorer.pool
+    assert m["reward/errors"] == 0, pool.last_failures if pool else None
+    names = [n for n in t.scorer.names]
     assert [n.rsplit(":", 1)[1] for n in names] == ["odd_length", "level_bonus"]
     bonus = col.components[:, 1]
     levels = torch.tensor([e.meta["level"] for e in col.examples])
@@ -194,7 +195,7 @@ def test_reward_funcs_given_from_python_are_named_weighted_and_scored(fast_cfg):
 
     cfg = fast_cfg("reward.weights=[1.0, 0.5]", "data.eval_size=4")
     t = Trainer(cfg, reward_funcs=[lengthy, lengthy])  # workers=0: a local function is fine
-    assert t.reward_names == ["lengthy", "lengthy_2"]
+    assert t.scorer.names == ["lengthy", "lengthy_2"]
     col = t.collect()
     assert torch.allclose(col.rewards, 1.5 * col.components[:, 0])
     with pytest.raises(ValueError, match=r"reward.weights: 2 weights for 1 reward_funcs"):

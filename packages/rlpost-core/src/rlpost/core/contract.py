@@ -23,10 +23,17 @@ contract tests fill undeclared inputs with values that raise on use.
 Adding a new kind of input (teacher log-probs, say) is one member here, one field on the
 registry's input dataclass, and the trainers that can provide it; no method name appears
 anywhere outside its registration.
+
+Beside the inputs, a second small vocabulary, :class:`Property`, says what a trainer's
+components (rollout sources, engines, parallel modes, step hooks, couplings) require of a
+step and what they break; :func:`check_compatible` refuses a combination naming both
+parties, so no trainer keeps tables of which options may be combined.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
 
@@ -84,4 +91,84 @@ class ContractError(ValueError):
     did not declare."""
 
 
-__all__ = ["ContractError", "Coupling", "Input"]
+class Property(StrEnum):
+    """What a training step ordinarily guarantees, and a component may need or take away.
+
+    A component (a rollout source, an engine, a parallel mode, a step hook, an input
+    provider, a loss entry's coupling) declares the properties it *requires* and those it
+    *breaks*, each with the reason in its own words (:class:`Declares`). One generic check,
+    :func:`conflicts`, finds every component that breaks what another requires and names
+    both: a new component is checked against all others without a table of pairs.
+    """
+
+    WHOLE_BATCH = "whole_batch"  # the update sees the step's whole batch at once
+    WHOLE_GROUPS = "whole_groups"  # each micro-batch and rank holds whole groups
+    EVEN_GROUPS = "even_groups"  # every group has group_size responses
+    ONE_PROCESS = "one_process"  # the learner runs in one process
+    UNSHARDED = "unsharded"  # the policy's weights are whole in this process
+    FULL_WEIGHTS = "full_weights"  # every weight of the policy trains (no adapters)
+    SAME_THREAD = "same_thread"  # rollouts are generated on the trainer's thread, between updates
+    PER_STEP = "per_step"  # each step generates its own rollouts
+    ONE_ROUND = "one_round"  # a step's groups are sampled in one round
+    SINGLE_TURN = "single_turn"  # a rollout is one completion of one prompt
+    GROUPS_ON_DEMAND = "groups_on_demand"  # any number of plain groups can be generated on request
+    SINGLE_TASK = "single_task"  # the prompts come from one task stream
+    VERIFIER_FEEDBACK = "verifier_feedback"  # the task's verifier can explain a failure
+    TORCH_ENGINE = "torch_engine"  # the rollout engine runs rlpost's torch models
+    IN_PROCESS_ENGINE = "in_process_engine"  # the rollout engine runs in this process
+    STOCK_ENGINE = "stock_engine"  # the rollout engine is a stock lean / hf one
+    ONE_POLICY = "one_policy"  # the run trains one policy
+
+
+@dataclass(frozen=True)
+class Declares:
+    """A component's side of :class:`Property`: ``requires`` and ``breaks`` map each
+    property to the reason, a verb phrase completing the component's name ("reads the
+    whole step batch", "trains each complete group as it arrives")."""
+
+    requires: Mapping[Property, str] = field(default_factory=dict)
+    breaks: Mapping[Property, str] = field(default_factory=dict)
+
+    def __or__(self, other: Declares) -> Declares:
+        return Declares({**self.requires, **other.requires}, {**self.breaks, **other.breaks})
+
+
+@dataclass(frozen=True)
+class Party:
+    """One component taking part in a run, by the name a user knows it by
+    (``"train.pipeline rolloutpipe"``, ``"advantage estimator 'reinforce_pp'"``)."""
+
+    name: str
+    declares: Declares
+
+
+def conflicts(parties: Iterable[Party]) -> list[str]:
+    """Every pair where one party breaks a property another requires, as
+    ``"<breaker> <why>; <requirer> <why>"``, in the parties' order."""
+    parties = list(parties)
+    out = []
+    for a in parties:
+        for prop, broken in a.declares.breaks.items():
+            for b in parties:
+                if b.name != a.name and prop in b.declares.requires:
+                    out.append(f"{a.name} {broken}; {b.name} {b.declares.requires[prop]}")
+    return out
+
+
+def check_compatible(parties: Iterable[Party]) -> None:
+    """Raise :class:`ContractError` naming both parties of every conflict (one line)."""
+    found = conflicts(parties)
+    if found:
+        raise ContractError(" | ".join(dict.fromkeys(found)))
+
+
+__all__ = [
+    "ContractError",
+    "Coupling",
+    "Declares",
+    "Input",
+    "Party",
+    "Property",
+    "check_compatible",
+    "conflicts",
+]

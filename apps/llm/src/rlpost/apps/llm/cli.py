@@ -21,7 +21,6 @@ rlpost-llm presets | doctor
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import rlpost.llm as llm
@@ -36,48 +35,23 @@ def _config(args: argparse.Namespace):
     return load_config(path, args.overrides)
 
 
-def _report(result: dict) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
-        return  # data parallel (torchrun): rank 0 reports for the run
-    print(result.get("summary", ""))
-    if "eval_before" in result:
-        print(
-            f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
-        )
-    print(f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}")
+def _say(report: str) -> None:
+    if report:
+        print(report)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlpost.llm.trainer import Trainer
+    """The runtime the config selects: the GRPO-family trainer, or CoPD's experts, Mutual
+    RL's policies or federated clients on Ray."""
+    from rlpost.llm.runtimes.base import runtime_for
 
     cfg = _config(args)
-    if cfg.copd is not None:  # experts in parallel on Ray, then one model
-        from rlpost.llm.runtimes.copd import run_copd, summary_table
-
-        print(summary_table(run_copd(cfg, resume=args.resume, overwrite=args.overwrite)))
-        return 0
-    if cfg.mutual is not None and cfg.mutual.member is None:  # policies side by side on Ray
-        from rlpost.llm.runtimes.mutual import run_mutual, summary_table
-
-        print(summary_table(run_mutual(cfg, resume=args.resume, overwrite=args.overwrite)))
-        return 0
-    if cfg.federated is not None:  # clients' compressed updates folded into the server
-        from rlpost.llm.runtimes.federated import run_federated
-
-        s = run_federated(cfg, overwrite=args.overwrite)
-        print(
-            f"{s['updates']} updates from {s['clients']} clients ({s['backend']}), "
-            f"{s['compression']}: {s['compression_ratio']:.1%} of the dense bytes, mean "
-            f"staleness {s['mean_staleness']:.2f}; held-out {s['eval_before']:.3f} -> "
-            f"{s['eval_after']:.3f}; {s['seconds']:.0f}s; model: {s['model']}"
-        )
-        return 0
-    _report(Trainer(cfg, resume=args.resume, overwrite=args.overwrite).train())
+    _say(runtime_for(cfg).run(cfg, resume=args.resume, overwrite=args.overwrite))
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rlpost.llm.trainer import Trainer
+    from rlpost.llm.runtimes.base import RUNTIMES
 
     overrides = [f"run.dir={args.out}", *args.overrides]
     if args.steps:
@@ -86,39 +60,26 @@ def _demo(args: argparse.Namespace) -> int:
     print(
         f"rlpost-llm demo: {cfg.algo.preset} on {cfg.data.task}, {cfg.train.steps} steps -> {cfg.run.dir}"
     )
-    result = Trainer(cfg, overwrite=True).train()  # the demo replaces its own output
-    _report(result)  # (the trainer wrote summary.json)
+    _say(RUNTIMES.get("grpo").run(cfg, overwrite=True))  # the demo replaces its own output
+    return 0
+
+
+def _own_config_runtime(name: str, args: argparse.Namespace) -> int:
+    """A runtime with a config of its own (``dpo``: the preference trainer; ``dlr``)."""
+    from rlpost.llm.runtimes.base import RUNTIMES
+
+    rt = RUNTIMES.get(name)
+    cfg = rt.load(recipe_path(args.config) if args.config else None, args.overrides)
+    _say(rt.run(cfg, resume=args.resume, overwrite=args.overwrite))
     return 0
 
 
 def _dpo(args: argparse.Namespace) -> int:
-    from rlpost.llm.preference import PreferenceTrainer, load_preference_config
-
-    path = recipe_path(args.config) if args.config else None
-    cfg = load_preference_config(path, args.overrides)
-    result = PreferenceTrainer(cfg, resume=args.resume, overwrite=args.overwrite).train()
-    print(result.get("summary", ""))
-    if "eval_before" in result:
-        print(
-            f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
-        )
-    if "margin_before" in result:
-        print(
-            f"preference margin: {result['margin_before']:.3f} -> {result['margin_after']:.3f} "
-            "(held-out log pi(chosen) - log pi(rejected), nats); preference accuracy: "
-            f"{result['pref_acc_before']:.3f} -> {result['pref_acc_after']:.3f}"
-        )
-    print(f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}")
-    return 0
+    return _own_config_runtime("preference", args)
 
 
 def _dlr(args: argparse.Namespace) -> int:
-    from rlpost.llm.runtimes.dlr import DLRTrainer, load_dlr_config
-
-    path = recipe_path(args.config) if args.config else None
-    cfg = load_dlr_config(path, args.overrides)
-    _report(DLRTrainer(cfg, resume=args.resume, overwrite=args.overwrite).train())
-    return 0
+    return _own_config_runtime("dlr", args)
 
 
 def _eval(args: argparse.Namespace) -> int:

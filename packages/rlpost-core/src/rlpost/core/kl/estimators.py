@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from rlpost.core.kl.base import KL_ESTIMATORS, KLInput, KLOutput, KLParams, _finish, _log_ratio
+from rlpost.core.registry import Bound
 
 
 @KL_ESTIMATORS.register("k1", KLParams)
@@ -29,8 +30,12 @@ def k3(inp: KLInput, p: KLParams) -> KLOutput:
 
 
 def kl_reward_penalty(
-    logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float, estimator: str = "k1"
+    logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float, estimator: str | Bound = "k1"
 ) -> Tensor:
-    """Dense, detached token rewards ``-beta * k(logp, ref_logp)`` ``[B, T]`` for in-reward KL."""
-    kl = KL_ESTIMATORS.build(estimator)(KLInput(logp.detach(), ref_logp.detach(), mask)).kl
+    """Dense, detached token rewards ``-beta * k(logp, ref_logp)`` ``[B, T]`` for in-reward KL.
+
+    ``estimator``: a bound ``KL_ESTIMATORS`` entry (a recipe's ``Recipe.kl``, its params
+    honoured) or a name (the entry with its default params)."""
+    bound = KL_ESTIMATORS.build(estimator) if isinstance(estimator, str) else estimator
+    kl = bound(KLInput(logp.detach(), ref_logp.detach(), mask)).kl
     return -beta * kl

@@ -1,7 +1,7 @@
 """REVA-PO's response-weighted KL, RER (catalog 004-09): the ``reva_rer`` KL estimator.
 
 Its companion, VAPR (reset the policy and the reference to the best validation
-checkpoint), is a trainer schedule: :attr:`rlpost.core.presets.Preset.validation_reset`.
+checkpoint), is a trainer step hook the preset names (``Preset.hooks``: ``validation_reset``).
 """
 
 from __future__ import annotations

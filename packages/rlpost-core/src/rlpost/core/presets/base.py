@@ -47,7 +47,6 @@ from rlpost.core.distill import (
     distill_rows,
     turn_weights,
 )
-from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
 from rlpost.core.masked import masked_mean
 from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
@@ -378,11 +377,15 @@ class Recipe:
 class Preset:
     """A named recipe citing its paper; see the module docstring for how it composes.
 
-    ``stages``: Mu-GRPO's schedule (000-17): training runs in this many large stages; each
-    generates all of its steps' rollouts with the stage's starting policy, then optimises
-    on them in turn (1: ordinary on-policy steps). ``validation_reset``: REVA-PO's VAPR
-    (004-09): at every evaluation the policy and the reference are reset to the best
-    validation checkpoint so far when the current one is worse.
+    ``rollout``: the rollout sources the method prescribes, by their names in the LLM
+    trainer's registry (:mod:`rlpost.llm.rollout.sources`): DAPO's refill rounds
+    (``Choice("dynamic_sampling")``), Mu-GRPO's few large generation-optimisation stages
+    (000-17, ``Choice("stages", {"stages": 4})``), FBOS-RL's feedback-guided re-rollouts
+    (000-15, ``Choice("feedback", <rlpost.core.feedback.FeedbackExploration fields>)``).
+    ``hooks``: the step hooks it prescribes around the update (REVA-PO's VAPR, 004-09:
+    ``Choice("validation_reset")``, :mod:`rlpost.llm.train.hooks`). A trainer validates
+    both against its registries when it loads a config, so the core keeps no list of
+    them.
 
     ``distill``: a ``DISTILL_ESTIMATORS`` entry (reverse KL to a teacher on the student's
     own rollouts; the teacher is the trainer's), weighted against the objective by
@@ -396,10 +399,6 @@ class Preset:
     ``peers``: the policy trains beside heterogeneous peers answering the same prompts
     and uses their responses as :class:`~rlpost.core.peers.PeerSharing` says (Mutual RL's
     PRP, XGRPO, SGT; 001-11); the trainer supplies them.
-
-    ``feedback``: part of each group is re-rolled conditioned on a failed attempt and the
-    environment's feedback on it, and trained with EPA and ECC (FBOS-RL, 000-15;
-    :mod:`rlpost.core.feedback`); the trainer generates the guided rollouts.
     """
 
     name: str
@@ -415,16 +414,14 @@ class Preset:
     kl_in_reward: bool = False  # True: -kl_coef * KL enters the token rewards instead
     entropy_coef: float = 0.0
     group_size: int = 8
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill
-    stages: int = 1
-    validation_reset: bool = False
+    rollout: tuple[Choice, ...] = ()
+    hooks: tuple[Choice, ...] = ()
     distill: Choice | None = None
     distill_schedule: DistillSchedule = field(default_factory=DistillSchedule)
     distill_rows: str = "all"
     distill_turns: TurnReweight | None = None
     distill_tokens: str = "all"
     peers: PeerSharing | None = None
-    feedback: FeedbackExploration | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -434,13 +431,9 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: kl_coef > 0 needs a kl estimator")
         if self.group_size < 1:
             raise ValueError(f"preset {self.name!r}: group_size must be >= 1")
-        if self.stages < 1:
-            raise ValueError(f"preset {self.name!r}: stages must be >= 1")
-        if self.feedback is not None:
-            try:
-                self.feedback.split(self.group_size)
-            except ValueError as exc:
-                raise ValueError(f"preset {self.name!r}: {exc}") from None
+        for c in (*self.rollout, *self.hooks):
+            if not isinstance(c, Choice):
+                raise TypeError(f"preset {self.name!r}: rollout and hooks hold Choice(...)s")
         distill_rows(torch.zeros(1, dtype=torch.bool), self.distill_rows)  # validates
         if self.distill_tokens not in DISTILL_TOKENS:
             raise ValueError(

@@ -1,8 +1,9 @@
 """Presets that change how a group's rollouts are drawn: FBOS-RL's feedback-guided
 re-rollouts with its two objectives (000-15) and their one-objective ablations, and
-RubricEM's reflection meta-policy (000-30), whose guided contexts the policy writes."""
+RubricEM's reflection meta-policy (000-30), whose guided contexts the policy writes. Each
+names the LLM trainer's ``feedback`` rollout source with
+:class:`rlpost.core.feedback.FeedbackExploration`'s settings as its params."""
 
-from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.presets.base import Choice, Preset, register_preset
 
 _FBOS = {
@@ -18,7 +19,7 @@ _FBOS = {
 register_preset(
     Preset(
         name="fbos",
-        feedback=FeedbackExploration(share=0.5, epa=True, ecc=True),
+        rollout=(Choice("feedback", {"share": 0.5, "epa": True, "ecc": True}),),
         notes="half of each group re-rolled from a failed attempt plus the environment's "
         "feedback; verified guided solutions trained under the bare prompt (EPA) and the "
         "guided rollouts in their own context and group (ECC); same rollouts as GRPO",
@@ -29,7 +30,7 @@ register_preset(
 register_preset(
     Preset(
         name="fbos_epa",
-        feedback=FeedbackExploration(share=0.5, epa=True, ecc=False),
+        rollout=(Choice("feedback", {"share": 0.5, "epa": True, "ecc": False}),),
         notes="FBOS-RL's ablation: EPA only (guided solutions under the bare prompt)",
         **_FBOS,
     )
@@ -38,7 +39,7 @@ register_preset(
 register_preset(
     Preset(
         name="fbos_ecc",
-        feedback=FeedbackExploration(share=0.5, epa=False, ecc=True),
+        rollout=(Choice("feedback", {"share": 0.5, "epa": False, "ecc": True}),),
         notes="FBOS-RL's ablation: ECC only (guided rollouts trained in their context)",
         **_FBOS,
     )
@@ -54,8 +55,16 @@ register_preset(
         objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
         aggregation=Choice("token_mean"),
         group_size=8,
-        feedback=FeedbackExploration(
-            share=0.5, reflector="policy", meta=True, template="{response}{feedback}>{prompt}"
+        rollout=(
+            Choice(
+                "feedback",
+                {
+                    "share": 0.5,
+                    "reflector": "policy",
+                    "meta": True,
+                    "template": "{response}{feedback}>{prompt}",
+                },
+            ),
         ),
         notes="RubricEM's reflection meta-policy: the shared backbone reflects on a judged "
         "failure (reflect_template), each of half the group's re-rollouts is guided by a "

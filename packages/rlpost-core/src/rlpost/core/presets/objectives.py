@@ -57,7 +57,7 @@ register_preset(
         objective=Choice("up", {"clip_low": 0.2, "clip_high": 0.28}),
         aggregation=Choice("token_mean"),
         group_size=16,
-        dynamic_sampling=True,
+        rollout=(Choice("dynamic_sampling"),),
         notes="DAPO recipe with UP's objective: anchored unclipped positive branch, "
         "clip 0.2/0.28 on negative advantages",
     )
@@ -116,7 +116,7 @@ register_preset(
         objective=Choice("mu_grpo", {"clip_low": 0.5, "clip_high": 1.0, "veto": True}),
         aggregation=Choice("token_mean"),
         group_size=8,
-        stages=4,
+        rollout=(Choice("stages", {"stages": 4}),),
         notes="relaxed clip r in [0.5, 2] + negative-advantage veto after the first token "
         "outside it (or a trainer-given trigger_pos); trained in 4 large stages (the "
         "abstract's e.g.): each generates a quarter of all rollouts with the stage's "

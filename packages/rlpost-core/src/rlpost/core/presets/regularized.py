@@ -13,7 +13,7 @@ register_preset(
         kl=Choice("reva_rer", {"alpha": 0.5, "gamma": 0.5, "estimator": "k3"}),
         kl_coef=0.04,
         group_size=8,
-        validation_reset=True,
+        hooks=(Choice("validation_reset"),),
         notes="GRPO with the KL weighted per response by advantage and reference entropy "
         "(RER) and VAPR (at each evaluation, policy and reference reset to the best "
         "validation checkpoint when the current one is worse); alpha, gamma 0.5 and beta "

@@ -27,7 +27,7 @@ register_preset(
         objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
         aggregation=Choice("token_mean"),
         group_size=16,
-        dynamic_sampling=True,
+        rollout=(Choice("dynamic_sampling"),),
         notes="clip-higher 0.2/0.28, token-level loss, dynamic sampling, no KL, 16 samples per prompt; "
         "overlong filtering/shaping is a trainer option",
     )

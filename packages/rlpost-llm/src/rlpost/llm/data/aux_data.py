@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.regularizers import flat_grad
-from rlpost.llm.config import AuxDataConfig
+from rlpost.llm.data.config import AuxDataConfig
 from rlpost.llm.data.prompts import PromptSource, _load_file, encode_prompt
 from rlpost.llm.data.tasks import Example, make_task
 from rlpost.llm.model.policy import completion_logprobs, make_seq_batch

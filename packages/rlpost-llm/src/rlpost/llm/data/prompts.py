@@ -7,7 +7,16 @@
   ``eval_size`` rows are held out (fewer when the data set is small), the rest are
   visited in a fresh seeded permutation each epoch;
 * a mixture of task domains (:class:`MixtureSource`, ``data.mixture``), each prompt
-  tagged with its domain and scored by the domain's verifier (:class:`DomainScore`).
+  tagged with its domain and scored by the domain's verifier (:class:`DomainScore`);
+* a curriculum (:class:`CurriculumSource`, ``data.curriculum``): tasks trained one after
+  the other (continual post-training, CPO's setting), each example scored by its own
+  task (:class:`StagedScore`).
+
+Every source answers the same calls: ``next_batch(n)``, ``set_step(step)`` (the
+curriculum's stage), ``verifier()`` (the ``correct`` reward), ``eval_examples`` and
+``named_eval_sets()`` (held-out sets by name; ``mean_of_sets``: the overall accuracy is their
+mean), ``state_dict`` / ``load_state_dict``. :func:`make_prompts` builds the one a
+``DataConfig`` describes.
 
 A prompt is plain text or, as in TRL's conversational data sets, a list of messages
 (``{"role": ..., "content": ...}``); :func:`encode_prompt` renders messages with the
@@ -20,18 +29,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.llm.data.tasks import Example, Task, make_task
+from rlpost.llm.data.tasks import Example, Task, is_conversational, make_task
+from rlpost.llm.rollout.rewards import math_verify_reward
 
 Prompt = str | list[dict[str, Any]]
-
-
-def is_conversational(prompt: Any) -> bool:
-    """A list of ``{"role", "content"}`` messages (TRL's conversational format)."""
-    return (
-        isinstance(prompt, list)
-        and bool(prompt)
-        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
-    )
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -90,6 +91,22 @@ class PromptSource:
             out.append(self.examples[self._order[self.pos]])
             self.pos += 1
         return out
+
+    mean_of_sets = False
+
+    def set_step(self, step: int) -> None:
+        """(One task throughout.)"""
+
+    def verifier(self):
+        """The task's own verifier, else math-verify against the "answer" column."""
+        return self.task.score if self.task is not None else math_verify_reward
+
+    def named_eval_sets(self) -> dict[str, list[Example]]:
+        return {}
+
+    def events(self, step: int) -> list[str]:
+        """(No task boundaries.)"""
+        return []
 
     def state_dict(self) -> dict[str, Any]:
         state = self.rng.getstate()
@@ -214,6 +231,20 @@ class MixtureSource:
         self.task = None
         self.rng = random.Random(seed * 31 + 17)
 
+    mean_of_sets = True  # the overall held-out accuracy: the domains' mean
+
+    def set_step(self, step: int) -> None:
+        """(The mixture is the same throughout.)"""
+
+    def verifier(self):
+        return DomainScore(self.tasks, self.silent)
+
+    def named_eval_sets(self) -> dict[str, list[Example]]:
+        return self.eval_sets
+
+    def events(self, step: int) -> list[str]:
+        return []
+
     def next_batch(self, n: int) -> list[Example]:
         picks = self.rng.choices(self.names, weights=self.weights, k=n)
         return [_domain(self.sources[name].next_batch(1)[0], name) for name in picks]
@@ -234,3 +265,93 @@ class MixtureSource:
 def _domain(e: Example, name: str, heldout: bool = False) -> Example:
     meta = {**e.meta, "domain": name, **({"heldout": True} if heldout else {})}
     return Example(e.prompt, e.answer, meta)
+
+
+# ------------------------------------------------------------------------ curriculum
+
+
+@dataclass(frozen=True)
+class StagedScore:
+    """The verifier of a curriculum: ``tasks[example.meta["stage"]].score`` (picklable)."""
+
+    tasks: tuple[Task, ...]
+
+    def __call__(self, completion: str, example: Example) -> float:
+        return self.tasks[int(example.meta["stage"])].score(completion, example)
+
+
+class CurriculumSource:
+    """Prompt streams of a sequence of tasks; :meth:`set_step` selects the current one."""
+
+    def __init__(self, stages: list, eval_size: int, seed: int):
+        self.stages = stages
+        self.tasks = tuple(make_task(s.task, **s.task_params) for s in stages)
+        self.sources = []
+        for i, task in enumerate(self.tasks):
+            held = [_tag(e, i) for e in task.sample(eval_size, random.Random(10_000 + seed + i))]
+            self.sources.append(PromptSource(None, task, held, seed + 7919 * i))
+        self.ends = [sum(s.steps for s in stages[: i + 1]) for i in range(len(stages))]
+        self.stage = 0
+
+    @property
+    def task(self) -> Task:
+        return self.tasks[self.stage]
+
+    @property
+    def eval_examples(self) -> list[Example]:
+        return self.sources[self.stage].eval_examples
+
+    def names(self) -> list[str]:
+        return [f"{i}-{s.task}" for i, s in enumerate(self.stages)]
+
+    def stage_at(self, step: int) -> int:
+        return next((i for i, end in enumerate(self.ends) if step < end), len(self.ends) - 1)
+
+    def events(self, step: int) -> list[str]:
+        """Task-boundary events before step ``step``'s update: ``["begin"]`` at the first
+        step, ``["end", "begin"]`` at each later stage's first step (the previous task
+        ended with the previous step), else none."""
+        starts = [0, *self.ends[:-1]]
+        if step == 0:
+            return ["begin"]
+        return ["end", "begin"] if step in starts else []
+
+    mean_of_sets = False
+
+    def set_step(self, step: int) -> None:
+        self.stage = self.stage_at(step)
+
+    def verifier(self):
+        return StagedScore(self.tasks)
+
+    def named_eval_sets(self) -> dict[str, list[Example]]:
+        """Every task's held-out set (the current task's is also the overall one)."""
+        return {n: s.eval_examples for n, s in zip(self.names(), self.sources, strict=True)}
+
+    def next_batch(self, n: int) -> list[Example]:
+        return [_tag(e, self.stage) for e in self.sources[self.stage].next_batch(n)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "sources": [s.state_dict() for s in self.sources]}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.stage = sd["stage"]
+        for s, st in zip(self.sources, sd["sources"], strict=True):
+            s.load_state_dict(st)
+
+
+def _tag(e: Example, stage: int) -> Example:
+    return Example(e.prompt, e.answer, {**e.meta, "stage": stage})
+
+
+def make_prompts(cfg: Any, need_answer: bool = True, dataset: Any = None):
+    """The prompt source ``cfg.data`` describes (a curriculum, a mixture, a task or a
+    file; ``dataset``: a ``datasets.Dataset`` given from Python)."""
+    d = cfg.data
+    if d.curriculum:
+        return CurriculumSource(list(d.curriculum), d.eval_size, d.seed)
+    if d.mixture:
+        return MixtureSource(list(d.mixture), d.eval_size, d.seed)
+    return make_prompt_source(
+        d.task, dict(d.task_params), d.path, d.eval_size, d.seed, need_answer, dataset
+    )

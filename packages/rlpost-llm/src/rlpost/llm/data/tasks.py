@@ -51,6 +51,15 @@ MAX_EXPRESSION_CHARS = 64
 _STOP_MARKERS = ("\n", "<eos>", "</s>", "<|endoftext|>", "<|im_end|>")
 
 
+def is_conversational(prompt: Any) -> bool:
+    """A list of ``{"role", "content"}`` messages (TRL's conversational format)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
 @dataclass(frozen=True)
 class Example:
     """One task instance.

@@ -34,12 +34,12 @@ import torch
 from torch import Tensor
 
 from rlpost.core.distill import TeacherDistributions
-from rlpost.llm.config import Config, TeacherConfig
 from rlpost.llm.data.prompts import encode_prompt, is_conversational
 from rlpost.llm.data.tasks import Example
+from rlpost.llm.methods.config import TeacherConfig
 from rlpost.llm.model.policy import DTYPES, completion_logprobs, make_seq_batch
+from rlpost.llm.model.probes import eval_mode, sampled_index
 from rlpost.llm.rollout.engines.base import RolloutBatch
-from rlpost.llm.train.provide import eval_mode, sampled_index
 
 
 @dataclass
@@ -128,7 +128,7 @@ class Teacher:
         return not self.domains or example.meta.get("domain") in self.domains
 
 
-def load_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, index: int = 0) -> Teacher:
+def load_teacher(tc: TeacherConfig, cfg: Any, student_tokenizer, index: int = 0) -> Teacher:
     """Build the teacher ``tc`` describes; its tokenizer must be the student's."""
     name = f"distill.teachers[{index}]"
     if tc.path == "self":
@@ -190,7 +190,7 @@ def _resolve_run(path: str, name: str) -> str:
     return str(found)
 
 
-def _vllm_teacher(tc: TeacherConfig, cfg: Config, student_tokenizer, name: str) -> Teacher:
+def _vllm_teacher(tc: TeacherConfig, cfg: Any, student_tokenizer, name: str) -> Teacher:
     """A frozen teacher on a vLLM engine (GPU): the student's tokenizer, temperature 1."""
     from rlpost.llm.rollout.engines.vllm import VLLMScorer
 
@@ -222,7 +222,7 @@ class Teachers:
         self.tok = tokenizer
 
     @classmethod
-    def from_config(cls, cfg: Config, tokenizer) -> Teachers:
+    def from_config(cls, cfg: Any, tokenizer) -> Teachers:
         return cls(
             [load_teacher(t, cfg, tokenizer, i) for i, t in enumerate(cfg.distill.teachers)],
             tokenizer,
@@ -253,18 +253,9 @@ class Teachers:
         """Each routed row scored by its teacher (``policy`` serves the self-teacher)."""
         N, L = batch.completion_ids.shape
         which = self.route(examples)
-        spans = None
-        if any(t.cross for t in self.teachers):
-            spans = torch.arange(L).expand(N, L).clone()  # one token per block by default
-            if topk or full:
-                names = ", ".join(t.name for t in self.teachers if t.cross)
-                raise ValueError(
-                    f"{names}: a tokenizer other than the student's supports the sampled "
-                    "estimator only (algo.distill.name=sampled)"
-                )
+        spans = self._cross_spans(N, L, topk, full)
         logp = torch.zeros(N, L)
         top = (torch.zeros(N, L, topk, dtype=torch.long), torch.zeros(N, L, topk)) if topk else None
-        vocab = None
         whole = None
         for t_idx, teacher in enumerate(self.teachers):
             rows = torch.nonzero(which == t_idx).flatten()
@@ -286,56 +277,101 @@ class Teachers:
                     self._score_cross(teacher, model, batch, examples, rows, temperature,
                                       micro_batch, logp, spans, which)  # fmt: skip
                 continue
-            v = int(model.get_output_embeddings().weight.shape[0])
-            if full and vocab is not None and v != vocab:
-                raise ValueError(
-                    f"{teacher.name}: {v} vocabulary rows, another teacher has {vocab}: the "
-                    "full-vocabulary estimator needs one vocabulary"
-                )
-            if full and vocab is None:
-                vocab = v
-                whole = torch.zeros(N, L, vocab)
+            whole = self._vocab_buffer(teacher, model, whole, full, N, L)
             with eval_mode(model):
-                for s in range(0, len(rows), micro_batch):
-                    idx = rows[s : s + micro_batch]
-                    prompts = [
-                        encode_prompt(self.tok, teacher_prompt(teacher.template, examples[i]))
-                        if teacher.template is not None
-                        else batch.prompt_ids[i]
-                        for i in idx.tolist()
-                    ]
-                    sb = make_seq_batch(
-                        prompts, batch.completion_ids[idx], batch.mask[idx], batch.pad_id,
-                        pack=pack, layout=layout, attend=batch.attention[idx],
-                    )  # fmt: skip
-                    m = batch.mask[idx]
-                    want: int | Tensor | None = topk
-                    if whole is not None:  # the vocabulary's log-probs (top-K taken from them)
-                        want = torch.arange(whole.shape[-1]).expand(len(idx), L, -1)
-                    res = completion_logprobs(model, sb, temperature, impl=impl, dists=want)
-                    logp[idx] = res[0].float().cpu() * m
-                    if want is None:
-                        continue
-                    ids, lp = res[2][0].cpu(), res[2][1].float().cpu() * m[..., None]
-                    if whole is not None:
-                        whole[idx] = lp
-                        if top is not None:
-                            lp, ids = lp.topk(topk, dim=-1)
-                    if top is not None:
-                        top[0][idx], top[1][idx] = ids, lp
+                self._score_model(teacher, model, batch, examples, rows, logp, top, whole,
+                                  temperature=temperature, topk=topk, micro_batch=micro_batch,
+                                  pack=pack, layout=layout, impl=impl)  # fmt: skip
         rows_mask = (which >= 0).float()
         return TeacherScores(rows_mask, logp, which, top, whole, spans)
+
+    def _cross_spans(self, N: int, L: int, topk: int | None, full: bool) -> Tensor | None:
+        """``[N, L]`` each student token's text block, one token per block until a teacher
+        of another tokenizer fills its rows' (``None`` when every teacher has the student's
+        tokenizer); such a teacher refuses the top-K and full-vocabulary estimators."""
+        if not any(t.cross for t in self.teachers):
+            return None
+        if topk or full:
+            names = ", ".join(t.name for t in self.teachers if t.cross)
+            raise ValueError(
+                f"{names}: a tokenizer other than the student's supports the sampled "
+                "estimator only (algo.distill.name=sampled)"
+            )
+        return torch.arange(L).expand(N, L).clone()  # one token per block by default
+
+    @staticmethod
+    def _vocab_buffer(teacher, model, whole: Tensor | None, full: bool, N: int, L: int):
+        """The ``[N, L, V]`` buffer of the full-vocabulary log-probs (``full``), made at
+        the first in-process teacher; every teacher must have its ``V`` vocabulary rows."""
+        v = int(model.get_output_embeddings().weight.shape[0])
+        if full and whole is not None and v != whole.shape[-1]:
+            raise ValueError(
+                f"{teacher.name}: {v} vocabulary rows, another teacher has {whole.shape[-1]}: "
+                "the full-vocabulary estimator needs one vocabulary"
+            )
+        if full and whole is None:
+            whole = torch.zeros(N, L, v)
+        return whole
+
+    def _prompts(self, teacher, batch, examples, idx: list[int]) -> list[list[int]]:
+        """The prompt ids the teacher reads for rows ``idx``: the student's, or its
+        ``template`` filled from each row's example (in the student's tokenizer)."""
+        return [
+            encode_prompt(self.tok, teacher_prompt(teacher.template, examples[i]))
+            if teacher.template is not None
+            else batch.prompt_ids[i]
+            for i in idx
+        ]
+
+    def _score_model(
+        self,
+        teacher,
+        model,
+        batch,
+        examples,
+        rows,
+        logp,
+        top,
+        whole,
+        *,
+        temperature,
+        topk,
+        micro_batch,
+        pack,
+        layout,
+        impl,
+    ) -> None:
+        """Score ``rows`` with an in-process teacher of the student's tokenizer (fills
+        ``logp``, and ``top`` / ``whole`` when given, in place)."""
+        L = batch.completion_ids.shape[1]
+        for s in range(0, len(rows), micro_batch):
+            idx = rows[s : s + micro_batch]
+            sb = make_seq_batch(
+                self._prompts(teacher, batch, examples, idx.tolist()), batch.completion_ids[idx],
+                batch.mask[idx], batch.pad_id, pack=pack, layout=layout,
+                attend=batch.attention[idx],
+            )  # fmt: skip
+            m = batch.mask[idx]
+            want: int | Tensor | None = topk
+            if whole is not None:  # the vocabulary's log-probs (top-K taken from them)
+                want = torch.arange(whole.shape[-1]).expand(len(idx), L, -1)
+            res = completion_logprobs(model, sb, temperature, impl=impl, dists=want)
+            logp[idx] = res[0].float().cpu() * m
+            if want is None:
+                continue
+            ids, lp = res[2][0].cpu(), res[2][1].float().cpu() * m[..., None]
+            if whole is not None:
+                whole[idx] = lp
+                if top is not None:
+                    lp, ids = lp.topk(topk, dim=-1)
+            if top is not None:
+                top[0][idx], top[1][idx] = ids, lp
 
     def _score_vllm(self, teacher, batch, examples, rows, topk, micro_batch, logp, top) -> None:
         """Score ``rows`` with a teacher on vLLM (fills ``logp`` and ``top`` in place)."""
         for s in range(0, len(rows), micro_batch):
             idx = rows[s : s + micro_batch].tolist()
-            prompts = [
-                encode_prompt(self.tok, teacher_prompt(teacher.template, examples[i]))
-                if teacher.template is not None
-                else batch.prompt_ids[i]
-                for i in idx
-            ]
+            prompts = self._prompts(teacher, batch, examples, idx)
             comps = [batch.completion_ids[i, : int(batch.mask[i].sum())].tolist() for i in idx]
             for i, (lps, tops) in zip(idx, teacher.scorer.score(prompts, comps, topk), strict=True):
                 n = len(lps)

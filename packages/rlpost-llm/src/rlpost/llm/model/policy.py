@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from rlpost.core.logprobs import logprobs_and_entropy
-from rlpost.llm.config import Config
 
 ROW_TOKENS = 128
 """Ragged packing: a group longer than ``max(ROW_TOKENS, 2 x its longest sequence)`` is
@@ -23,7 +22,7 @@ and attention stay small)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(cfg: Config, progress: bool = True, device: torch.device | None = None):
+def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = None):
     """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured), on
     ``device`` when given (else where it was loaded: the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -248,16 +247,30 @@ def completion_logprobs(
     """
     if impl not in ("auto", "fused", "logits"):
         raise ValueError(f"impl must be auto, fused or logits, got {impl!r}")
-    L = sb.targets.shape[1]
     dev = next(model.parameters()).device
     head = fused_head(model) if impl != "logits" else None
     if impl == "fused" and head is None:
         raise ValueError(f"{type(model).__name__}: no plain linear LM head for the fused path")
     targets = sb.targets.to(dev)
-    if sb.packed is not None:
-        return _packed_logprobs(
-            model, sb, head, targets, temperature, chunk_size, dists, student_ids
-        )
+    run = _packed_logprobs if sb.packed is not None else _padded_logprobs
+    return run(model, sb, head, targets, temperature, chunk_size, dists, student_ids)
+
+
+def _padded_logprobs(
+    model,
+    sb: SeqBatch,
+    head,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    dists=None,
+    student_ids=None,
+):
+    """The padded forward: one row per sequence (left-padded prompts) under ``sb``'s
+    attention mask, or under ``sb.shadow`` (a compressed KV cache's dense mask) when it has
+    one."""
+    L = targets.shape[1]
+    dev = targets.device
     inputs = {
         "input_ids": sb.input_ids.to(dev),
         "attention_mask": sb.attention_mask.to(dev),
@@ -286,7 +299,7 @@ def completion_logprobs(
         (select_hidden, select_logits),
         targets,
         temperature,
-        chunk_size,
+        chunk,
         {"logits_to_keep": L + 1},
         dists=dists,
         student_ids=student_ids,
@@ -408,6 +421,29 @@ def _packed_logprobs(
     function, and the ragged one takes its rows' real tokens end to end (no padding in any
     per-token layer) and attends row by row under the rows' mask. Other models take the
     padded rows and a dense 4D mask (boolean for SDPA, additive for eager attention)."""
+    inputs, idx, mode = _packed_inputs(model, sb.packed, targets.device)
+
+    def select(x: Tensor) -> Tensor:
+        return x.reshape(-1, x.shape[-1])[idx]
+
+    return _head_logprobs(
+        model,
+        inputs,
+        head,
+        (select, select),
+        targets,
+        temperature,
+        chunk,
+        mode=mode,
+        dists=dists,
+        student_ids=student_ids,
+    )
+
+
+def _packed_inputs(model, pk, dev) -> tuple[dict[str, Any], Tensor, Any]:
+    """The packed forward's ``(model inputs, [B, L] flat positions of the completion
+    tokens' predictions, attention mode or None)`` for the packed batch ``pk`` (see
+    :func:`_packed_logprobs`)."""
     from rlpost.llm.model.packing import (
         flat_rows,
         packed_rows_attention_mode,
@@ -415,8 +451,6 @@ def _packed_logprobs(
         supports_shared_attention,
     )
 
-    pk = sb.packed
-    dev = targets.device
     inputs = {
         "input_ids": pk.input_ids.to(dev),
         "position_ids": pk.position_ids.to(dev),
@@ -437,19 +471,4 @@ def _packed_logprobs(
     else:
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
-
-    def select(x: Tensor) -> Tensor:
-        return x.reshape(-1, x.shape[-1])[idx]
-
-    return _head_logprobs(
-        model,
-        inputs,
-        head,
-        (select, select),
-        targets,
-        temperature,
-        chunk,
-        mode=mode,
-        dists=dists,
-        student_ids=student_ids,
-    )
+    return inputs, idx, mode

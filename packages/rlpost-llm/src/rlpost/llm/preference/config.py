@@ -25,7 +25,9 @@ from rlpost.core.io.schema import GuardConfig
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.preference import PREFERENCE_LOSSES
 from rlpost.core.registry import Bound, RegistryError
-from rlpost.llm.config import ModelConfig, OptimConfig, RewardConfig, RunConfig
+from rlpost.llm.model.config import ModelConfig
+from rlpost.llm.rollout.config import RewardConfig
+from rlpost.llm.train.config import OptimConfig, RunConfig
 
 __all__ = [
     "PROVIDES",

@@ -171,32 +171,13 @@ class PreferenceTrainer:
             self.reference = _RefreshableReference(model) if self.refresh else Reference(model)
         self.ref_train: tuple[Tensor, Tensor] | None = None  # [N] chosen, rejected
         self.ref_eval: tuple[Tensor, Tensor] | None = None
-        n = len(self.train_pairs)
-        if self.online:
-            self.total = cfg.train.steps
-        elif cfg.train.epochs is not None:
-            self.total = max(1, math.ceil(cfg.train.epochs * n / cfg.train.batch_size))
-        else:
-            self.total = cfg.train.steps
+        self.total = self._total_steps()
         self.optimizer = build_optimizer(model, cfg.optim)
         o = cfg.optim
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_schedule(o.schedule, o.warmup_steps, self.total)
         )
-        self.task = self.data.source.task if self.data.source is not None else None
-        self.engine = engine
-        if self.engine is None and self.task is not None:
-            from rlpost.llm.rollout.engines import make_local_engine
-
-            self.engine = make_local_engine("auto", model, tokenizer)
-        self.pool = None
-        if self.task is not None:
-            self.pool = RewardPool(
-                {"correct": self.task.score},
-                workers=cfg.reward.workers,
-                timeout_s=cfg.reward.timeout_s,
-                memory_mb=cfg.reward.memory_mb,
-            )
+        self._setup_task(engine)
         self.step, self.skipped = 0, 0
         self.guard = UpdateGuard.configured(model.parameters(), [self.optimizer], cfg.train.guard)
         self._bad: str | None = None  # why the last step applied nothing
@@ -205,6 +186,34 @@ class PreferenceTrainer:
         self._shuffle()
         resumed = self._resume() if resume else None
         self.logger = MetricsLogger.for_run(self.run_dir, cfg.run, resumed)
+
+    def _total_steps(self) -> int:
+        """The run's optimizer steps: ``train.steps``, or offline with ``train.epochs`` that
+        many passes over the training pairs in batches of ``train.batch_size``."""
+        t = self.cfg.train
+        if not self.online and t.epochs is not None:
+            return max(1, math.ceil(t.epochs * len(self.train_pairs) / t.batch_size))
+        return t.steps
+
+    def _setup_task(self, engine: RolloutEngine | None) -> None:
+        """With task data: ``task``, the rollout ``engine`` (``engine``, by default an HF
+        engine on the policy) and the reward ``pool`` of its verifier; without, no task
+        and no pool."""
+        cfg = self.cfg
+        self.task = self.data.source.task if self.data.source is not None else None
+        self.engine = engine
+        if self.engine is None and self.task is not None:
+            from rlpost.llm.rollout.engines import make_local_engine
+
+            self.engine = make_local_engine("auto", self.model, self.tok)
+        self.pool = None
+        if self.task is not None:
+            self.pool = RewardPool(
+                {"correct": self.task.score},
+                workers=cfg.reward.workers,
+                timeout_s=cfg.reward.timeout_s,
+                memory_mb=cfg.reward.memory_mb,
+            )
 
     # ------------------------------------------------------------------ state
     def _shuffle(self) -> None:
@@ -326,16 +335,35 @@ class PreferenceTrainer:
     ) -> dict[str, float]:
         """One optimizer step on the pairs ``idx`` (``ref``: their reference log-probs
         ``[len(idx)]`` each, or ``None`` for a reference-free loss)."""
-        cfg, model = self.cfg, self.model
-        model.train()
+        self.model.train()
         t0 = time.perf_counter()
-        B, mbs = len(idx), cfg.optim.micro_batch_size
+        cols, entry, bad = self._accumulate(pairs, idx, ref)
+        grad_norm = self._apply_step(bad)
+        metrics = {
+            "grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "skipped_steps": float(self.skipped),
+            "pairs": float(len(idx)),
+            "time/update": time.perf_counter() - t0,
+        }
+        if cols["loss"]:
+            metrics.update(self._loss_metrics(cols, entry))
+        return metrics
+
+    def _accumulate(
+        self, pairs: TokenPairs, idx: list[int], ref: tuple[Tensor, Tensor] | None
+    ) -> tuple[dict[str, list[Tensor]], dict[str, float], bool]:
+        """The backward of the step's loss (the mean over its pairs), micro-batch by
+        micro-batch: each micro-batch's per-pair columns (loss, implicit rewards, log-probs,
+        lengths), the loss entry's own metrics averaged over the pairs, and whether a
+        non-finite loss stopped it."""
+        model = self.model
+        B, mbs = len(idx), self.cfg.optim.micro_batch_size
         dev = next(model.parameters()).device
         cols: dict[str, list[Tensor]] = {
             k: [] for k in ("loss", "rc", "rr", "lc", "lr", "nc", "nr")
         }
         entry: dict[str, float] = {}
-        bad = False
         for s in range(0, B, mbs):
             sub = idx[s : s + mbs]
             c, r, nc, nr = self._sequence_logprobs(model, pairs, sub)
@@ -351,8 +379,7 @@ class PreferenceTrainer:
             )
             loss = out.loss.sum() / B  # the mean over the step's pairs, split exactly
             if not torch.isfinite(loss):
-                bad = True
-                break
+                return cols, entry, True
             loss.backward()
             for k, v in zip(
                 cols, (out.loss, out.chosen_reward, out.rejected_reward, c, r, nc, nr), strict=True
@@ -361,10 +388,17 @@ class PreferenceTrainer:
             for k, v in out.metrics.items():  # the entry's means, weighted by pair count
                 if k not in ("reward_acc", "margin"):
                     entry[k] = entry.get(k, 0.0) + v * len(sub) / B
-        params = [q for q in model.parameters() if q.requires_grad]
+        return cols, entry, False
+
+    def _apply_step(self, bad: bool) -> float:
+        """Clip and apply the accumulated gradient, or skip the step (``bad``: a non-finite
+        loss; also a non-finite gradient or an update the guard rolls back), counting and
+        noting it; the gradient norm (``nan`` when the loss was not finite)."""
+        params = [q for q in self.model.parameters() if q.requires_grad]
         grad_norm = float("nan")
         if not bad:
-            clip = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else float("inf")
+            o = self.cfg.optim
+            clip = o.grad_clip if o.grad_clip is not None else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
             bad = not math.isfinite(grad_norm)
         why = "non-finite loss or gradient"
@@ -377,30 +411,25 @@ class PreferenceTrainer:
             self.skipped += 1
         else:
             self.scheduler.step()
-        metrics = {
-            "grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
-            "skipped_steps": float(self.skipped),
-            "pairs": float(B),
-            "time/update": time.perf_counter() - t0,
+        return grad_norm
+
+    @staticmethod
+    def _loss_metrics(cols: dict[str, list[Tensor]], entry: dict[str, float]) -> dict[str, float]:
+        """The step's loss, implicit-reward and log-prob metrics over its pairs, then the
+        loss entry's own."""
+        t = {k: torch.cat(v) for k, v in cols.items()}
+        return {
+            "loss": float(t["loss"].mean()),
+            "reward_acc": float((t["rc"] > t["rr"]).float().mean()),
+            "margin": float((t["rc"] - t["rr"]).mean()),
+            "chosen_reward": float(t["rc"].mean()),
+            "rejected_reward": float(t["rr"].mean()),
+            "logp/chosen": float(t["lc"].mean()),
+            "logp/rejected": float(t["lr"].mean()),
+            "logp/margin": float((t["lc"] - t["lr"]).mean()),
+            "tokens/trained": float(t["nc"].sum() + t["nr"].sum()),
+            **entry,
         }
-        if cols["loss"]:
-            t = {k: torch.cat(v) for k, v in cols.items()}
-            metrics.update(
-                {
-                    "loss": float(t["loss"].mean()),
-                    "reward_acc": float((t["rc"] > t["rr"]).float().mean()),
-                    "margin": float((t["rc"] - t["rr"]).mean()),
-                    "chosen_reward": float(t["rc"].mean()),
-                    "rejected_reward": float(t["rr"].mean()),
-                    "logp/chosen": float(t["lc"].mean()),
-                    "logp/rejected": float(t["lr"].mean()),
-                    "logp/margin": float((t["lc"] - t["lr"]).mean()),
-                    "tokens/trained": float(t["nc"].sum() + t["nr"].sum()),
-                    **entry,
-                }
-            )
-        return metrics
 
     # ----------------------------------------------------------------- online
     def collect(self) -> tuple[TokenPairs, dict[str, float]]:
@@ -594,3 +623,24 @@ SUMMARY_KEYS = [
     "eval/logp_margin",
     "eval/accuracy",
 ]
+
+
+def run(cfg: PreferenceConfig, *, resume: bool = False, overwrite: bool = False) -> str:
+    """The ``preference`` runtime (``rlpost-llm dpo``): the summary, held-out accuracy and
+    preference margin before and after."""
+    result = PreferenceTrainer(cfg, resume=resume, overwrite=overwrite).train()
+    lines = [result.get("summary", "")]
+    if "eval_before" in result:
+        lines.append(
+            f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
+        )
+    if "margin_before" in result:
+        lines.append(
+            f"preference margin: {result['margin_before']:.3f} -> {result['margin_after']:.3f} "
+            "(held-out log pi(chosen) - log pi(rejected), nats); preference accuracy: "
+            f"{result['pref_acc_before']:.3f} -> {result['pref_acc_after']:.3f}"
+        )
+    lines.append(
+        f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}"
+    )
+    return "\n".join(lines)

@@ -59,7 +59,7 @@ class TRLReward:
             self.warmup = fn.warmup
 
     def __call__(self, completion: str, example: Any) -> float:
-        from rlpost.llm.data.prompts import is_conversational
+        from rlpost.llm.data.tasks import is_conversational
 
         columns = {"answer": example.answer, **example.meta}
         kwargs = {k: [v] for k, v in columns.items() if self._any_kwargs or k in self._names}

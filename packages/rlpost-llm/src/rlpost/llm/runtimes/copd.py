@@ -84,7 +84,7 @@ class Expert:
         return self.info()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        from rlpost.llm.trainer import merged_state_dict
+        from rlpost.llm.train.forward import merged_state_dict
 
         return {
             k: v.detach().cpu().clone() for k, v in merged_state_dict(self.trainer.model).items()
@@ -92,7 +92,7 @@ class Expert:
 
     def set_peer(self, peer: str, weights: dict[str, torch.Tensor]) -> None:
         """Load ``peer``'s weights into the teacher that scores its domain."""
-        teachers = self.trainer.teachers
+        teachers = self.trainer.components.get("teachers").teachers
         assert teachers is not None
         for t in teachers.teachers:
             if peer in t.domains:
@@ -111,6 +111,81 @@ class Expert:
 
 def _average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
+
+
+class _Experts:
+    """The experts' Ray actors of a CoPD run and what the driver keeps of them: each one's
+    incarnation (a new one means Ray restarted it), its restarts, and the peer weights of
+    the round (``states``: each domain's expert's weights, in the object store)."""
+
+    def __init__(self, ray, cfg: Config, domains: list[str], round_steps: int, say):
+        """Start one actor per domain (restarted by Ray when it dies)."""
+        Actor = ray.remote(num_cpus=1, max_restarts=-1)(Expert)
+        cfgs = {d: expert_config(cfg, d, domains, round_steps) for d in domains}
+        self.actors = {
+            d: Actor.remote(cfgs[d].model_dump_json(), d, [p for p in domains if p != d])
+            for d in domains
+        }
+        self.ray, self.domains, self.say = ray, domains, say
+        self.restarts = {d: 0 for d in domains}
+        self.states: dict[str, Any] = {}
+        self.seen = {d: ray.get(self.actors[d].info.remote())["incarnation"] for d in domains}
+
+    def ensure(self, d: str, r: int) -> None:
+        """A restarted expert (a new incarnation, resumed from its checkpoint) gets
+        this round's peer weights again before it trains."""
+        ray, actor = self.ray, self.actors[d]
+        while True:
+            try:
+                now = ray.get(actor.info.remote())["incarnation"]
+                break
+            except ray.exceptions.RayActorError:
+                time.sleep(0.5)  # still restarting
+        if now != self.seen[d]:
+            self.seen[d] = now
+            self.restarts[d] += 1
+            self.say(f"expert {d} restarted in round {r + 1}, resumed from its checkpoint")
+            ray.get([actor.set_peer.remote(p, w) for p, w in self.states.items() if p != d])
+
+    def train_round(self, r: int, target: int) -> None:
+        """Round ``r``: every expert trains until step ``target``; one that dies meanwhile
+        is re-sent the round's peer weights and trains again from its checkpoint."""
+        ray, actors = self.ray, self.actors
+        for d in self.domains:
+            self.ensure(d, r)
+        pending = {d: actors[d].train_to.remote(target) for d in self.domains}
+        while pending:
+            d, ref = next(iter(pending.items()))
+            try:
+                ray.get(ref)
+                del pending[d]
+            except ray.exceptions.RayActorError:
+                self.ensure(d, r)  # Ray restarts it from its checkpoint: resend, retry
+                pending[d] = actors[d].train_to.remote(target)
+
+    def exchange(self, r: int) -> None:
+        """The end of round ``r``: collect every expert's weights and send each expert its
+        peers'."""
+        ray, actors, domains = self.ray, self.actors, self.domains
+        new = {}
+        for d in domains:  # (a death now: it restarts from this round's checkpoint)
+            while d not in new:
+                try:
+                    new[d] = ray.put(ray.get(actors[d].weights.remote()))
+                except ray.exceptions.RayActorError:
+                    self.ensure(d, r)
+        self.states = new
+        for d in domains:
+            ray.get([actors[d].set_peer.remote(p, new[p]) for p in domains if p != d])
+
+    def finish(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+        """End every expert's run; their results and final weights (the actors killed)."""
+        ray = self.ray
+        experts = {d: ray.get(self.actors[d].finish.remote()) for d in self.domains}
+        finals = {d: ray.get(self.states[d]) for d in self.domains}
+        for a in self.actors.values():
+            ray.kill(a)
+        return experts, finals
 
 
 def run_copd(
@@ -140,64 +215,18 @@ def run_copd(
             print(f"copd: {msg}", flush=True)
 
     with local_ray(cfg.copd.workers or len(domains), "copd") as ray:
-        Actor = ray.remote(num_cpus=1, max_restarts=-1)(Expert)
-        cfgs = {d: expert_config(cfg, d, domains, round_steps) for d in domains}
-        actors = {
-            d: Actor.remote(cfgs[d].model_dump_json(), d, [p for p in domains if p != d])
-            for d in domains
-        }
-        restarts = {d: 0 for d in domains}
-        states: dict[str, Any] = {}
-        seen = {d: ray.get(actors[d].info.remote())["incarnation"] for d in domains}
-
-        def ensure(d: str, r: int) -> None:
-            """A restarted expert (a new incarnation, resumed from its checkpoint) gets
-            this round's peer weights again before it trains."""
-            while True:
-                try:
-                    now = ray.get(actors[d].info.remote())["incarnation"]
-                    break
-                except ray.exceptions.RayActorError:
-                    time.sleep(0.5)  # still restarting
-            if now != seen[d]:
-                seen[d] = now
-                restarts[d] += 1
-                say(f"expert {d} restarted in round {r + 1}, resumed from its checkpoint")
-                ray.get([actors[d].set_peer.remote(p, w) for p, w in states.items() if p != d])
-
+        team = _Experts(ray, cfg, domains, round_steps, say)
         for r in range(cfg.copd.rounds):
             target = (r + 1) * round_steps
-            for d in domains:
-                ensure(d, r)
-            pending = {d: actors[d].train_to.remote(target) for d in domains}
-            while pending:
-                d, ref = next(iter(pending.items()))
-                try:
-                    ray.get(ref)
-                    del pending[d]
-                except ray.exceptions.RayActorError:
-                    ensure(d, r)  # Ray restarts it from its checkpoint: resend, retry
-                    pending[d] = actors[d].train_to.remote(target)
-            new = {}
-            for d in domains:  # (a death now: it restarts from this round's checkpoint)
-                while d not in new:
-                    try:
-                        new[d] = ray.put(ray.get(actors[d].weights.remote()))
-                    except ray.exceptions.RayActorError:
-                        ensure(d, r)
-            states = new
-            for d in domains:
-                ray.get([actors[d].set_peer.remote(p, states[p]) for p in domains if p != d])
+            team.train_round(r, target)
+            team.exchange(r)
             say(f"round {r + 1}/{cfg.copd.rounds}: step {target}, weights exchanged")
             if kill is not None:
-                kill(r, actors)
-        experts = {d: ray.get(actors[d].finish.remote()) for d in domains}
-        finals = {d: ray.get(states[d]) for d in domains}
-        for a in actors.values():
-            ray.kill(a)
+                kill(r, team.actors)
+        experts, finals = team.finish()
     summary: dict[str, Any] = {
         "experts": experts,
-        "restarts": restarts,
+        "restarts": team.restarts,
         "rounds": cfg.copd.rounds,
         "expert_seconds": time.perf_counter() - t0,
     }
@@ -227,7 +256,7 @@ def consolidate(
         c["algo"].update(preset="grpo", distill=None)
         tr = Trainer(Config.model_validate(c), overwrite=True)
         tr.model.load_state_dict(_average(list(finals.values())))
-        m = tr._eval_metrics()
+        m = tr.eval_metrics()
         tr.close()
         say("consolidated by averaging the experts' weights")
         return {"how": how, **m}
@@ -264,3 +293,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"{summary['rounds']} rounds, {restarts} expert restart(s), {summary['seconds']:.0f} s"
     )
     return "\n".join(lines)
+
+
+def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> str:
+    """The ``copd`` runtime: experts in parallel on Ray, then one model; its table."""
+    return summary_table(run_copd(cfg, resume=resume, overwrite=overwrite))

@@ -45,11 +45,12 @@ from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import due, open_run_dir, resume_checkpoint
 from rlpost.core.io.schema import Strict as _Strict
-from rlpost.llm.config import ModelConfig, OptimConfig, RunConfig
 from rlpost.llm.data.tasks import Example, make_task
+from rlpost.llm.model.config import ModelConfig
 from rlpost.llm.model.policy import load_policy, save_pretrained_files
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.tools.runlog import plot_curves, summary_table
+from rlpost.llm.train.config import OptimConfig, RunConfig
 from rlpost.llm.train.optim import build_optimizer, lr_schedule
 
 __all__ = [
@@ -388,3 +389,11 @@ LABELS = {
     "eval/codes_used": "routed (held-out)",
 }
 SUMMARY_KEYS = ["loss", "nll", "dlr/route_ce", "dlr/route_acc", "dlr/codes_used", "eval/accuracy"]
+
+
+def run(cfg: DLRConfig, *, resume: bool = False, overwrite: bool = False) -> str:
+    """The ``dlr`` runtime (``rlpost-llm dlr``): :class:`DLRTrainer`, reported as the
+    GRPO-family trainer's runs are."""
+    from rlpost.llm.runtimes.grpo import report
+
+    return report(DLRTrainer(cfg, resume=resume, overwrite=overwrite).train())

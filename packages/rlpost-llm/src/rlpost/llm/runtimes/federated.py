@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +95,142 @@ class Client:
             self.trainer.close()
 
 
+class _Server:
+    """The server of a federated run: its trainer, its flat weights ``theta`` and the tally
+    of the updates folded into them (bytes sent, staleness, the held-out accuracy curve)."""
+
+    def __init__(self, cfg: Config, root: Path, say: Callable[[str], None]):
+        """Start the server's trainer (``<run.dir>/server``) and evaluate its weights."""
+        from rlpost.llm.trainer import Trainer
+
+        f = cfg.federated
+        assert f is not None
+        self.f, self.say = f, say
+        s = cfg.model_dump()
+        s["federated"] = None
+        s["run"].update(dir=str(root / "server"), progress=False)
+        self.trainer = Trainer(Config.model_validate(s), overwrite=True)
+        self.theta = flat_weights(self.trainer.model)
+        self.before = self.trainer.eval_metrics()
+        self.dense = self.theta.numel() * self.theta.element_size()
+        self.sent_bytes, self.updates, self.stale = 0, 0, []
+        self.per_update = f.local_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        self.curve = [[0, 0, self.before["eval/accuracy"]]]  # (updates, rollouts, accuracy)
+
+    @property
+    def mean_staleness(self) -> float:
+        return sum(self.stale) / max(len(self.stale), 1)
+
+    def point(self) -> None:
+        """The server's held-out accuracy now, every ``eval_every`` rounds' updates."""
+        f = self.f
+        if f.eval_every and self.updates % (f.eval_every * f.clients) == 0:
+            load_flat(self.trainer.model, self.theta)
+            acc = self.trainer.eval_metrics()["eval/accuracy"]
+            self.curve.append([self.updates, self.updates * self.per_update, acc])
+            self.say(f"{self.updates} updates: server held-out accuracy {acc:.3f}")
+
+    def average(self, outs: list[dict[str, Any]], r: int) -> None:
+        """Fold in one synchronous round's updates: their FedAvg step (weighted by samples)."""
+        self.sent_bytes += sum(wire_bytes(o["update"]) for o in outs)
+        self.updates += len(outs)
+        self.stale += [0] * len(outs)
+        self.theta = self.theta + aggregate([decode(o["update"]) for o in outs],
+                                            samples=[o["samples"] for o in outs])  # fmt: skip
+        self.say(f"round {r + 1}/{self.f.rounds}: {len(outs)} updates averaged")
+        self.point()
+
+    def apply(self, out: dict[str, Any], version: int) -> None:
+        """Fold in one asynchronous update as it arrives (server ``version`` now), scaled by
+        ``(1 / K) (1 + s)^-a`` of its staleness ``s``."""
+        s_i = version - out["version"]
+        self.stale.append(s_i)
+        w = staleness_weight(s_i, self.f.staleness) / self.f.clients
+        self.theta = self.theta + w * decode(out["update"])
+        self.updates += 1
+        self.sent_bytes += wire_bytes(out["update"])
+        self.point()
+
+    def finish(self, root: Path, t0: float) -> dict[str, Any]:
+        """Evaluate the final weights, save them (``<run.dir>/server/final``), close the
+        server's trainer; the run's summary."""
+        from rlpost.llm.model.policy import save_pretrained_files
+
+        f, server, updates = self.f, self.trainer, self.updates
+        load_flat(server.model, self.theta)
+        after = server.eval_metrics()
+        out_dir = root / "server" / "final"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        server.model.save_pretrained(str(out_dir), safe_serialization=True)
+        save_pretrained_files(server.model, server.tok, out_dir)
+        server.close()
+        if self.curve[-1][0] != updates:
+            self.curve.append([updates, updates * self.per_update, after["eval/accuracy"]])
+        return {
+            "clients": f.clients,
+            "rounds": f.rounds,
+            "updates": updates,
+            "backend": f.backend,
+            "compression": f.compression,
+            "bytes_sent": self.sent_bytes,
+            "bytes_dense": self.dense * updates,
+            "compression_ratio": self.sent_bytes / max(self.dense * updates, 1),
+            "mean_staleness": self.mean_staleness,
+            "eval_before": self.before["eval/accuracy"],
+            "eval_after": after["eval/accuracy"],
+            "rollouts": updates * self.per_update,
+            "curve": self.curve,
+            "model": str(out_dir),
+            "seconds": time.perf_counter() - t0,
+        }
+
+
+def _run_local(srv: _Server, cfgs: list[str]) -> None:
+    """``backend: local``: synchronous rounds, the clients one after another in this
+    process, each round's updates averaged into the server's weights."""
+    f = srv.f
+    clients = [Client(c, f.compression, f.ratio) for c in cfgs]
+    for r in range(f.rounds):
+        srv.average([c.work(srv.theta, r, f.local_steps) for c in clients], r)
+    for c in clients:
+        c.close()
+
+
+def _run_ray(srv: _Server, cfgs: list[str]) -> None:
+    """``backend: ray``: every client a Ray actor; each update is applied the moment it
+    arrives and its client sent the new weights at once."""
+    from rlpost.llm.runtimes.cluster import local_ray
+
+    f = srv.f
+    with local_ray(f.workers or f.clients, "federated.backend=ray") as ray:
+        Actor = ray.remote(num_cpus=1)(Client)
+        actors = [Actor.remote(c, f.compression, f.ratio) for c in cfgs]
+        version, left = 0, [f.rounds] * f.clients
+        jobs = {}
+
+        def send(i: int) -> None:
+            """Client ``i``'s next local steps from the server's weights of ``version``."""
+            jobs[actors[i].work.remote(srv.theta, version, f.local_steps)] = i
+            left[i] -= 1
+
+        for i in range(len(actors)):
+            send(i)
+        while jobs:
+            (ref,), _ = ray.wait(list(jobs), num_returns=1)
+            i = jobs.pop(ref)
+            srv.apply(ray.get(ref), version)
+            version += 1
+            if left[i] > 0:
+                send(i)
+        srv.say(f"{srv.updates} asynchronous updates applied, mean staleness "
+                f"{srv.mean_staleness:.2f}")  # fmt: skip
+        ray.get([a.close.remote() for a in actors])
+
+
 def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Train the server's policy from ``cfg.federated.clients`` clients (see the module
     docstring); returns the summary. A finished federated run in ``run.dir`` is replaced
     only with ``overwrite``."""
-    from rlpost.llm.model.policy import save_pretrained_files
-    from rlpost.llm.trainer import Trainer
-
     f = cfg.federated
     assert f is not None
     root = Path(cfg.run.dir)
@@ -113,93 +243,24 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
         if progress:
             print(f"federated: {msg}", flush=True)
 
-    s = cfg.model_dump()
-    s["federated"] = None
-    s["run"].update(dir=str(root / "server"), progress=False)
-    server = Trainer(Config.model_validate(s), overwrite=True)
-    theta = flat_weights(server.model)
-    before = server._eval_metrics()
-    dense = theta.numel() * theta.element_size()
-    sent_bytes, updates, stale = 0, 0, []
-    per_update = f.local_steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    curve = [[0, 0, before["eval/accuracy"]]]  # (updates, rollouts, server accuracy)
-
-    def point() -> None:
-        """The server's held-out accuracy now, every ``eval_every`` rounds' updates."""
-        if f.eval_every and updates % (f.eval_every * f.clients) == 0:
-            load_flat(server.model, theta)
-            acc = server._eval_metrics()["eval/accuracy"]
-            curve.append([updates, updates * per_update, acc])
-            say(f"{updates} updates: server held-out accuracy {acc:.3f}")
-
+    srv = _Server(cfg, root, say)
     cfgs = [client_config(cfg, i).model_dump_json() for i in range(f.clients)]
     if f.backend == "local":
-        clients = [Client(c, f.compression, f.ratio) for c in cfgs]
-        for r in range(f.rounds):
-            outs = [c.work(theta, r, f.local_steps) for c in clients]
-            sent_bytes += sum(wire_bytes(o["update"]) for o in outs)
-            updates += len(outs)
-            stale += [0] * len(outs)
-            theta = theta + aggregate([decode(o["update"]) for o in outs],
-                                      samples=[o["samples"] for o in outs])  # fmt: skip
-            say(f"round {r + 1}/{f.rounds}: {len(outs)} updates averaged")
-            point()
-        for c in clients:
-            c.close()
+        _run_local(srv, cfgs)
     else:
-        from rlpost.llm.runtimes.cluster import local_ray
-
-        with local_ray(f.workers or f.clients, "federated.backend=ray") as ray:
-            Actor = ray.remote(num_cpus=1)(Client)
-            actors = [Actor.remote(c, f.compression, f.ratio) for c in cfgs]
-            version, left = 0, [f.rounds] * f.clients
-            jobs = {}
-            for i, a in enumerate(actors):
-                jobs[a.work.remote(theta, version, f.local_steps)] = i
-                left[i] -= 1
-            while jobs:
-                (ref,), _ = ray.wait(list(jobs), num_returns=1)
-                i = jobs.pop(ref)
-                out = ray.get(ref)
-                s_i = version - out["version"]
-                stale.append(s_i)
-                w = staleness_weight(s_i, f.staleness) / f.clients
-                theta = theta + w * decode(out["update"])
-                version += 1
-                updates += 1
-                sent_bytes += wire_bytes(out["update"])
-                point()
-                if left[i] > 0:
-                    jobs[actors[i].work.remote(theta, version, f.local_steps)] = i
-                    left[i] -= 1
-            say(f"{updates} asynchronous updates applied, mean staleness "
-                f"{sum(stale) / max(len(stale), 1):.2f}")  # fmt: skip
-            ray.get([a.close.remote() for a in actors])
-    load_flat(server.model, theta)
-    after = server._eval_metrics()
-    out_dir = root / "server" / "final"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    server.model.save_pretrained(str(out_dir), safe_serialization=True)
-    save_pretrained_files(server.model, server.tok, out_dir)
-    server.close()
-    if curve[-1][0] != updates:
-        curve.append([updates, updates * per_update, after["eval/accuracy"]])
-    summary = {
-        "clients": f.clients,
-        "rounds": f.rounds,
-        "updates": updates,
-        "backend": f.backend,
-        "compression": f.compression,
-        "bytes_sent": sent_bytes,
-        "bytes_dense": dense * updates,
-        "compression_ratio": sent_bytes / max(dense * updates, 1),
-        "mean_staleness": sum(stale) / max(len(stale), 1),
-        "eval_before": before["eval/accuracy"],
-        "eval_after": after["eval/accuracy"],
-        "rollouts": updates * per_update,
-        "curve": curve,
-        "model": str(out_dir),
-        "seconds": time.perf_counter() - t0,
-    }
+        _run_ray(srv, cfgs)
+    summary = srv.finish(root, t0)
     (root / "federated.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> str:
+    """The ``federated`` runtime: clients' compressed updates folded into the server (a
+    finished run restarts with ``--overwrite``; there is no mid-run resume)."""
+    s = run_federated(cfg, overwrite=overwrite)
+    return (
+        f"{s['updates']} updates from {s['clients']} clients ({s['backend']}), "
+        f"{s['compression']}: {s['compression_ratio']:.1%} of the dense bytes, mean "
+        f"staleness {s['mean_staleness']:.2f}; held-out {s['eval_before']:.3f} -> "
+        f"{s['eval_after']:.3f}; {s['seconds']:.0f}s; model: {s['model']}"
+    )

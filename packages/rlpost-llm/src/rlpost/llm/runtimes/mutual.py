@@ -139,65 +139,97 @@ def carry_logprobs(own: Tokenized, peer: Tokenized, peer_logprobs: list[float]) 
     return out
 
 
-def import_experience(trainer, col, peers: list[Experience]):
-    """``col`` with the peers' responses added as the preset's ``peers`` says: each kept
-    response retokenised into the policy's group of its prompt, re-scored by the policy's
-    reward functions, carrying the peer's log-probs as its rollout log-probs; rows tagged
-    in ``roles`` (``OWN``, ``TRAIN``, ``BASELINE``). A policy that shares nothing (its
-    preset has no ``peers``) gets ``col`` back with its roles set."""
-    from rlpost.llm.rollout.engines.base import RolloutBatch
+def _retokenize(tok, exp: Experience, r: int) -> tuple[list[int], list[float]] | None:
+    """Peer response ``r`` of ``exp`` in the policy's tokens: its ids (with the policy's EOS
+    when the peer's ended with its own) and the peer's log-probs carried onto them; ``None``
+    when the policy's tokenizer cannot represent the text exactly."""
+    text = exp.texts[r]
+    try:
+        mine = tokenize_exact(tok, text)  # one tokenisation: its ids and offsets
+    except ValueError:
+        return None
+    ids = mine.ids
+    theirs = Tokenized(text, exp.ids[r], [tuple(o) for o in exp.offsets[r]])
+    lp = carry_logprobs(mine, theirs, exp.logprobs[r]).tolist()
+    if exp.eos[r]:
+        ids, lp = [*ids, tok.eos_token_id], [*lp, exp.eos_logprob[r]]
+    return ids, lp
 
-    sharing = trainer.preset.peers
-    batch = col.batch
-    n_own = len(batch)
-    metrics = dict(col.metrics)
-    if sharing is None or not peers:
-        return replace(col, roles=torch.zeros(n_own, dtype=torch.long), metrics=metrics)
-    tok, eos_id = trainer.tok, trainer.tok.eos_token_id
+
+def _candidates(trainer, col, peers: list[Experience]):
+    """The peers' responses the policy can take, as ``(own row of the prompt, ids,
+    log-probs, finish reason, group)``, with their texts, and the counts of those it
+    cannot: ``unmatched`` (a prompt it did not draw), ``unaligned``, ``too_long``."""
     budget = trainer.cfg.rollout.max_new_tokens
     first: dict[str, int] = {}
     for i, ex in enumerate(col.examples):
         first.setdefault(ex.prompt, i)
     cand: list[tuple[int, list[int], list[float], str, int]] = []  # (own row, ids, lp, fin, g)
     texts: list[str] = []
-    unaligned = unmatched = too_long = 0
+    dropped = {"unaligned": 0, "unmatched": 0, "too_long": 0}
     for exp in peers:
         for r in range(len(exp)):
             row = first.get(exp.prompts[exp.group[r]])
             if row is None:
-                unmatched += 1
+                dropped["unmatched"] += 1
                 continue
-            text = exp.texts[r]
-            try:
-                mine = tokenize_exact(tok, text)  # one tokenisation: its ids and offsets
-            except ValueError:
-                unaligned += 1
+            mine = _retokenize(trainer.tok, exp, r)
+            if mine is None:
+                dropped["unaligned"] += 1
                 continue
-            ids = mine.ids
-            theirs = Tokenized(text, exp.ids[r], [tuple(o) for o in exp.offsets[r]])
-            lp = carry_logprobs(mine, theirs, exp.logprobs[r]).tolist()
-            if exp.eos[r]:
-                ids, lp = [*ids, eos_id], [*lp, exp.eos_logprob[r]]
+            ids, lp = mine
             if not ids or len(ids) > budget:
-                too_long += 1
+                dropped["too_long"] += 1
                 continue
-            cand.append((row, ids, lp, exp.finish[r], int(batch.group[row])))
-            texts.append(text)
-    k = len(trainer.reward_names)
+            cand.append((row, ids, lp, exp.finish[r], int(col.batch.group[row])))
+            texts.append(exp.texts[r])
+    return cand, texts, dropped
+
+
+def _score_candidates(
+    trainer, col, cand, texts: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The policy's own ``(rewards, reward components, correct)`` of the candidates."""
+    k = len(trainer.scorer.names)
     if cand:
-        res = trainer.pool.score(texts, [col.examples[c[0]] for c in cand])
+        res = trainer.scorer.pool.score(texts, [col.examples[c[0]] for c in cand])
         p_rewards, p_comp = res.rewards, res.components
     else:
         p_rewards, p_comp = torch.zeros(0), torch.zeros(0, k)
-    p_correct = trainer._accuracy(p_comp) if cand else torch.zeros(0)
-    roles = peer_roles(
-        sharing,
-        batch.group,
-        col.accuracy,
-        torch.tensor([c[4] for c in cand], dtype=torch.long),
-        p_correct,
-    )
-    keep = [i for i in range(len(cand)) if int(roles[i]) != DROP]
+    p_correct = trainer.scorer.accuracy(p_comp) if cand else torch.zeros(0)
+    return p_rewards, p_comp, p_correct
+
+
+def _exchange_metrics(sharing, col, peers, cand, keep, roles, p_correct, dropped):
+    """The ``mutual/*`` metrics of one exchange (``rescue`` mode: also the groups that
+    had no success of their own and those a peer's response rescued)."""
+    batch = col.batch
+    metrics = {
+        "mutual/received": float(sum(len(e) for e in peers)),
+        "mutual/trained": float((roles == TRAIN).sum()),
+        "mutual/baseline": float((roles == BASELINE).sum()),
+        "mutual/unaligned": float(dropped["unaligned"]),
+        "mutual/unmatched": float(dropped["unmatched"]),
+        "mutual/too_long": float(dropped["too_long"]),
+        "mutual/peer_accuracy": float(p_correct.mean()) if len(cand) else 0.0,
+    }
+    if sharing.mode == "rescue":
+        solved = torch.zeros(int(batch.group.max()) + 1).index_add_(0, batch.group, col.accuracy)
+        metrics["mutual/rescue_groups"] = float((solved == 0).sum())
+        metrics["mutual/rescued_groups"] = float(
+            len({cand[i][4] for i in keep if int(roles[i]) == TRAIN})
+        )
+    return metrics
+
+
+def _merge(col, cand, keep: list[int], roles: torch.Tensor, scores, metrics: dict[str, float]):
+    """``col`` with the kept candidates added to their prompts' groups (groups stay
+    contiguous), with their ``scores`` ``(rewards, components, correct)`` and roles."""
+    from rlpost.llm.rollout.engines.base import RolloutBatch
+
+    batch = col.batch
+    n_own = len(batch)
+    p_rewards, p_comp, p_correct = scores
     lens = batch.lengths.tolist()
     rows = [
         (batch.prompt_ids[i], batch.completion_ids[i, : lens[i]].tolist(),
@@ -214,24 +246,6 @@ def import_experience(trainer, col, peers: list[Experience]):
     all_roles = torch.cat([torch.zeros(n_own, dtype=torch.long), roles[keep]])[order]
     examples = [col.examples[i] for i in range(n_own)] + [col.examples[cand[i][0]] for i in keep]
     kept = torch.tensor(keep, dtype=torch.long)
-    received = sum(len(e) for e in peers)
-    metrics.update(
-        {
-            "mutual/received": float(received),
-            "mutual/trained": float((roles == TRAIN).sum()),
-            "mutual/baseline": float((roles == BASELINE).sum()),
-            "mutual/unaligned": float(unaligned),
-            "mutual/unmatched": float(unmatched),
-            "mutual/too_long": float(too_long),
-            "mutual/peer_accuracy": float(p_correct.mean()) if len(cand) else 0.0,
-        }
-    )
-    if sharing.mode == "rescue":
-        solved = torch.zeros(int(batch.group.max()) + 1).index_add_(0, batch.group, col.accuracy)
-        metrics["mutual/rescue_groups"] = float((solved == 0).sum())
-        metrics["mutual/rescued_groups"] = float(
-            len({cand[i][4] for i in keep if int(roles[i]) == TRAIN})
-        )
     return replace(
         col,
         batch=merged,
@@ -243,6 +257,30 @@ def import_experience(trainer, col, peers: list[Experience]):
         old_logp=None,
         roles=all_roles,
     )
+
+
+def import_experience(trainer, col, peers: list[Experience]):
+    """``col`` with the peers' responses added as the preset's ``peers`` says: each kept
+    response retokenised into the policy's group of its prompt, re-scored by the policy's
+    reward functions, carrying the peer's log-probs as its rollout log-probs; rows tagged
+    in ``roles`` (``OWN``, ``TRAIN``, ``BASELINE``). A policy that shares nothing (its
+    preset has no ``peers``) gets ``col`` back with its roles set."""
+    sharing = trainer.preset.peers
+    metrics = dict(col.metrics)
+    if sharing is None or not peers:
+        return replace(col, roles=torch.zeros(len(col.batch), dtype=torch.long), metrics=metrics)
+    cand, texts, dropped = _candidates(trainer, col, peers)
+    p_rewards, p_comp, p_correct = _score_candidates(trainer, col, cand, texts)
+    roles = peer_roles(
+        sharing,
+        col.batch.group,
+        col.accuracy,
+        torch.tensor([c[4] for c in cand], dtype=torch.long),
+        p_correct,
+    )
+    keep = [i for i in range(len(cand)) if int(roles[i]) != DROP]
+    metrics.update(_exchange_metrics(sharing, col, peers, cand, keep, roles, p_correct, dropped))
+    return _merge(col, cand, keep, roles, (p_rewards, p_comp, p_correct), metrics)
 
 
 # ------------------------------------------------------------------------------ runtime
@@ -344,7 +382,7 @@ class Policy:
         peers = [p.name for p in cfg.mutual.policies if p.name != self.name]
         resume = latest_checkpoint(Path(cfg.run.dir) / "checkpoints") is not None
         self.trainer = Trainer(cfg, resume=resume)
-        self.trainer.exchange = Exchanger(exchange, self.name, peers)
+        self.trainer.components.get("peer_exchange").channel = Exchanger(exchange, self.name, peers)
         self.incarnation = uuid.uuid4().hex
 
     def info(self) -> dict[str, Any]:
@@ -495,3 +533,8 @@ __all__ = [
     "run_mutual",
     "summary_table",
 ]
+
+
+def run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> str:
+    """The ``mutual`` runtime: the policies side by side on Ray; their table."""
+    return summary_table(run_mutual(cfg, resume=resume, overwrite=overwrite))

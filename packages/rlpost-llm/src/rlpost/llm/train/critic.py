@@ -25,8 +25,8 @@ import copy
 import torch
 from torch import Tensor
 
-from rlpost.llm.config import CriticConfig
 from rlpost.llm.model.policy import DTYPES, SeqBatch, apply_lora, fused_head
+from rlpost.llm.train.config import CriticConfig
 from rlpost.llm.train.parallel import Learner
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 
 from rlpost.core.optim import OPTIMIZERS, OptimizerInput
-from rlpost.llm.config import OptimConfig
+from rlpost.llm.train.config import OptimConfig
 
 
 def embedding_names(model: torch.nn.Module) -> set[str]:

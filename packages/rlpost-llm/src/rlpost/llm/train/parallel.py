@@ -25,12 +25,63 @@ one-process layout, so an FSDP2 run's checkpoints are a one-process run's.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from rlpost.core import pick_device
+
+
+class Ranks:
+    """This process among the run's ranks: started from ``WORLD_SIZE`` (``torchrun``),
+    gloo on CPU and NCCL on GPU. ``device``: the policy's; ``comm``: where the trainer's
+    own collectives' tensors live (this rank's GPU under NCCL)."""
+
+    def __init__(self, device: str):
+        self.world, self.rank = 1, 0
+        self.own_group = False  # this process started the group (close ends it)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            self.own_group = True
+        if dist.is_initialized():
+            self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.device = pick_device(device)
+        self.comm = torch.device("cpu")
+        if self.world > 1 and dist.get_backend() == "nccl":  # NCCL: on this rank's GPU
+            self.comm = self.device
+            torch.cuda.set_device(self.device)
+        self.main = self.rank == 0
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def past(self, t_start: float, budget: float) -> bool:
+        """Past the wall-clock budget (rank 0's clock decides for every rank)."""
+        flag = torch.tensor([float(time.perf_counter() - t_start >= budget)], device=self.comm)
+        if self.world > 1:
+            dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def finish(self) -> None:
+        """Every rank waits here for rank 0's last checkpoint: a rank that tore down its
+        gloo group while rank 0 still wrote once aborted."""
+        if self.own_group:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.own_group and dist.is_initialized():  # (no rank exits with gloo threads up)
+            dist.destroy_process_group()
+            self.own_group = False
 
 
 class Forward(torch.nn.Module):
@@ -53,6 +104,11 @@ def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else []
 
 
+def shards(strategy: str, world: int) -> bool:
+    """Whether ``train.parallel: strategy`` over ``world`` ranks shards the weights."""
+    return world > 1 and strategy == "fsdp2"
+
+
 class Learner:
     """``module``'s differentiable forwards, data-parallel over the initialised process
     group (DDP, or FSDP2 with ``strategy="fsdp2"``; gloo on CPU and NCCL on GPU), plain on
@@ -63,7 +119,7 @@ class Learner:
             raise ValueError(f"strategy must be ddp or fsdp2, got {strategy!r}")
         self.module = module
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.sharded = self.world > 1 and strategy == "fsdp2"
+        self.sharded = shards(strategy, self.world)
         fwd = Forward(module)
         if self.sharded:
             from torch.distributed.fsdp import fully_shard

@@ -1,9 +1,11 @@
-"""Optional inputs of the method/trainer contract that the LLM trainer computes from the
-policy, only when the recipe's entries declare them (``Recipe.reads()``):
+"""No-grad probes of the policy behind the trainer's optional contract inputs (the input
+providers of :mod:`rlpost.llm.train.providers` call them, only when an entry reads one):
 
 * :func:`pooled_hidden`: prompt / completion features (BASIS, GCPO);
 * :func:`attention_token_entropy`: per-token attention entropy (token weightings, 001-08);
-* :func:`token_distributions`: both policies' per-token top-K (predictive divergence mask).
+* :func:`token_distributions`: both policies' per-token top-K (predictive divergence mask);
+* :func:`information_gain`: each turn's change in the policy's probability of the right
+  answer (A²TGPO).
 
 All run without gradient, in eval mode, in micro-batches, on the model's device, and
 return CPU tensors.

@@ -1,0 +1,52 @@
+"""The policy model's config section (``model``): what to load, its dtype, LoRA, and how
+the trainer computes log-probs (:mod:`rlpost.llm.model.policy`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from rlpost.core.contract import Property
+from rlpost.core.io import schema
+from rlpost.core.io.schema import Strict as _Strict
+from rlpost.llm.train.compat import register_switch
+
+
+class LoraConfig(schema.LoraConfig):
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class ModelConfig(_Strict):
+    path: str = "tiny"
+    """"tiny": the embedded default pretrained on the task (built and cached on first use);
+    "tiny-bpe": the same built with a BPE tokenizer and a Llama (another model family);
+    "tiny-feedback": the same, half its pre-training problems shown after a wrong attempt's
+    verifier feedback (a base that can read feedback, for FBOS-RL);
+    "tiny-reflect": "tiny-feedback" with a quarter of its problems replaced by failed
+    attempts and the lesson of their diagnosis (a base that can also write one, for
+    RubricEM's reflection meta-policy);
+    with ``data.env``, "tiny" is that environment's base (SFT on its demonstrations);
+    "tiny-random": the character architecture, untrained (tests); else a local path or hub
+    id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None
+    logprob_impl: Literal["auto", "fused", "logits"] = "auto"
+    """How log-probs / entropy are computed from the model: ``fused`` (decoder hidden states
+    + LM-head weight through rlpost.kernels, no [B, L, V] logits), ``logits`` (the model's
+    logits, chunked), ``auto`` (fused when the head is a plain linear layer)."""
+    pack_prompts: bool = True
+    """Pack the responses of a micro-batch that share a prompt into one sequence per prompt
+    (``[prompt; r_1; ...; r_N]`` with a 4D attention mask, rlpost.kernels shared_prompt):
+    the prompt is processed once instead of N times. Needs a model that accepts 4D masks."""
+    pack_layout: Literal["ragged", "uniform"] = "ragged"
+    """``ragged``: each response keeps only its own tokens and several groups share a packed
+    row (no padding computed), attention through the model's own implementation with the
+    4D mask; ``uniform``: every response padded to the longest, one group per row, attention
+    through the shared-prompt op (Triton on CUDA)."""
+
+
+register_switch(
+    "model.lora",
+    lambda cfg: cfg.model.lora is not None,
+    breaks={Property.FULL_WEIGHTS: "trains adapters on a frozen base"},
+    example=["model.lora={r: 4}"],
+)

@@ -1,0 +1,142 @@
+"""The trainer's forwards of a policy over a rollout batch.
+
+The device boundary is one function, :func:`host_logprobs`: the forward, the fused head
+and their backward run on the model's device and the ``[B, L]`` log-probs and entropies
+come back to the CPU, differentiably, where the trainer keeps its per-token state (masks,
+advantages, the loss). :class:`Forwards` builds the micro-batches' sequence batches the
+way the run packs them (shared-prompt packing, the compressed-KV learner's shadow mask)
+and runs the no-grad passes (pi_old, the reference, an engine's copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+from rlpost.llm.rollout.engines.base import RolloutBatch
+
+
+def to_host(x: Any) -> Any:
+    """``x`` (a tensor, or tuples of them) on the CPU, where the trainer keeps its per-token
+    state; differentiable, so a loss computed there sends its gradient back to the
+    model's device. A no-op for CPU tensors."""
+    if isinstance(x, Tensor):
+        return x if x.device.type == "cpu" else x.cpu()
+    if isinstance(x, tuple):
+        return tuple(to_host(v) for v in x)
+    return x
+
+
+def host_logprobs(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """:func:`~rlpost.llm.model.policy.completion_logprobs` on the model's device, its
+    ``[B, L]`` results on the host (:func:`to_host`)."""
+    return to_host(completion_logprobs(model, *args, **kwargs))
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Full weights for an external engine: LoRA adapters merged, PEFT prefixes removed."""
+    if not hasattr(model, "merge_adapter"):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    model.merge_adapter()
+    sd = {
+        k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v.detach().clone()
+        for k, v in model.state_dict().items()
+        if "lora_" not in k
+    }
+    model.unmerge_adapter()
+    return sd
+
+
+@dataclass
+class Forward:
+    """One no-grad pass of a policy over a rollout batch (all ``[N, L]``, masked)."""
+
+    logp: Tensor
+    entropy: Tensor | None = None
+    dists: tuple[Tensor, Tensor] | None = None  # (ids, logp) [N, L, K]
+
+
+class Forwards:
+    """The run's forwards (see the module docstring). ``kv``: the compressed-KV learner's
+    ``(sink, window)`` shadow pattern (None: dense attention)."""
+
+    def __init__(self, cfg: Any, learner: Any, model: torch.nn.Module, temperature: float, kv=None):
+        self.cfg, self.learner, self.model = cfg, learner, model
+        self.temperature = temperature
+        self.kv = kv
+        self.sharded = learner.sharded
+
+    def seq_batch(
+        self,
+        sub: RolloutBatch,
+        rows: slice | Tensor | None = None,
+        *,
+        dense: bool = False,
+        pack: bool | None = None,
+    ) -> Any:
+        """Rows ``rows`` of ``sub`` (all: None) as the learner scores them (``dense``:
+        full context and no packing: the critic's view, the shadow policy's reference)."""
+
+        def take(x):
+            return x if rows is None else x[rows]
+
+        prompts = sub.prompt_ids if rows is None else _take_list(sub.prompt_ids, rows)
+        args = (prompts, take(sub.completion_ids), take(sub.mask), sub.pad_id)
+        if dense:
+            return make_seq_batch(*args, attend=take(sub.attention))
+        m = self.cfg.model
+        return make_seq_batch(
+            *args, pack=m.pack_prompts if pack is None else pack, layout=m.pack_layout,
+            attend=take(sub.attention), kv=self.kv,
+        )  # fmt: skip
+
+    def seq_batches(self, batch: RolloutBatch, pack: bool | None = None):
+        """``(rows, seq batch)`` per micro-batch of ``batch``."""
+        mbs = self.cfg.optim.micro_batch_size
+        for s in range(0, len(batch), mbs):
+            sl = slice(s, s + mbs)
+            yield sl, self.seq_batch(batch, sl, pack=pack)
+
+    def train(self, sb: Any, **kwargs: Any) -> tuple:
+        """The differentiable training forward, through the data-parallel learner."""
+        impl = self.cfg.model.logprob_impl
+        return self.learner(host_logprobs, sb, self.temperature, impl=impl, **kwargs)
+
+    @torch.no_grad()
+    def nograd(
+        self,
+        model: torch.nn.Module,
+        batch: RolloutBatch,
+        entropy: bool = False,
+        dists: bool = False,
+    ) -> Forward:
+        """Log-probs of the sampled tokens under ``model`` (and, on request, the
+        per-position entropy and the top-``algo.topk`` distribution), in micro-batches."""
+        mask = batch.mask
+        out = torch.zeros_like(mask)
+        ent = torch.zeros_like(mask) if entropy else None
+        ids_parts, lp_parts = [], []
+        sharded = self.sharded and model is self.model
+        topk = self.cfg.algo.topk if dists else None
+        impl = self.cfg.model.logprob_impl
+        for sl, sb in self.seq_batches(batch):
+            if sharded:  # FSDP2: through the learner, which gathers the shards
+                res = self.learner(host_logprobs, sb, self.temperature, impl=impl, dists=topk)
+            else:
+                res = host_logprobs(model, sb, self.temperature, impl=impl, dists=topk)
+            out[sl] = res[0] * mask[sl]
+            if ent is not None:
+                ent[sl] = res[1] * mask[sl]
+            if dists:
+                ids_parts.append(res[2][0])  # (host_logprobs: on the CPU already)
+                lp_parts.append(res[2][1])
+        d = (torch.cat(ids_parts), torch.cat(lp_parts)) if dists else None
+        return Forward(out, ent, d)
+
+
+def _take_list(xs: list, rows: slice | Tensor) -> list:
+    return xs[rows] if isinstance(rows, slice) else [xs[i] for i in rows.tolist()]

@@ -1,0 +1,31 @@
+"""Step hooks, one module each (see :mod:`.base`): ``mipu`` (MIPU's acceptance),
+``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
+term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL)."""
+
+from rlpost.llm.train.compat import register_parties
+from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
+    exchange,
+    kv_distill,
+    mipu,
+    regularizer,
+    vapr,
+)
+from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook, active, apply_options
+
+
+def switched_on(cfg, preset) -> list[type[StepHook]]:
+    return [h for h in STEP_HOOKS.values() if h.on(cfg, preset)]
+
+
+@register_parties
+def _parties(cfg, preset, recipe):
+    return [h.party() for h in switched_on(cfg, preset)]
+
+
+def check(cfg, preset, recipe) -> None:
+    """Each hook's own checks of a config that switches it on."""
+    for h in switched_on(cfg, preset):
+        h.check(cfg, preset, recipe)
+
+
+__all__ = ["STEP_HOOKS", "StepHook", "active", "apply_options", "check", "switched_on"]

@@ -1,0 +1,56 @@
+"""Step hooks: behaviour around the update, one registered component each.
+
+A hook is switched on by its config section or named by the preset (``Preset.hooks``:
+REVA-PO's ``validation_reset``), runs at the step's phases
+(:mod:`rlpost.llm.train.components`), keeps its own state for exact resume, and declares
+what it requires of a step and what it breaks. A new hook is one module: a
+:class:`StepHook` subclass with ``@STEP_HOOKS.register``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rlpost.core.presets import Choice
+from rlpost.llm.train.components import ComponentRegistry, StepComponent
+
+
+class StepHook(StepComponent):
+    """A step component acting around the update (see the module docstring)."""
+
+    option: ClassVar[str | None] = None  # the ``algo.<option>`` key that switches it
+
+    @classmethod
+    def on(cls, cfg: Any, preset: Any) -> bool:
+        """Whether a run of ``cfg`` with ``preset`` uses this hook (default: the preset
+        names it)."""
+        return any(c.name == cls.name for c in preset.hooks)
+
+    @classmethod
+    def from_option(cls, value: Any, current: Choice | None) -> Choice | None:
+        """The preset's choice of this hook after ``algo.<option>: value``."""
+        return Choice(cls.name) if value else None
+
+
+STEP_HOOKS = ComponentRegistry("step hook")
+
+
+def apply_options(algo: Any, hooks: tuple[Choice, ...]) -> tuple[Choice, ...]:
+    """``Preset.hooks`` after the ``algo.<option>`` keys hooks answer to
+    (``algo.validation_reset``)."""
+    current = {c.name: c for c in hooks}
+    for cls in STEP_HOOKS.values():
+        value = getattr(algo, cls.option, None) if cls.option else None
+        if value is None:
+            continue
+        made = cls.from_option(value, current.get(cls.name))
+        if made is None:
+            current.pop(cls.name, None)
+        else:
+            current[cls.name] = made
+    return tuple(current.values())
+
+
+def active(trainer: Any) -> list[StepComponent]:
+    """The hooks a trainer's run uses, built."""
+    return [h(trainer) for h in STEP_HOOKS.values() if h.on(trainer.cfg, trainer.preset)]
