@@ -44,7 +44,7 @@ class Holder:
 
 
 def holders() -> list[Holder]:
-    out = [Holder(f"switch {s.name}", s.declares, s.example) for s in compat.SWITCHES]
+    out = [Holder(f"switch {s.name}", s.declares, s.example) for s in compat.switches()]
     for name, cls in ROLLOUT_SOURCES.items():
         out.append(Holder(f"rollout source {name}", cls.declares, cls.example))
     for reg in (STEP_HOOKS, INPUT_PROVIDERS):

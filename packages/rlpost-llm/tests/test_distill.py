@@ -18,8 +18,7 @@ from rlpost.llm.config import ConfigError
 from rlpost.llm.data.prompts import DomainScore, MixtureSource
 from rlpost.llm.data.tasks import Example
 from rlpost.llm.methods.distill import Teacher, Teachers, teacher_prompt
-from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
-from rlpost.llm.model.probes import sampled_index
+from rlpost.llm.model.policy import completion_logprobs, make_seq_batch, sampled_index
 from rlpost.llm.trainer import Trainer
 
 from .test_provides import spy_entry

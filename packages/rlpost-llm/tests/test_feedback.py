@@ -14,10 +14,10 @@ from rlpost.core.feedback import FeedbackExploration
 from rlpost.core.peers import OWN, TRAIN
 from rlpost.llm.config import ConfigError
 from rlpost.llm.data.tasks import Example, make_task
-from rlpost.llm.methods.feedback import assemble, guided_contexts
 from rlpost.llm.model.tiny import build_tokenizer
 from rlpost.llm.rollout.engines.base import RolloutBatch
 from rlpost.llm.rollout.engines.fake import FakeEngine
+from rlpost.llm.rollout.feedback import assemble, guided_contexts
 from rlpost.llm.trainer import Trainer
 
 ARITH = make_task("arithmetic", digits=2)

@@ -233,7 +233,7 @@ def test_two_tokenizers_train_together_on_ray(fast_cfg, bpe_policy, tmp_path):
 def test_without_ray_the_error_says_how_to_get_it(monkeypatch):
     import sys
 
-    from rlpost.llm.runtimes.cluster import import_ray
+    from rlpost.llm.rollout.cluster import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(ValueError, match=r"mutual\.backend=ray runs on Ray.*rlpost-llm\[ray\]"):

@@ -199,7 +199,7 @@ def test_token_distributions_are_both_policies_top_k_of_the_behaviour(fast_cfg, 
 
 
 def test_attention_token_weights_reach_the_loss(fast_cfg, monkeypatch):
-    from rlpost.llm.model import probes
+    from rlpost.llm.train import probes
 
     seen = {}
     real = probes.attention_token_entropy

@@ -12,10 +12,10 @@ from rlpost.llm.data.envs import make_env
 from rlpost.llm.data.envs.base import play
 from rlpost.llm.data.envs.search import build_corpus, parse_fact, words
 from rlpost.llm.data.envs.search_corpus import main
-from rlpost.llm.model.probes import information_gain
 from rlpost.llm.rollout.agents import env_rollout
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.rollout.engines.fake import ActionScriptEngine
+from rlpost.llm.rollout.sources.episodes import information_gain
 
 
 def test_the_corpus_and_the_bm25_words():

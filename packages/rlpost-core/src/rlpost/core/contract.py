@@ -32,9 +32,10 @@ parties, so no trainer keeps tables of which options may be combined.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Any
 
 
 class Input(StrEnum):
@@ -142,6 +143,29 @@ class Party:
     declares: Declares
 
 
+@dataclass(frozen=True)
+class Switch:
+    """A party a configuration switches on (a section set, a value chosen): present when
+    ``on(cfg)`` holds. ``example``: overrides that switch it on (what tests use)."""
+
+    name: str
+    on: Callable[[Any], bool]
+    declares: Declares
+    example: tuple[str, ...] = ()
+
+    @classmethod
+    def declare(
+        cls,
+        name: str,
+        on: Callable[[Any], bool],
+        *,
+        requires: Mapping[Property, str] | None = None,
+        breaks: Mapping[Property, str] | None = None,
+        example: Iterable[str] = (),
+    ) -> Switch:
+        return cls(name, on, Declares(dict(requires or {}), dict(breaks or {})), tuple(example))
+
+
 def conflicts(parties: Iterable[Party]) -> list[str]:
     """Every pair where one party breaks a property another requires, as
     ``"<breaker> <why>; <requirer> <why>"``, in the parties' order."""
@@ -169,6 +193,7 @@ __all__ = [
     "Input",
     "Party",
     "Property",
+    "Switch",
     "check_compatible",
     "conflicts",
 ]

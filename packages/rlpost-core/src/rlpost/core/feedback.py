@@ -21,7 +21,7 @@ ECC (exploration-oriented capability cultivation)
     next step's guided exploration find more solutions for EPA (the flywheel).
 
 :func:`fbos_layout` is the row-level decision; the trainer generates, verifies and
-assembles (``rlpost.llm.methods.feedback``).
+assembles (``rlpost.llm.rollout.feedback``).
 
 **The policy as reflector** (RubricEM's reflection meta-policy, catalog 000-30,
 ``reflector: policy``): the diagnosis in the guided context is not the environment's but

@@ -7,9 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlpost.core.contract import Property
+from rlpost.core.contract import Property, Switch
 from rlpost.core.io.schema import Strict as _Strict
-from rlpost.llm.train.compat import register_switch
 
 TaskName = Literal["arithmetic", "countdown", "knapsack", "pde"]
 
@@ -134,21 +133,25 @@ class AuxDataConfig(_Strict):
     seed: int = 1
 
 
-register_switch(
-    "data.path",
-    lambda cfg: cfg.data.path is not None,
-    breaks={Property.VERIFIER_FEEDBACK: "has no verifier feedback (use data.task or data.mixture)"},
-    example=["data.path=prompts.jsonl"],
-)
-register_switch(
-    "data.curriculum",
-    lambda cfg: bool(cfg.data.curriculum),
-    breaks={Property.SINGLE_TASK: "switches tasks during the run"},
-    example=["data.curriculum=[{task: arithmetic, steps: 1}, {task: countdown, steps: 1}]"],
-)
-register_switch(
-    "data.mixture",
-    lambda cfg: bool(cfg.data.mixture),
-    breaks={Property.SINGLE_TASK: "draws prompts from several task domains"},
-    example=["data.mixture=[{task: arithmetic}, {task: countdown}]"],
+SWITCHES = (
+    Switch.declare(
+        "data.path",
+        lambda cfg: cfg.data.path is not None,
+        breaks={
+            Property.VERIFIER_FEEDBACK: "has no verifier feedback (use data.task or data.mixture)"
+        },
+        example=["data.path=prompts.jsonl"],
+    ),
+    Switch.declare(
+        "data.curriculum",
+        lambda cfg: bool(cfg.data.curriculum),
+        breaks={Property.SINGLE_TASK: "switches tasks during the run"},
+        example=["data.curriculum=[{task: arithmetic, steps: 1}, {task: countdown, steps: 1}]"],
+    ),
+    Switch.declare(
+        "data.mixture",
+        lambda cfg: bool(cfg.data.mixture),
+        breaks={Property.SINGLE_TASK: "draws prompts from several task domains"},
+        example=["data.mixture=[{task: arithmetic}, {task: countdown}]"],
+    ),
 )

@@ -29,8 +29,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.llm.data.tasks import Example, Task, is_conversational, make_task
-from rlpost.llm.rollout.rewards import math_verify_reward
+from rlpost.llm.data.tasks import Example, Task, is_conversational, make_task, math_verify_reward
 
 Prompt = str | list[dict[str, Any]]
 

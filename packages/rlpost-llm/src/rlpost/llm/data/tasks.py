@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import ast
+import logging
 import random
 import re
 from collections import Counter
@@ -37,7 +38,9 @@ __all__ = [
     "Task",
     "extract_answer",
     "format_reward",
+    "is_conversational",
     "make_task",
+    "math_verify_reward",
     "safe_eval",
 ]
 
@@ -526,3 +529,33 @@ def format_reward(completion: str, example: Example) -> float:
     ans = extract_answer(completion)
     ok = bool(ans) and _WELL_FORMED.fullmatch(ans) is not None
     return 1.0 if ok and len(ans) <= 2 * max(1, len(example.answer)) else 0.0
+
+
+# -------------------------------------------------------------- files: math-verify
+
+
+def math_verify_reward(completion: str, example: Example) -> float:
+    """1.0 iff ``math_verify.verify(parse(example.answer), parse(completion))`` holds, else 0.0.
+
+    math-verify's own ``signal.alarm`` time limits are disabled (they only work in
+    a process's main thread and would raise in threaded callers); run this in a
+    :class:`RewardPool` with ``workers > 0``, which enforces the time limit by
+    killing the worker.  Unparseable completions score 0 (they are wrong
+    answers, not errors).
+    """
+    from math_verify import parse, verify
+
+    gold = parse(example.answer, parsing_timeout=None)  # type: ignore[arg-type]
+    pred = parse(completion, parsing_timeout=None)  # type: ignore[arg-type]
+    return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+def _math_verify_warmup() -> None:
+    """Import math-verify (and sympy) once per worker and silence its 'timeout disabled' note."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    from math_verify import parse, verify
+
+    verify(parse("1", parsing_timeout=None), parse("1", parsing_timeout=None), timeout_seconds=None)  # type: ignore[arg-type]
+
+
+math_verify_reward.warmup = _math_verify_warmup  # type: ignore[attr-defined]

@@ -6,9 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlpost.core.contract import Property
+from rlpost.core.contract import Property, Switch
 from rlpost.core.io.schema import Strict as _Strict
-from rlpost.llm.train.compat import register_check, register_switch
 
 
 class TeacherConfig(_Strict):
@@ -86,7 +85,6 @@ class DistillConfig(_Strict):
         return self
 
 
-@register_check
 def _teacher_domains(cfg: Any, preset: Any, recipe: Any) -> None:
     """Each teacher's domains are among the data's."""
     domains = {d.task for d in cfg.data.mixture}
@@ -104,24 +102,29 @@ _MEMORY = [
     "distill.teachers=[{path: self, template: '{playbook}:{reflection}>{prompt}'}]",
     "distill.memory={kind: playbook}",
 ]
-register_switch(
-    "distill.memory",
-    lambda cfg: cfg.distill.memory is not None,
-    requires={Property.WHOLE_BATCH: "observes each step's whole batch"},
-    example=_MEMORY,
+SWITCHES = (
+    Switch.declare(
+        "distill.memory",
+        lambda cfg: cfg.distill.memory is not None,
+        requires={Property.WHOLE_BATCH: "observes each step's whole batch"},
+        example=_MEMORY,
+    ),
+    Switch.declare(
+        "distill.memory.reflector=policy",
+        lambda cfg: cfg.distill.memory is not None and cfg.distill.memory.reflector == "policy",
+        requires={Property.SAME_THREAD: "writes with the rollout engine (train.pipeline sync)"},
+        example=[*_MEMORY[:-1], "distill.memory={kind: playbook, reflector: policy}"],
+    ),
+    Switch.declare(
+        "distill.memory.reflector=feedback",
+        lambda cfg: cfg.distill.memory is not None and cfg.distill.memory.reflector == "feedback",
+        requires={
+            Property.VERIFIER_FEEDBACK: "needs a built-in task's verifier feedback "
+            "(data.task or data.mixture; with data.path use reflector=policy)"
+        },
+        example=_MEMORY,
+    ),
 )
-register_switch(
-    "distill.memory.reflector=policy",
-    lambda cfg: cfg.distill.memory is not None and cfg.distill.memory.reflector == "policy",
-    requires={Property.SAME_THREAD: "writes with the rollout engine (train.pipeline sync)"},
-    example=[*_MEMORY[:-1], "distill.memory={kind: playbook, reflector: policy}"],
-)
-register_switch(
-    "distill.memory.reflector=feedback",
-    lambda cfg: cfg.distill.memory is not None and cfg.distill.memory.reflector == "feedback",
-    requires={
-        Property.VERIFIER_FEEDBACK: "needs a built-in task's verifier feedback "
-        "(data.task or data.mixture; with data.path use reflector=policy)"
-    },
-    example=_MEMORY,
-)
+
+#: this section's checks of the whole config
+CHECKS = (_teacher_domains,)

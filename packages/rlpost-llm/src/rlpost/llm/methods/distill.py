@@ -37,8 +37,13 @@ from rlpost.core.distill import TeacherDistributions
 from rlpost.llm.data.prompts import encode_prompt, is_conversational
 from rlpost.llm.data.tasks import Example
 from rlpost.llm.methods.config import TeacherConfig
-from rlpost.llm.model.policy import DTYPES, completion_logprobs, make_seq_batch
-from rlpost.llm.model.probes import eval_mode, sampled_index
+from rlpost.llm.model.policy import (
+    DTYPES,
+    completion_logprobs,
+    eval_mode,
+    make_seq_batch,
+    sampled_index,
+)
 from rlpost.llm.rollout.engines.base import RolloutBatch
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from rlpost.core.contract import Property
+from rlpost.core.contract import Property, Switch
 from rlpost.core.io import schema
 from rlpost.core.io.schema import Strict as _Strict
-from rlpost.llm.train.compat import register_switch
 
 
 class LoraConfig(schema.LoraConfig):
@@ -44,9 +43,11 @@ class ModelConfig(_Strict):
     through the shared-prompt op (Triton on CUDA)."""
 
 
-register_switch(
-    "model.lora",
-    lambda cfg: cfg.model.lora is not None,
-    breaks={Property.FULL_WEIGHTS: "trains adapters on a frozen base"},
-    example=["model.lora={r: 4}"],
+SWITCHES = (
+    Switch.declare(
+        "model.lora",
+        lambda cfg: cfg.model.lora is not None,
+        breaks={Property.FULL_WEIGHTS: "trains adapters on a frozen base"},
+        example=["model.lora={r: 4}"],
+    ),
 )

@@ -169,7 +169,7 @@ def make_seq_batch(
     on CUDA). ``attend``: the completion tokens attended to where they are more than the
     ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
     ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
-    (:func:`rlpost.llm.rollout.engines.kv_compressed.shadow_mask`; no packing)."""
+    (:func:`shadow_mask`; no packing)."""
     if layout not in ("ragged", "uniform"):
         raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
@@ -183,8 +183,6 @@ def make_seq_batch(
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
     packed = shadow = None
     if kv is not None:
-        from rlpost.llm.rollout.engines.kv_compressed import shadow_mask
-
         shadow = shadow_mask(attn, P, *kv)
         pack = False
     if pack:
@@ -472,3 +470,47 @@ def _packed_inputs(model, pk, dev) -> tuple[dict[str, Any], Tensor, Any]:
         dtype = next(model.parameters()).dtype
         inputs["attention_mask"] = pk.additive_mask(dtype).to(dev)
     return inputs, idx, mode
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the duration, then back to its own mode."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
+    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent), long."""
+    hit = ids == tokens[..., None]
+    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1)).long()
+
+
+# ------------------------------------------------- the compressed-KV sampler's attention
+
+
+def kept(q_pos: Tensor, k_pos: Tensor, sink: int, window: int) -> Tensor:
+    """Whether a query at position ``q_pos`` still sees the key at ``k_pos`` (broadcast):
+    one of the row's first ``sink`` tokens, or one of its last ``window`` (itself
+    included), and not in its future."""
+    return (k_pos <= q_pos) & ((k_pos < sink) | (q_pos - k_pos < window))
+
+
+def shadow_mask(attention: Tensor, prompt_width: int, sink: int, window: int) -> Tensor:
+    """``[B, 1, S, S]`` boolean: what each position of a padded ``[prompt; completion]``
+    layout (``attention`` ``[B, S]``, prompts left-padded to ``prompt_width``) attended to
+    when the sampler generated it: dense causal attention over the prompt (the prefill),
+    the compressed cache for every completion token."""
+    real = attention.bool()
+    pos = (attention.long().cumsum(-1) - 1).clamp_min(0)
+    q, k = pos[:, :, None], pos[:, None, :]
+    causal = k <= q
+    compressed = kept(q, k, sink, window)
+    S = attention.shape[1]
+    decode = (torch.arange(S) >= prompt_width)[None, :, None]
+    allow = torch.where(decode, compressed, causal) & real[:, None, :]
+    eye = torch.eye(S, dtype=torch.bool)[None]  # (a padding row attends to itself: no NaN)
+    return (allow | (eye & ~real[:, :, None]))[:, None]

@@ -20,7 +20,7 @@ retriever or a sandboxed program, overlap). A group is ``n`` episodes of the sam
 The episode's reward is the sum of its step rewards. ``turn_rewards[b, u]`` is each turn's
 own signal: the environment's ``info["gain"]`` where it reports one (progress made by the
 turn, the household world's; A²TGPO's per-turn signal), else the step's reward.
-:func:`rlpost.llm.model.probes.information_gain` gives the abstract's own signal where the environment knows the
+:func:`rlpost.llm.rollout.sources.episodes.information_gain` gives the abstract's own signal where the environment knows the
 right final action (``ground_truth()``): the change, across each turn, in the policy's
 probability of that action.
 """

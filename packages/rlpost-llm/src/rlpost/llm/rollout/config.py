@@ -7,10 +7,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlpost.core.contract import Declares, Party, Property
+from rlpost.core.contract import Declares, Party, Property, Switch
 from rlpost.core.io.config import import_object
 from rlpost.core.io.schema import Strict as _Strict
-from rlpost.llm.train.compat import register_parties, register_switch
 
 
 class SpeculativeConfig(_Strict):
@@ -155,55 +154,57 @@ ENGINES = {
 }
 
 
-@register_parties
-def _engine(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
+def parties(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
+    """The engine the config runs."""
     return [Party(f"the {cfg.rollout.engine} engine", ENGINES[cfg.rollout.engine])]
 
 
-register_switch(
-    "rollout.workers",
-    lambda cfg: cfg.rollout.workers > 0,
-    requires={
-        Property.TORCH_ENGINE: "run the lean or hf engine (not vllm)",
-        Property.STOCK_ENGINE: "run plain engines (not with rollout.speculative yet)",
-        Property.UNSHARDED: "copy the whole weights to each worker",
-    },
-    breaks={
-        Property.IN_PROCESS_ENGINE: "generate in Ray actors",
-        Property.STOCK_ENGINE: "replace the in-process engine with Ray actors",
-    },
-    example=["rollout.workers=2"],
-)
-register_switch(
-    "rollout.speculative",
-    lambda cfg: cfg.rollout.speculative is not None,
-    requires={
-        Property.TORCH_ENGINE: "drafts and verifies on in-process engines only (not vllm)",
-        Property.STOCK_ENGINE: "drafts with a plain engine",
-        Property.UNSHARDED: "verifies with the whole weights",
-    },
-    breaks={Property.STOCK_ENGINE: "replaces the engine with a draft-and-verify one"},
-    example=["rollout.speculative={draft: 1}"],
-)
-register_switch(
-    "rollout.speculative's early-exit draft",
-    lambda cfg: (
-        cfg.rollout.speculative is not None and isinstance(cfg.rollout.speculative.draft, int)
+SWITCHES = (
+    Switch.declare(
+        "rollout.workers",
+        lambda cfg: cfg.rollout.workers > 0,
+        requires={
+            Property.TORCH_ENGINE: "run the lean or hf engine (not vllm)",
+            Property.STOCK_ENGINE: "run plain engines (not with rollout.speculative yet)",
+            Property.UNSHARDED: "copy the whole weights to each worker",
+        },
+        breaks={
+            Property.IN_PROCESS_ENGINE: "generate in Ray actors",
+            Property.STOCK_ENGINE: "replace the in-process engine with Ray actors",
+        },
+        example=["rollout.workers=2"],
     ),
-    requires={Property.FULL_WEIGHTS: "needs full weights (give a draft model's path instead)"},
-    example=["rollout.speculative={draft: 1}"],
-)
-register_switch(
-    "rollout.kv_compression",
-    lambda cfg: cfg.rollout.kv_compression is not None,
-    requires={
-        Property.TORCH_ENGINE: _TORCH,
-        Property.STOCK_ENGINE: "compresses a plain engine's cache",
-        Property.SINGLE_TURN: "compresses single-turn rollouts",
-        Property.WHOLE_BATCH: "normalises its correction by the step's tokens",
-        Property.ONE_PROCESS: "shadows the sampler in one process",
-        Property.UNSHARDED: "shadows with the whole weights",
-    },
-    breaks={Property.STOCK_ENGINE: "replaces the engine with a compressed-KV one"},
-    example=["rollout.kv_compression={sink: 2}"],
+    Switch.declare(
+        "rollout.speculative",
+        lambda cfg: cfg.rollout.speculative is not None,
+        requires={
+            Property.TORCH_ENGINE: "drafts and verifies on in-process engines only (not vllm)",
+            Property.STOCK_ENGINE: "drafts with a plain engine",
+            Property.UNSHARDED: "verifies with the whole weights",
+        },
+        breaks={Property.STOCK_ENGINE: "replaces the engine with a draft-and-verify one"},
+        example=["rollout.speculative={draft: 1}"],
+    ),
+    Switch.declare(
+        "rollout.speculative's early-exit draft",
+        lambda cfg: (
+            cfg.rollout.speculative is not None and isinstance(cfg.rollout.speculative.draft, int)
+        ),
+        requires={Property.FULL_WEIGHTS: "needs full weights (give a draft model's path instead)"},
+        example=["rollout.speculative={draft: 1}"],
+    ),
+    Switch.declare(
+        "rollout.kv_compression",
+        lambda cfg: cfg.rollout.kv_compression is not None,
+        requires={
+            Property.TORCH_ENGINE: _TORCH,
+            Property.STOCK_ENGINE: "compresses a plain engine's cache",
+            Property.SINGLE_TURN: "compresses single-turn rollouts",
+            Property.WHOLE_BATCH: "normalises its correction by the step's tokens",
+            Property.ONE_PROCESS: "shadows the sampler in one process",
+            Property.UNSHARDED: "shadows with the whole weights",
+        },
+        breaks={Property.STOCK_ENGINE: "replaces the engine with a compressed-KV one"},
+        example=["rollout.kv_compression={sink: 2}"],
+    ),
 )

@@ -6,10 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlpost.core.contract import Property
+from rlpost.core.contract import Property, Switch
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.core.registry import RegistryError
-from rlpost.llm.train.compat import register_check, register_switch
 
 
 class CoPDConfig(_Strict):
@@ -101,27 +100,28 @@ class MutualConfig(_Strict):
 _ONE = {
     Property.ONE_POLICY: "runs one policy per trainer (copd, federated and mutual are exclusive)"
 }
-register_switch(
-    "copd",
-    lambda cfg: cfg.copd is not None,
-    requires=_ONE,
-    breaks={Property.ONE_POLICY: "trains one expert per domain"},
-    example=[
-        "copd={}",
-        "algo.distill.name=topk",
-        "data.mixture=[{task: arithmetic}, {task: countdown}]",
-    ],
-)
-register_switch(
-    "federated",
-    lambda cfg: cfg.federated is not None,
-    requires=_ONE,
-    breaks={Property.ONE_POLICY: "trains one policy per client"},
-    example=["federated={}"],
+SWITCHES = (
+    Switch.declare(
+        "copd",
+        lambda cfg: cfg.copd is not None,
+        requires=_ONE,
+        breaks={Property.ONE_POLICY: "trains one expert per domain"},
+        example=[
+            "copd={}",
+            "algo.distill.name=topk",
+            "data.mixture=[{task: arithmetic}, {task: countdown}]",
+        ],
+    ),
+    Switch.declare(
+        "federated",
+        lambda cfg: cfg.federated is not None,
+        requires=_ONE,
+        breaks={Property.ONE_POLICY: "trains one policy per client"},
+        example=["federated={}"],
+    ),
 )
 
 
-@register_check
 def _copd(cfg: Any, preset: Any, recipe: Any) -> None:
     c = cfg.copd
     if c is None:
@@ -141,7 +141,6 @@ def _copd(cfg: Any, preset: Any, recipe: Any) -> None:
         )
 
 
-@register_check
 def _mutual(cfg: Any, preset: Any, recipe: Any) -> None:
     m = cfg.mutual
     if m is None:
@@ -158,3 +157,7 @@ def _mutual(cfg: Any, preset: Any, recipe: Any) -> None:
                 pp.build_preset(cfg.rollout.group_size)
             except (RegistryError, ValueError, TypeError) as exc:
                 raise ValueError(f"mutual.policies[{p.name}]: {exc}") from exc
+
+
+#: these sections' checks of the whole config
+CHECKS = (_copd, _mutual)

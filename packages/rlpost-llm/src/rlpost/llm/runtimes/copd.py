@@ -201,7 +201,7 @@ def run_copd(
     each round (tests use it to kill an actor). Returns a summary (per-expert held-out
     accuracy per domain, the consolidated model's, and timings). ``resume``: continue the
     experts of a run in ``run.dir`` from their checkpoints; ``overwrite``: replace it."""
-    from rlpost.llm.runtimes.cluster import claim_run_dir, local_ray
+    from rlpost.llm.rollout.cluster import claim_run_dir, local_ray
 
     assert cfg.copd is not None
     domains = cfg.copd.experts or [d.task for d in cfg.data.mixture]

@@ -199,7 +199,7 @@ def _run_local(srv: _Server, cfgs: list[str]) -> None:
 def _run_ray(srv: _Server, cfgs: list[str]) -> None:
     """``backend: ray``: every client a Ray actor; each update is applied the moment it
     arrives and its client sent the new weights at once."""
-    from rlpost.llm.runtimes.cluster import local_ray
+    from rlpost.llm.rollout.cluster import local_ray
 
     f = srv.f
     with local_ray(f.workers or f.clients, "federated.backend=ray") as ray:

@@ -411,7 +411,7 @@ def run_mutual(
     cluster ``ray.init`` connects to), or (``mutual.backend=local``) in threads of this
     process. Returns a summary: each policy's held-out accuracy before and after, and
     what it took from its peers."""
-    from rlpost.llm.runtimes.cluster import claim_run_dir
+    from rlpost.llm.rollout.cluster import claim_run_dir
 
     assert cfg.mutual is not None
     root = Path(cfg.run.dir)
@@ -448,7 +448,7 @@ def _say(progress: bool, r: dict[str, Any]) -> None:
 def _run_ray(cfgs: dict[str, Config], cpus: dict[str, int], retain: int, progress: bool):
     """Each policy a Ray actor (restarted from its checkpoint if it dies), the exchange a
     threaded Ray actor."""
-    from rlpost.llm.runtimes.cluster import local_ray
+    from rlpost.llm.rollout.cluster import local_ray
 
     names = list(cfgs)
     with local_ray(sum(cpus.values()), "mutual.backend=ray") as ray:

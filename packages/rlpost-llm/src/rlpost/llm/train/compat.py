@@ -9,73 +9,67 @@ parties the config switches on and refuses a conflict naming both::
     train.pipeline rolloutpipe trains each complete group as it arrives; advantage
     estimator 'reinforce_pp' reads the whole step batch
 
-Two kinds of registration feed it, and no list of pairs exists anywhere:
+Declarations live beside what they declare, and no list of pairs exists anywhere:
 
-* :func:`register_switch`: a party a config value switches on (``model.lora``,
-  ``data.path``, ``rollout.workers``), registered beside the config class it reads;
-* :func:`register_parties`: a function listing the parties of a registry's selected
-  entries (the rollout sources, step hooks and input providers register one each).
+* a config section's module lists the parties its values switch on (``SWITCHES``:
+  :class:`~rlpost.core.contract.Switch` es such as ``model.lora``, ``data.path``,
+  ``rollout.workers``) and may list parties it chooses by value (``parties()``: the
+  engine, the parallel mode) and its own checks of the whole config (``CHECKS``);
+* each registry package lists the parties of its selected entries (the rollout sources,
+  step hooks and input providers: ``parties()``, from each entry's ``declares``).
 
-This module imports nothing of :mod:`rlpost.llm` but the core, so every config module can
-register here.
+This module collects them (:data:`SECTIONS`, :data:`REGISTRIES`); nothing it imports
+imports it back, so the arrows run one way: the config imports this, this imports the
+sections and the registries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
-from rlpost.core.contract import Coupling, Declares, Input, Party, Property, check_compatible
+from rlpost.core.contract import (
+    Coupling,
+    Declares,
+    Input,
+    Party,
+    Property,
+    Switch,
+    check_compatible,
+)
+from rlpost.llm.data import config as data_config
+from rlpost.llm.methods import config as methods_config
+from rlpost.llm.model import config as model_config
+from rlpost.llm.rollout import config as rollout_config
+from rlpost.llm.rollout import sources
+from rlpost.llm.runtimes import config as runtimes_config
+from rlpost.llm.train import config as train_config
+from rlpost.llm.train import hooks, providers
+
+# where declarations live: each config section module may define SWITCHES (parties its
+# values switch on), CHECKS (its own checks of the whole config) and parties(cfg, preset,
+# recipe); each registry package lists the parties of its selected entries
+SECTIONS = (
+    model_config,
+    data_config,
+    rollout_config,
+    train_config,
+    methods_config,
+    runtimes_config,
+)
+REGISTRIES = (sources, hooks, providers)
 
 
-@dataclass(frozen=True)
-class Switch:
-    """A party present when ``on(cfg)`` holds; ``example``: overrides that switch it on."""
-
-    name: str
-    on: Callable[[Any], bool]
-    declares: Declares
-    example: tuple[str, ...] = ()
-
-
-SWITCHES: list[Switch] = []
-_GATHERERS: list[Callable[[Any, Any, Any], Iterable[Party]]] = []
-_CHECKS: list[Callable[[Any, Any, Any], None]] = []
-
-
-def register_switch(
-    name: str,
-    on: Callable[[Any], bool],
-    *,
-    requires: Mapping[Property, str] | None = None,
-    breaks: Mapping[Property, str] | None = None,
-    example: Iterable[str] = (),
-) -> Switch:
-    """Declare the party ``name``, present in every config where ``on(cfg)`` holds."""
-    if any(s.name == name for s in SWITCHES):
-        raise ValueError(f"compatibility switch {name!r} is already registered")
-    sw = Switch(name, on, Declares(dict(requires or {}), dict(breaks or {})), tuple(example))
-    SWITCHES.append(sw)
-    return sw
-
-
-def register_parties(fn: Callable[[Any, Any, Any], Iterable[Party]]):
-    """Register ``fn(cfg, preset, recipe) -> parties`` (a registry's selected entries)."""
-    _GATHERERS.append(fn)
-    return fn
-
-
-def register_check(fn: Callable[[Any, Any, Any], None]):
-    """Register ``fn(cfg, preset, recipe)``: a section's own check of the whole config
-    (what it needs of other sections), raising a one-line ``ValueError``."""
-    _CHECKS.append(fn)
-    return fn
+def switches() -> list[Switch]:
+    """Every registered switch of the config sections."""
+    return [s for m in SECTIONS for s in getattr(m, "SWITCHES", ())]
 
 
 def run_checks(cfg: Any, preset: Any, recipe: Any) -> None:
-    for fn in _CHECKS:
-        fn(cfg, preset, recipe)
+    """The sections' own checks of the whole config (what they need of other sections)."""
+    for m in SECTIONS:
+        for fn in getattr(m, "CHECKS", ()):
+            fn(cfg, preset, recipe)
 
 
 def coupling_parties(recipe: Any) -> list[Party]:
@@ -105,9 +99,10 @@ def coupling_parties(recipe: Any) -> list[Party]:
 
 def parties(cfg: Any, preset: Any, recipe: Any, extra: Iterable[Party] = ()) -> list[Party]:
     """Every party ``cfg`` switches on, in a stable order."""
-    out = [Party(s.name, s.declares) for s in SWITCHES if s.on(cfg)]
-    for gather in _GATHERERS:
-        out += gather(cfg, preset, recipe)
+    out = [Party(s.name, s.declares) for s in switches() if s.on(cfg)]
+    for m in (*SECTIONS, *REGISTRIES):
+        if hasattr(m, "parties"):
+            out += m.parties(cfg, preset, recipe)
     return [*out, *coupling_parties(recipe), *extra]
 
 
@@ -130,15 +125,4 @@ def data_parallel(world: int) -> Party:
     )
 
 
-__all__ = [
-    "SWITCHES",
-    "Switch",
-    "check",
-    "coupling_parties",
-    "data_parallel",
-    "parties",
-    "register_check",
-    "register_parties",
-    "register_switch",
-    "run_checks",
-]
+__all__ = ["check", "coupling_parties", "data_parallel", "parties", "run_checks", "switches"]

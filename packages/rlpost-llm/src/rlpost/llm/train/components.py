@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from rlpost.core.contract import Declares, Party
-from rlpost.core.registry import RegistryError
+from rlpost.core.registry import NamedRegistry
+from rlpost.llm.rollout.sources.base import back_reference
 
 
 @dataclass
@@ -60,7 +61,7 @@ class StepComponent:
     example: ClassVar[tuple[str, ...]] = ()  # config overrides that switch it on (tests)
 
     def __init__(self, trainer: Any):
-        self.trainer = trainer
+        self.trainer = back_reference(trainer)
 
     @classmethod
     def party(cls) -> Party:
@@ -174,35 +175,8 @@ class Components:
         return out
 
 
-class ComponentRegistry:
+class ComponentRegistry(NamedRegistry):
     """``name -> component class`` for one kind (input providers, step hooks)."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._items: dict[str, type[StepComponent]] = {}
-
-    def register(self, cls: type[StepComponent]) -> type[StepComponent]:
-        if cls.name in self._items:
-            raise RegistryError(f"{self.kind} {cls.name!r} is already registered")
-        self._items[cls.name] = cls
-        return cls
-
-    def unregister(self, name: str) -> None:
-        self._items.pop(name, None)
-
-    def get(self, name: str) -> type[StepComponent]:
-        try:
-            return self._items[name]
-        except KeyError:
-            raise RegistryError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
-            ) from None
-
-    def names(self) -> list[str]:
-        return sorted(self._items)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
 
     def values(self) -> list[type[StepComponent]]:
         return list(self._items.values())

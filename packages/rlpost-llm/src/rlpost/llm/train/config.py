@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlpost.core.contract import Declares, Party, Property
+from rlpost.core.contract import Declares, Party, Property, Switch
 from rlpost.core.distill import DistillSchedule
 from rlpost.core.io import schema
 from rlpost.core.io.schema import Strict as _Strict
@@ -18,10 +18,9 @@ from rlpost.core.registry import RegistryError
 from rlpost.llm.data.config import AuxDataConfig
 from rlpost.llm.model.config import LoraConfig
 from rlpost.llm.rollout import sources
-from rlpost.llm.rollout.sources import ASYNC_PIPELINE, get_source
+from rlpost.llm.rollout.sources import ASYNC_PIPELINE, SYNC_PIPELINE, get_source
 from rlpost.llm.rollout.sources.base import SCHEDULE
 from rlpost.llm.train import hooks
-from rlpost.llm.train.compat import register_parties, register_switch
 
 
 class ChoiceConfig(_Strict):
@@ -182,7 +181,7 @@ class TrainConfig(_Strict):
     async_rollouts: bool = False
     """One-step-off: generate step t+1's rollouts while training on step t's (the same as
     ``pipeline: one_step_off``)."""
-    pipeline: str = "sync"
+    pipeline: str = SYNC_PIPELINE
     """How generation and training overlap. ``sync``: generate, then train. ``one_step_off``:
     step t+1's batch is generated on a weight snapshot while step t trains. ``dora``
     (DORA's multi-version streaming, 001-29): a generator streams chunks of
@@ -222,8 +221,8 @@ class TrainConfig(_Strict):
         """``async_rollouts`` and ``pipeline: one_step_off`` say the same thing."""
         if not isinstance(data, dict):
             return data
-        a, pipe = data.get("async_rollouts", False), data.get("pipeline", "sync")
-        if a in (True, "true", "True") and pipe not in ("sync", ASYNC_PIPELINE):
+        a, pipe = data.get("async_rollouts", False), data.get("pipeline", SYNC_PIPELINE)
+        if a in (True, "true", "True") and pipe not in (SYNC_PIPELINE, ASYNC_PIPELINE):
             raise ValueError(f"train.async_rollouts is the {ASYNC_PIPELINE} pipeline, not {pipe}")
         if a in (True, "true", "True"):
             pipe = ASYNC_PIPELINE
@@ -259,11 +258,13 @@ class TrainRunConfig(RunConfig, schema.DeviceRunConfig):
 
 
 # -------------------------------------------------------------- what these sections switch on
-register_switch(
-    "optim.updates_per_batch > 1",
-    lambda cfg: cfg.optim.updates_per_batch > 1,
-    requires={Property.WHOLE_BATCH: "re-trains the whole step batch"},
-    example=["optim.updates_per_batch=2"],
+SWITCHES = (
+    Switch.declare(
+        "optim.updates_per_batch > 1",
+        lambda cfg: cfg.optim.updates_per_batch > 1,
+        requires={Property.WHOLE_BATCH: "re-trains the whole step batch"},
+        example=["optim.updates_per_batch=2"],
+    ),
 )
 
 #: what each ``train.parallel`` mode declares
@@ -276,6 +277,6 @@ PARALLEL = {
 }
 
 
-@register_parties
-def _parallel(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
+def parties(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
+    """The learner's parallel mode."""
     return [Party(f"train.parallel {cfg.train.parallel}", PARALLEL[cfg.train.parallel])]

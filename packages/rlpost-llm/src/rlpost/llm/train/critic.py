@@ -21,12 +21,12 @@ advantages were computed from. ``c = None`` disables the clip.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlpost.llm.model.policy import DTYPES, SeqBatch, apply_lora, fused_head
-from rlpost.llm.train.config import CriticConfig
 from rlpost.llm.train.parallel import Learner
 
 
@@ -64,7 +64,7 @@ class ValueHeadModel(torch.nn.Module):
         return self.head(h[:, sb.P - 1 : sb.P - 1 + L]).squeeze(-1).float()
 
 
-def build_value_model(cfg: CriticConfig, policy: torch.nn.Module, dtype: str) -> ValueHeadModel:
+def build_value_model(cfg: Any, policy: torch.nn.Module, dtype: str) -> ValueHeadModel:
     """The critic of ``cfg``: a deep copy of ``policy``'s decoder, or a separate model."""
     if cfg.model == "policy":
         decoder = copy.deepcopy(_decoder(policy))
@@ -88,7 +88,7 @@ def _apply(module: torch.nn.Module, sb: SeqBatch) -> Tensor:
 class ValueModel:
     """The critic, its optimiser and its clipped value loss (see the module docstring)."""
 
-    def __init__(self, cfg: CriticConfig, policy: torch.nn.Module, dtype: str = "float32"):
+    def __init__(self, cfg: Any, policy: torch.nn.Module, dtype: str = "float32"):
         self.cfg = cfg
         self.module = build_value_model(cfg, policy, dtype)
         self.learner = Learner(self.module)  # DDP when data-parallel

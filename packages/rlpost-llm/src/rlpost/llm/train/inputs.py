@@ -19,6 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from rlpost.core.advantages import AdvantageInput
@@ -104,6 +105,10 @@ class StepInputs:
     def counts(self) -> tuple[float, float]:
         """Valid tokens and responses: the loss normalisers' counts."""
         return float(self.mask.sum()), float((self.mask.sum(1) > 0).sum())
+
+    def trained_rows(self) -> Tensor:
+        """The indices of the rows the policy loss sees."""
+        return torch.nonzero(self.values[Role.TRAINED]).flatten()
 
     def rows_of(self, key: Any, idx: Tensor) -> Any:
         """The value of ``key`` for micro-batch rows ``idx`` (None when absent)."""

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlpost.core.io.rundir import notice
 from rlpost.core.masked import masked_mean
+from rlpost.llm.rollout.sources.base import back_reference
 from rlpost.llm.train.components import MicroBatch
 from rlpost.llm.train.inputs import Role, StepInputs
 
@@ -60,7 +61,7 @@ class Updater:
     """The update of a trainer (``t``: its policy, optimiser, learner, components)."""
 
     def __init__(self, trainer: Any):
-        self.t = trainer
+        self.t = back_reference(trainer)
 
     @staticmethod
     def accumulator() -> Accum:
@@ -166,7 +167,7 @@ class Updater:
         """Every epoch of ``optim.updates_per_batch`` over this rank's rows of ``step``."""
         t = self.t
         counts = step.counts()
-        mine = torch.nonzero(step[Role.TRAINED]).flatten()[t.dist.rank :: t.dist.world]
+        mine = step.trained_rows()[t.dist.rank :: t.dist.world]
         warmup = not t.components.trains_policy()
         acc = Accum()
         for epoch in range(t.cfg.optim.updates_per_batch):

@@ -7,7 +7,7 @@ columns that no row will ever attend again are dropped from the ``DynamicCache``
 decoding goes on, so the cache holds at most ``P + sink + window`` columns (left padding
 included); entries kept for some rows only are masked per row. Keys keep their absolute
 positions (RoPE applied once, at insertion), so the sampled distribution is exactly the
-one a full forward computes with :func:`shadow_mask`: the learner can score the sampler's
+one a full forward computes with :func:`~rlpost.llm.model.policy.shadow_mask`: the learner can score the sampler's
 own policy, differentiably, which is what the bias correction of
 :mod:`rlpost.llm.trainer` (``rollout.kv_compression``) trains on.
 """
@@ -17,34 +17,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlpost.llm.model.policy import kept, shadow_mask
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.rollout.engines.hf import HFEngine
 from rlpost.llm.rollout.engines.lean import process_logits, sample
 from rlpost.llm.rollout.engines.speculative import _cache_kwarg
 
-
-def kept(q_pos: Tensor, k_pos: Tensor, sink: int, window: int) -> Tensor:
-    """Whether a query at position ``q_pos`` still sees the key at ``k_pos`` (broadcast):
-    one of the row's first ``sink`` tokens, or one of its last ``window`` (itself
-    included), and not in its future."""
-    return (k_pos <= q_pos) & ((k_pos < sink) | (q_pos - k_pos < window))
-
-
-def shadow_mask(attention: Tensor, prompt_width: int, sink: int, window: int) -> Tensor:
-    """``[B, 1, S, S]`` boolean: what each position of a padded ``[prompt; completion]``
-    layout (``attention`` ``[B, S]``, prompts left-padded to ``prompt_width``) attended to
-    when the sampler generated it: dense causal attention over the prompt (the prefill),
-    the compressed cache for every completion token."""
-    real = attention.bool()
-    pos = (attention.long().cumsum(-1) - 1).clamp_min(0)
-    q, k = pos[:, :, None], pos[:, None, :]
-    causal = k <= q
-    compressed = kept(q, k, sink, window)
-    S = attention.shape[1]
-    decode = (torch.arange(S) >= prompt_width)[None, :, None]
-    allow = torch.where(decode, compressed, causal) & real[:, None, :]
-    eye = torch.eye(S, dtype=torch.bool)[None]  # (a padding row attends to itself: no NaN)
-    return (allow | (eye & ~real[:, :, None]))[:, None]
+__all__ = ["KVCompressedEngine", "kept", "shadow_mask"]
 
 
 def _left_padded(rows: list[list[int]], P: int, pad_id: int, dev) -> tuple[Tensor, Tensor]:

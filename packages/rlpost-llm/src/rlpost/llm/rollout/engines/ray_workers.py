@@ -67,7 +67,7 @@ class RayRolloutEngine:
         address: str | None = None,
         threads: int = 1,
     ):
-        from rlpost.llm.runtimes.cluster import import_ray
+        from rlpost.llm.rollout.cluster import import_ray
 
         if workers < 1:
             raise ValueError(f"rollout.workers: at least 1, got {workers}")

@@ -31,10 +31,10 @@ from rlpost.llm.rollout.sources.base import (
     get_source,
     register_source,
     source_params,
+    with_options,
 )
 from rlpost.llm.rollout.sources.groups import GroupsSource
-from rlpost.llm.rollout.sources.sync import ASYNC_PIPELINE
-from rlpost.llm.train.compat import register_parties
+from rlpost.llm.rollout.sources.sync import ASYNC_PIPELINE, SYNC_PIPELINE
 
 DEFAULT_GENERATOR = GroupsSource
 
@@ -61,8 +61,7 @@ def build(trainer: Any) -> RolloutSource:
     return src
 
 
-@register_parties
-def _parties(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
+def parties(cfg: Any, preset: Any, recipe: Any) -> list[Party]:
     """Every source the config switches on (a data-picked generator too, when the preset
     replaces it: its declarations still hold)."""
     seen = stack(cfg, preset)
@@ -100,17 +99,7 @@ def rows_per_group(cfg: Any, preset: Any) -> int:
 def apply_options(algo: Any, rollout: tuple[Choice, ...]) -> tuple[Choice, ...]:
     """``Preset.rollout`` after the ``algo.<option>`` keys sources answer to
     (``algo.dynamic_sampling``, ``algo.stages``, ``algo.feedback``)."""
-    current = {c.name: c for c in rollout}
-    for cls in ROLLOUT_SOURCES.values():
-        value = getattr(algo, cls.option, None) if cls.option else None
-        if value is None:
-            continue
-        made = cls.from_option(value, current.get(cls.name))
-        if made is None:
-            current.pop(cls.name, None)
-        else:
-            current[cls.name] = made
-    return tuple(current.values())
+    return with_options(algo, rollout, ROLLOUT_SOURCES.values())
 
 
 def preset_params(preset: Any, name: str) -> Any:
@@ -124,6 +113,7 @@ def preset_params(preset: Any, name: str) -> Any:
 __all__ = [
     "ASYNC_PIPELINE",
     "ROLLOUT_SOURCES",
+    "SYNC_PIPELINE",
     "RolloutSource",
     "Rollouts",
     "apply_options",

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,6 +36,14 @@ from rlpost.llm.data.tasks import Example, Task
 from rlpost.llm.rollout.engines.base import SamplingParams
 
 GENERATE, FILTER, SCHEDULE = 0, 1, 2
+
+
+def back_reference(trainer: Any) -> Any:
+    """A part's reference to the trainer that owns it, weak: the trainer holds its parts,
+    so a strong one would make a cycle, and a trainer in a cycle is freed only by the
+    garbage collector, at worst during interpreter shutdown, where a data-parallel run's
+    process group (held by its learner) then aborts the process."""
+    return trainer if isinstance(trainer, weakref.ProxyType) else weakref.proxy(trainer)
 
 
 def greedy_accuracy(trainer: Any, examples: list[Example]) -> float:
@@ -75,7 +85,7 @@ class RolloutSource:
     example: ClassVar[tuple[str, ...]] = ()  # config overrides that switch it on (tests)
 
     def __init__(self, trainer: Any, inner: RolloutSource | None, params: Any):
-        self.trainer = trainer
+        self.trainer = back_reference(trainer)
         self.inner = inner
         self.params = params
 
@@ -181,6 +191,24 @@ class RolloutSource:
     def chain(self) -> list[RolloutSource]:
         """This source and those inside it, outermost first."""
         return [self, *(self.inner.chain() if self.inner is not None else [])]
+
+
+def with_options(values: Any, chosen: tuple, classes: Iterable[type]) -> tuple:
+    """A preset's ``chosen`` components (``Choice`` s) after the config keys the
+    ``classes`` answer to: each class with an ``option`` reads ``values.<option>`` and, when
+    it is set, makes its choice (``from_option``: the preset's current one merged, or
+    ``None``: off)."""
+    current = {c.name: c for c in chosen}
+    for cls in classes:
+        value = getattr(values, cls.option, None) if cls.option else None
+        if value is None:
+            continue
+        made = cls.from_option(value, current.get(cls.name))
+        if made is None:
+            current.pop(cls.name, None)
+        else:
+            current[cls.name] = made
+    return tuple(current.values())
 
 
 ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {}

@@ -6,7 +6,7 @@ generator's idle window during the update is spent drafting."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from rlpost.core.contract import Declares, Property
@@ -14,17 +14,18 @@ from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Example
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.sources.base import SCHEDULE, register_source
-from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Timed
+from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Threaded
 
 
 @register_source
-class BubbleSpecSource(Timed):
+class BubbleSpecSource(Threaded):
     """This step's rollouts verify drafts a snapshot made during the last update."""
 
     name = "bubblespec"
     layer = SCHEDULE
     overlapped = True
     label = "train.pipeline bubblespec"
+    thread = "drafts"
     example = ("train.pipeline=bubblespec",)
     declares = Declares(
         requires={
@@ -43,7 +44,6 @@ class BubbleSpecSource(Timed):
 
     def __init__(self, trainer: Any, inner: Any, params: Any):
         super().__init__(trainer, inner, params)
-        self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self.drafter = None
 
@@ -71,9 +71,7 @@ class BubbleSpecSource(Timed):
         if t.step + 1 < t.total_steps:
             nxt = t.prompts.next_batch(want)
             self.drafter.update_weights(t.model.state_dict(), t.version)
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafts")
-            self._pending = self._executor.submit(self.drafts_for, nxt)
+            self._pending = self.background(self.drafts_for, nxt)
         return col
 
     def drafts_for(self, examples: list[Example]) -> tuple[list[Example], list[list[int]]]:
@@ -90,9 +88,3 @@ class BubbleSpecSource(Timed):
 
     def reset(self) -> None:
         self._pending = None
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        super().close()

@@ -11,11 +11,13 @@ import warnings
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlpost.core.contract import Declares, Input, Property
 from rlpost.llm.data.envs import make_env
-from rlpost.llm.data.envs.base import ENVIRONMENTS
+from rlpost.llm.data.envs.base import ENVIRONMENTS, encode_observation
 from rlpost.llm.data.tasks import Example
+from rlpost.llm.model.policy import completion_logprobs, eval_mode, make_seq_batch
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
@@ -140,8 +142,6 @@ class EpisodesSource(RolloutSource):
         t = self.trainer
         turn_rewards, stages = ro.turn_rewards, None
         if self.env.turn_signal == "ig" and Input.TURNS in t.reads:
-            from rlpost.llm.model.probes import information_gain
-
             turn_rewards = information_gain(
                 t.model, t.tok, ro, t.sampling.temperature, t.cfg.optim.micro_batch_size
             )
@@ -173,3 +173,54 @@ class EpisodesSource(RolloutSource):
 
     def load_state_dict(self, state: Any, tensors: dict) -> None:
         self.next_seed = int(state)
+
+
+@torch.no_grad()
+def information_gain(
+    model, tokenizer, ro, temperature: float = 1.0, micro_batch: int = 64
+) -> Tensor:
+    """``[N, U]`` A²TGPO's information gain over an :class:`rlpost.llm.rollout.agents.EnvRollout`
+    ``ro``: for each turn ``u`` that is followed by an
+    observation, ``P(truth | context after u) - P(truth | context before u)``, the
+    probability of the episode's ``ground_truth()`` action (its ids and EOS) under
+    ``model`` with the whole sequence up to the turn's end (its observation included) as
+    context; the last turn of an episode gets 0 (nothing follows it to predict)."""
+    b = ro.batch
+    N, U = ro.turn_rewards.shape
+    if any(t is None for t in ro.truths):
+        raise ValueError("information gain needs an environment with ground_truth()")
+    if any(x.get("task", 0) > 0 for ep in ro.infos for x in ep):
+        raise ValueError(
+            "information gain needs one answer per episode, and a chained episode "
+            "(tasks > 1) poses several: use data.env.turn_signal env or rubric"
+        )
+    contexts, owner = [], []  # (episode, turn boundary k): context after k turns
+    lens = b.lengths.tolist()
+    for i in range(N):
+        tid = ro.turn_ids[i, : lens[i]].tolist()
+        cut = [0]  # the boundaries: the start of each turn after the first
+        cut += [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
+        for k, c in enumerate(cut):
+            contexts.append(list(b.prompt_ids[i]) + b.completion_ids[i, :c].tolist())
+            owner.append((i, k))
+    ans = [[*encode_observation(tokenizer, ro.truths[i]), tokenizer.eos_token_id] for i, _ in owner]
+    width = max(len(a) for a in ans)
+    pad = b.pad_id
+    ids = torch.full((len(ans), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(ans), width)
+    for r, a in enumerate(ans):
+        ids[r, : len(a)] = torch.tensor(a)
+        mask[r, : len(a)] = 1.0
+    prob = torch.zeros(len(ans))
+    with eval_mode(model):
+        for s in range(0, len(ans), micro_batch):
+            sl = slice(s, s + micro_batch)
+            sb = make_seq_batch(contexts[sl], ids[sl], mask[sl], pad)
+            lp = completion_logprobs(model, sb, temperature)[0].float().cpu()
+            prob[sl] = (lp * mask[sl]).sum(1).exp()
+    ig = torch.zeros(N, U)
+    at = {key: float(p) for key, p in zip(owner, prob.tolist(), strict=True)}
+    for (i, k), p in at.items():
+        if k > 0:  # turn k-1 took the probability from at[(i, k-1)] to p
+            ig[i, k - 1] = p - at[(i, k - 1)]
+    return ig

@@ -2,7 +2,7 @@
 
 A plain round of ``G - m`` rollouts per prompt, then a second round of ``m`` conditioned
 on a diagnosed failure (the plain prompt where there is none), assembled into EPA's and
-ECC's rows (:mod:`rlpost.llm.methods.feedback`). With the policy as reflector each
+ECC's rows (:mod:`rlpost.llm.rollout.feedback`). With the policy as reflector each
 guided rollout reads a reflection the policy wrote on the prompt's first failure; under
 ``meta`` the reflections join the batch, a group per failure, rewarded by the attempts
 they guided. The settings are :class:`rlpost.core.feedback.FeedbackExploration`'s
@@ -22,9 +22,9 @@ from rlpost.core.peers import TRAIN
 from rlpost.core.presets import Choice
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Example
-from rlpost.llm.methods.feedback import assemble, first_failures, guided_contexts
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines.base import RolloutBatch
+from rlpost.llm.rollout.feedback import assemble, first_failures, guided_contexts
 from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
 from rlpost.llm.rollout.sources.groups import generate
 

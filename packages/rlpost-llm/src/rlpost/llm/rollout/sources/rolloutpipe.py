@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -25,12 +24,11 @@ from rlpost.core.aggregation import count_scale
 from rlpost.core.contract import Declares, Property
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.sources.base import SCHEDULE, Rollouts, register_source
-from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Timed
-from rlpost.llm.train.inputs import Role
+from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Threaded
 
 
 @register_source
-class RolloutPipeSource(Timed):
+class RolloutPipeSource(Threaded):
     """Generation and the update interleaved, chunk by chunk, within one step."""
 
     name = "rolloutpipe"
@@ -38,6 +36,7 @@ class RolloutPipeSource(Timed):
     overlapped = True
     trains = True
     label = "train.pipeline rolloutpipe"
+    thread = "rolloutpipe"
     example = ("train.pipeline=rolloutpipe",)
     declares = Declares(
         requires={
@@ -51,10 +50,6 @@ class RolloutPipeSource(Timed):
             Property.WHOLE_BATCH: "trains each complete group as it arrives",
         },
     )
-
-    def __init__(self, trainer: Any, inner: Any, params: Any):
-        super().__init__(trainer, inner, params)
-        self._executor: ThreadPoolExecutor | None = None
 
     def _produce(self, chunks: queue.Queue, want: int, size: int) -> None:
         """The frontier groups first: the next ones the batch needs."""
@@ -80,9 +75,7 @@ class RolloutPipeSource(Timed):
         want = t.cfg.rollout.prompts_per_step
         size = t.cfg.train.stream_prompts or max(1, want // 4)
         chunks: queue.Queue = queue.Queue()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutpipe")
-        done = self._executor.submit(self._produce, chunks, want, size)
+        done = self.background(self._produce, chunks, want, size)
         t.model.train()
         t0 = time.perf_counter()
         acc, steps, parts, waited, last = t.updater.accumulator(), [], [], 0.0, None
@@ -103,7 +96,7 @@ class RolloutPipeSource(Timed):
             step = t.step_inputs(part)
             steps.append(step)
             if not acc.bad:
-                rows = torch.nonzero(step[Role.TRAINED]).flatten()
+                rows = step.trained_rows()
                 t.updater.backward(step, rows, 0, (1.0, 1.0), acc, False)
         done.result()
         t.confirm_update()  # the last update generated finite logits: it was good
@@ -128,9 +121,3 @@ class RolloutPipeSource(Timed):
         metrics = t.updater.metrics(steps, acc, False, t0)
         metrics["pipe/chunks"] = float(len(steps))
         return metrics
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        super().close()

@@ -40,6 +40,28 @@ class Timed(RolloutSource):
         self.spans = [(a, b) for a, b in self.spans if b > before]
 
 
+class Threaded(Timed):
+    """A schedule that generates on one background thread of its own."""
+
+    thread: ClassVar[str] = "rollout"  # the thread's name
+
+    def __init__(self, trainer: Any, inner: Any, params: Any):
+        super().__init__(trainer, inner, params)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def background(self, fn, *args: Any) -> Future:
+        """``fn(*args)`` on the schedule's thread."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread)
+        return self._executor.submit(fn, *args)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        super().close()
+
+
 @register_source
 class SyncSource(Timed):
     """Generate, then train, on one thread."""
@@ -53,7 +75,7 @@ class SyncSource(Timed):
 
 
 @register_source
-class OneStepOffSource(Timed):
+class OneStepOffSource(Threaded):
     """Step t+1's rollouts generated while step t trains (``train.async_rollouts``)."""
 
     name = "one_step_off"
@@ -71,13 +93,10 @@ class OneStepOffSource(Timed):
 
     def __init__(self, trainer: Any, inner: Any, params: Any):
         super().__init__(trainer, inner, params)
-        self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
 
     def _submit(self) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
-        self._pending = self._executor.submit(self.timed_next)
+        self._pending = self.background(self.timed_next)
 
     def next(self) -> Any:
         if self._pending is None:
@@ -101,12 +120,6 @@ class OneStepOffSource(Timed):
     def reset(self) -> None:
         self._pending = None
 
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        super().close()
 
-
-#: ``train.async_rollouts: true`` is this pipeline
-ASYNC_PIPELINE = OneStepOffSource.name
+#: the default ``train.pipeline``, and the one ``train.async_rollouts: true`` selects
+SYNC_PIPELINE, ASYNC_PIPELINE = SyncSource.name, OneStepOffSource.name

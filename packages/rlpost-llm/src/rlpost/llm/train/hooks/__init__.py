@@ -2,7 +2,6 @@
 ``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL)."""
 
-from rlpost.llm.train.compat import register_parties
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     exchange,
     kv_distill,
@@ -17,8 +16,8 @@ def switched_on(cfg, preset) -> list[type[StepHook]]:
     return [h for h in STEP_HOOKS.values() if h.on(cfg, preset)]
 
 
-@register_parties
-def _parties(cfg, preset, recipe):
+def parties(cfg, preset, recipe):
+    """The hooks the config switches on, as parties."""
     return [h.party() for h in switched_on(cfg, preset)]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rlpost.core.presets import Choice
+from rlpost.llm.rollout.sources.base import with_options
 from rlpost.llm.train.components import ComponentRegistry, StepComponent
 
 
@@ -38,17 +39,7 @@ STEP_HOOKS = ComponentRegistry("step hook")
 def apply_options(algo: Any, hooks: tuple[Choice, ...]) -> tuple[Choice, ...]:
     """``Preset.hooks`` after the ``algo.<option>`` keys hooks answer to
     (``algo.validation_reset``)."""
-    current = {c.name: c for c in hooks}
-    for cls in STEP_HOOKS.values():
-        value = getattr(algo, cls.option, None) if cls.option else None
-        if value is None:
-            continue
-        made = cls.from_option(value, current.get(cls.name))
-        if made is None:
-            current.pop(cls.name, None)
-        else:
-            current[cls.name] = made
-    return tuple(current.values())
+    return with_options(algo, hooks, STEP_HOOKS.values())
 
 
 def active(trainer: Any) -> list[StepComponent]:

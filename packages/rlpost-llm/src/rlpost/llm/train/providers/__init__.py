@@ -3,7 +3,6 @@ tensors), ``vector_rewards``, ``behaviour`` (pi_old, token distributions), ``ref
 ``critic``, ``dynamics``, ``features``, ``teachers``, ``turns``, ``token_weights``
 (attention entropy) and the regulariser's gradient inputs (``gradients``)."""
 
-from rlpost.llm.train.compat import register_parties
 from rlpost.llm.train.providers import (  # noqa: F401  (each module registers its provider)
     attention,
     batch,
@@ -35,8 +34,8 @@ def wanted(cfg, recipe) -> list[type[InputProvider]]:
     ]
 
 
-@register_parties
-def _parties(cfg, preset, recipe):
+def parties(cfg, preset, recipe):
+    """The providers a run of the config computes, as parties."""
     return [p.party() for p in wanted(cfg, recipe)]
 
 

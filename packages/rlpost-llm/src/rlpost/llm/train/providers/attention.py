@@ -9,7 +9,7 @@ from typing import Any
 
 from rlpost.core.contract import Declares, Input, Property
 from rlpost.core.weights import TOKEN_WEIGHTINGS, TokenWeightInput
-from rlpost.llm.model import probes
+from rlpost.llm.train import probes
 from rlpost.llm.train.providers.base import INPUT_PROVIDERS, InputProvider
 
 

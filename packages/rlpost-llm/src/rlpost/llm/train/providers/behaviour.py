@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlpost.core.contract import Input
-from rlpost.llm.model.probes import token_distributions
 from rlpost.llm.train.inputs import Role
+from rlpost.llm.train.probes import token_distributions
 from rlpost.llm.train.providers.base import INPUT_PROVIDERS, InputProvider
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlpost.core.contract import Declares, Input, Property
-from rlpost.llm.model.probes import pooled_hidden
+from rlpost.llm.train.probes import pooled_hidden
 from rlpost.llm.train.providers.base import INPUT_PROVIDERS, InputProvider
 
 

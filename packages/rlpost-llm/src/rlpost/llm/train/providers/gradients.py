@@ -13,8 +13,8 @@ import torch
 
 from rlpost.core.contract import Input
 from rlpost.core.regularizers import REGULARIZERS, flat_grad
-from rlpost.llm.data.aux_data import AuxData, aux_gradients
 from rlpost.llm.rollout.sources import rows_per_group
+from rlpost.llm.train.aux_data import AuxData, aux_gradients
 from rlpost.llm.train.providers.base import INPUT_PROVIDERS, InputProvider
 
 

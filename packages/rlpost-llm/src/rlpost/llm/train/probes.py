@@ -3,9 +3,10 @@ providers of :mod:`rlpost.llm.train.providers` call them, only when an entry rea
 
 * :func:`pooled_hidden`: prompt / completion features (BASIS, GCPO);
 * :func:`attention_token_entropy`: per-token attention entropy (token weightings, 001-08);
-* :func:`token_distributions`: both policies' per-token top-K (predictive divergence mask);
-* :func:`information_gain`: each turn's change in the policy's probability of the right
-  answer (A²TGPO).
+* :func:`token_distributions`: both policies' per-token top-K (predictive divergence mask).
+
+(A²TGPO's information gain, a probe of multi-turn episodes, is
+:func:`rlpost.llm.rollout.sources.episodes.information_gain`.)
 
 All run without gradient, in eval mode, in micro-batches, on the model's device, and
 return CPU tensors.
@@ -21,20 +22,13 @@ from torch import Tensor
 
 from rlpost.core.ratios import TokenDistributions
 from rlpost.core.weights import attention_entropy
-from rlpost.llm.data.envs.base import encode_observation
-from rlpost.llm.model.policy import completion_logprobs, fused_head, make_seq_batch
+from rlpost.llm.model.policy import (
+    eval_mode,
+    fused_head,
+    make_seq_batch,
+    sampled_index,
+)
 from rlpost.llm.rollout.engines.base import RolloutBatch
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model`` in eval mode for the duration, then back to its own mode."""
-    was = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was)
 
 
 def _slices(n: int, size: int) -> Iterator[slice]:
@@ -130,60 +124,3 @@ def token_distributions(
         raise ValueError("current and behaviour distributions must be over the same ids")
     col = sampled_index(ids.cpu(), targets.cpu())
     return TokenDistributions(cur.detach().cpu(), old.detach().cpu(), col)
-
-
-def sampled_index(ids: Tensor, tokens: Tensor) -> Tensor:
-    """Column of each sampled token among ``ids`` ``[N, L, K]`` (-1 when absent), long."""
-    hit = ids == tokens[..., None]
-    return torch.where(hit.any(-1), hit.long().argmax(-1), torch.full_like(tokens, -1)).long()
-
-
-@torch.no_grad()
-def information_gain(
-    model, tokenizer, ro, temperature: float = 1.0, micro_batch: int = 64
-) -> Tensor:
-    """``[N, U]`` A²TGPO's information gain over an :class:`rlpost.llm.rollout.agents.EnvRollout`
-    ``ro``: for each turn ``u`` that is followed by an
-    observation, ``P(truth | context after u) - P(truth | context before u)``, the
-    probability of the episode's ``ground_truth()`` action (its ids and EOS) under
-    ``model`` with the whole sequence up to the turn's end (its observation included) as
-    context; the last turn of an episode gets 0 (nothing follows it to predict)."""
-    b = ro.batch
-    N, U = ro.turn_rewards.shape
-    if any(t is None for t in ro.truths):
-        raise ValueError("information gain needs an environment with ground_truth()")
-    if any(x.get("task", 0) > 0 for ep in ro.infos for x in ep):
-        raise ValueError(
-            "information gain needs one answer per episode, and a chained episode "
-            "(tasks > 1) poses several: use data.env.turn_signal env or rubric"
-        )
-    contexts, owner = [], []  # (episode, turn boundary k): context after k turns
-    lens = b.lengths.tolist()
-    for i in range(N):
-        tid = ro.turn_ids[i, : lens[i]].tolist()
-        cut = [0]  # the boundaries: the start of each turn after the first
-        cut += [j for j in range(1, len(tid)) if tid[j] >= 0 and tid[j] != tid[j - 1]]
-        for k, c in enumerate(cut):
-            contexts.append(list(b.prompt_ids[i]) + b.completion_ids[i, :c].tolist())
-            owner.append((i, k))
-    ans = [[*encode_observation(tokenizer, ro.truths[i]), tokenizer.eos_token_id] for i, _ in owner]
-    width = max(len(a) for a in ans)
-    pad = b.pad_id
-    ids = torch.full((len(ans), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(ans), width)
-    for r, a in enumerate(ans):
-        ids[r, : len(a)] = torch.tensor(a)
-        mask[r, : len(a)] = 1.0
-    prob = torch.zeros(len(ans))
-    with eval_mode(model):
-        for s in range(0, len(ans), micro_batch):
-            sl = slice(s, s + micro_batch)
-            sb = make_seq_batch(contexts[sl], ids[sl], mask[sl], pad)
-            lp = completion_logprobs(model, sb, temperature)[0].float().cpu()
-            prob[sl] = (lp * mask[sl]).sum(1).exp()
-    ig = torch.zeros(N, U)
-    at = {key: float(p) for key, p in zip(owner, prob.tolist(), strict=True)}
-    for (i, k), p in at.items():
-        if k > 0:  # turn k-1 took the probability from at[(i, k-1)] to p
-            ig[i, k - 1] = p - at[(i, k - 1)]
-    return ig
