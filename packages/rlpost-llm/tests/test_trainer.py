@@ -382,3 +382,23 @@ def test_a_wall_clock_budget_ends_the_run_like_its_last_step(fast_cfg):
     rows = [json.loads(ln) for ln in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
     assert "eval/accuracy" in rows[-1]  # evaluated as a final step
     assert "eval_after" in result and "summary" in result
+
+
+def test_the_in_reward_kl_uses_the_recipes_estimator_with_its_params(fast_cfg):
+    """reinforce_pp puts the KL in the reward: the token penalties are the recipe's bound
+    estimator, its params honoured (here a clamp of the log-ratio at 0.05). The trainer
+    used to look the estimator up again by name, with its default params (clamp 10)."""
+    from rlpost.llm.train.inputs import Role
+
+    over = ["algo.kl.name=k1", "algo.kl.params.clamp=0.05", "algo.kl_coef=0.01"]
+    cfg = fast_cfg("algo.preset=reinforce_pp", *over)
+    tr = Trainer(cfg, reward_fn=parity_reward)
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy moves away from its frozen reference
+        for p in tr.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    step = tr.step_inputs(tr.collect())
+    pen = step[Role.TOKEN_REWARDS][step.batch.mask > 0].abs()
+    bound = tr.preset.kl_coef * 0.05  # k1 = the clamped log-ratio, times the coefficient
+    assert float(pen.max()) == pytest.approx(bound, rel=1e-5)  # reached, and never exceeded
+    tr.close()
