@@ -157,3 +157,22 @@ def test_cache_lock_serialises_builders_of_one_entry(tmp_path):
     assert order == ["first done", "second in"]
     assert [p.name for p in (tmp_path / ".locks").iterdir()] == ["llm-tiny-x.lock"]
     assert not (tmp_path / "llm").exists()  # nothing inside the domain folder
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_with_a_notice(tmp_path, capsys):
+    """A write interrupted mid-line (a full disk, a kill) leaves a torn last line: resume
+    drops it, says so, and the log continues; reading skips it."""
+    from rlpost.core.io.metrics import MetricsLogger, read_metrics
+
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        log.log(step, {"loss": float(step)})
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 4, "loss": 0.')  # torn
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    log = MetricsLogger(tmp_path, tensorboard=False, resume_step=3)
+    log.log(4, {"loss": 4.0})
+    log.close()
+    assert "metrics.jsonl: dropped unreadable line(s) [4]" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]

@@ -146,3 +146,62 @@ def test_named_generators_are_saved_and_restored(tmp_path):
     assert torch.equal(torch.rand(5, generator=other), expected)
     with pytest.raises(FileNotFoundError, match="no state of generator 'sampler'"):
         load_checkpoint(tmp_path / "step-000001", m, o, None, generators={"sampler": other})
+
+
+def _flip(f) -> None:
+    """One bit of ``f``'s last byte flipped: the same size, one value changed."""
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 0x40
+    f.write_bytes(bytes(b))
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_caught_and_the_run_falls_back(tmp_path, capsys):
+    root = tmp_path / "run" / "checkpoints"
+    _two_checkpoints(root)
+    _flip(root / "step-000010" / "model.safetensors")  # a weight changed, sizes all intact
+    why = validate_checkpoint(root / "step-000010")
+    assert (
+        why == "model.safetensors does not match the digest it was written with (it changed since)"
+    )
+    assert resume_checkpoint(tmp_path / "run").name == "step-000009"
+    assert (root / "step-000010.damaged").is_dir() and not (root / "step-000010").exists()
+    assert "moved the damaged step-000010 aside: step-000010.damaged" in capsys.readouterr().err
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_keeps_its_new_progress(tmp_path):
+    """Both kept checkpoints damaged: the run restarts at step 0; its new checkpoints must
+    survive the rotation, so that a second crash resumes from them."""
+    root = tmp_path / "run" / "checkpoints"
+    _two_checkpoints(root)
+    for step in (9, 10):
+        _flip(root / f"step-{step:06d}" / "model.safetensors")
+    assert resume_checkpoint(tmp_path / "run") is None
+    m, o = _model()
+    for step in (1, 2):
+        save_checkpoint(root, step, m, o, None, {"at": step}, keep=2)
+    assert resume_checkpoint(tmp_path / "run").name == "step-000002"
+    assert (root / "step-000001").is_dir()
+
+
+def test_the_rotation_never_deletes_the_checkpoint_it_just_wrote(tmp_path):
+    root = tmp_path / "checkpoints"
+    _two_checkpoints(root)  # steps 9 and 10, not set aside (no resume ran)
+    m, o = _model()
+    save_checkpoint(root, 1, m, o, None, {}, keep=2)  # a run restarted below them
+    assert (root / "step-000001").is_dir()
+    for step in (2, 3):
+        save_checkpoint(root, step, m, o, None, {}, keep=2)
+    assert not (root / "step-000001").exists() and (root / "step-000002").is_dir()
+
+
+def test_a_wrong_shaped_state_or_a_missing_optimiser_file_is_skipped(tmp_path):
+    root = tmp_path / "checkpoints"
+    _two_checkpoints(root)
+    c = root / "step-000010"
+    (c / "manifest.json").unlink()  # (checkpoints of older versions have no manifest)
+    (c / "state.json").write_text(json.dumps([1, 2, 3]))
+    assert validate_checkpoint(c) == "state.json is not a trainer state (no integer step)"
+    (c / "state.json").write_text(json.dumps({"step": 10}))
+    (c / "optimizer.json").unlink()
+    assert validate_checkpoint(c) == "optimizer.json is missing"
+    assert find_checkpoint(root)[0].name == "step-000009"

@@ -10,7 +10,7 @@ Layout of ``<run>/checkpoints/step-000010/``:
 * ``<name>.safetensors`` (+ ``<name>-optimizer.*``) — each extra module of ``extras``
   (e.g. a critic with its own optimiser);
 * ``tensors.safetensors`` — extra named state tensors (e.g. a regulariser's state);
-* ``manifest.json`` — written last: the size of every file above.
+* ``manifest.json`` — written last: the size and SHA-256 digest of every file above.
 
 Everything is written into ``step-000010.tmp-<pid>`` and renamed into place, then the
 ``latest`` pointer is replaced atomically, so a run killed at any instant leaves either
@@ -18,12 +18,16 @@ the previous or the new checkpoint, never a torn one. Loading uses safetensors a
 only: no pickle, so an untrusted checkpoint cannot execute code.
 
 :func:`find_checkpoint` picks the checkpoint to resume from: the newest one that
-validates (:func:`validate_checkpoint`: the manifest's sizes, every safetensors header,
-every JSON file), whatever ``latest.json`` says, with a note for each newer one skipped.
+validates (:func:`validate_checkpoint`: the manifest's sizes and digests, so a flipped bit
+is caught too, every safetensors header, every JSON file, the trainer state's shape),
+whatever ``latest.json`` says, with a note for each newer one skipped;
+:func:`quarantine` moves a damaged one aside (``step-000010.damaged``), so that it is never
+tried again nor counted by the rotation, which keeps the newest ``keep`` checkpoints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -163,8 +167,13 @@ def save_checkpoint(
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
     if write_extra is not None:
         write_extra(tmp)
-    sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": sizes}, indent=1))
+    files = sorted(tmp.iterdir())
+    manifest = {
+        "step": step,
+        "files": {f.name: f.stat().st_size for f in files},
+        "sha256": {f.name: file_digest(f) for f in files},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -172,15 +181,34 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _write_json(root / "latest.json", {"step": step, "dir": final.name})
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir() and ".tmp-" not in p.name)[
-        :-keep
-    ]:
-        shutil.rmtree(old, ignore_errors=True)
+    rotate(root, final, keep)
     return final
+
+
+def rotate(root: Path, newest: Path, keep: int) -> None:
+    """Delete the checkpoints before ``newest`` beyond the ``keep - 1`` latest of them;
+    never ``newest`` itself, nor one of a higher step (a run restarted below a damaged
+    checkpoint must not delete its own new ones)."""
+    step = int(_STEP_DIR.match(newest.name).group(1))
+    older = [p for p in reversed(checkpoint_dirs(root)) if int(p.name[5:]) < step]
+    for old in older[: max(len(older) - (keep - 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"step-(\d+)$")
+#: what every checkpoint holds (a manifest may list more)
+REQUIRED = ("model.safetensors", "state.json", "rng.safetensors", "optimizer.safetensors",
+            "optimizer.json")  # fmt: skip
+
+
+def file_digest(f: Path) -> str:
+    """SHA-256 of ``f``'s bytes, hex."""
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def safetensors_problem(f: Path) -> str | None:
@@ -202,39 +230,61 @@ def safetensors_problem(f: Path) -> str | None:
     return None
 
 
-def validate_checkpoint(path: Path) -> str | None:
-    """Why checkpoint folder ``path`` cannot be resumed from, or None when it is whole:
-    the sizes its manifest lists, every safetensors file's header and length, every
-    JSON file's syntax."""
-    path = Path(path)
-    if not path.is_dir():
-        return "missing"
+def _manifest_problem(path: Path) -> str | None:
+    """Whether the files the manifest lists are there, of their sizes and digests."""
     manifest = path / MANIFEST
-    sizes: dict[str, int] = {}
-    if manifest.is_file():  # (checkpoints of older versions have none: checked file by file)
-        try:
-            sizes = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError, TypeError):
-            return f"{MANIFEST} is garbled"
+    if not manifest.is_file():  # (checkpoints of older versions have none)
+        return None
+    try:
+        m = json.loads(manifest.read_text())
+        sizes, digests = dict(m["files"]), dict(m.get("sha256", {}))
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is garbled"
     for name, size in sizes.items():
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
         if f.stat().st_size != size:
             return f"{name} is {f.stat().st_size} bytes, {size} were written"
-    for req in ("model.safetensors", "state.json", "rng.safetensors"):
+    for name, digest in digests.items():
+        if file_digest(path / name) != digest:
+            return f"{name} does not match the digest it was written with (it changed since)"
+    return None
+
+
+def _file_problem(f: Path) -> str | None:
+    """Whether a safetensors file is whole, a JSON file parses (``state.json``: a trainer
+    state with an integer step)."""
+    if f.suffix == ".safetensors":
+        return safetensors_problem(f)
+    if f.suffix != ".json":
+        return None
+    try:
+        obj = json.loads(f.read_text())
+    except ValueError:
+        return f"{f.name} is not valid JSON" + (" (empty)" if not f.read_text() else "")
+    if f.name == "state.json" and not (isinstance(obj, dict) and isinstance(obj.get("step"), int)):
+        return "state.json is not a trainer state (no integer step)"
+    return None
+
+
+def validate_checkpoint(path: Path) -> str | None:
+    """Why checkpoint folder ``path`` cannot be resumed from, or None when it is whole:
+    the sizes and digests its manifest lists, the files every checkpoint holds, every
+    safetensors file's header and length, every JSON file's syntax."""
+    path = Path(path)
+    if not path.is_dir():
+        return "missing"
+    problem = _manifest_problem(path)
+    if problem:
+        return problem
+    for req in REQUIRED:
         if not (path / req).is_file():
             return f"{req} is missing"
     for f in sorted(path.iterdir()):
-        if f.suffix == ".safetensors":
-            problem = safetensors_problem(f)
-            if problem:
-                return problem
-        elif f.suffix == ".json":
-            try:
-                json.loads(f.read_text())
-            except ValueError:
-                return f"{f.name} is not valid JSON" + (" (empty)" if not f.read_text() else "")
+        problem = _file_problem(f)
+        if problem:
+            return problem
     return None
 
 
@@ -249,8 +299,15 @@ def checkpoint_dirs(root: Path) -> list[Path]:
 def find_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint under ``root`` that validates, and a note for every newer
     one skipped (and for a ``latest.json`` that is garbled or names a missing folder)."""
+    found, _, notes = scan_checkpoints(root)
+    return found, notes
+
+
+def scan_checkpoints(root: Path) -> tuple[Path | None, list[Path], list[str]]:
+    """:func:`find_checkpoint`, and the damaged checkpoints newer than the one found."""
     root = Path(root)
     notes: list[str] = []
+    damaged: list[Path] = []
     pointer = root / "latest.json"
     if pointer.is_file():
         try:
@@ -262,9 +319,22 @@ def find_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
     for path in checkpoint_dirs(root):
         problem = validate_checkpoint(path)
         if problem is None:
-            return path, notes
+            return path, damaged, notes
+        damaged.append(path)
         notes.append(f"skipped {path.name}: {problem}")
-    return None, notes
+    return None, damaged, notes
+
+
+def quarantine(path: Path) -> Path:
+    """Move damaged checkpoint ``path`` aside (``<name>.damaged``, numbered when taken):
+    kept for inspection, never resumed from, never counted by the rotation."""
+    target = path.with_name(f"{path.name}.damaged")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged{n}")
+    os.replace(path, target)
+    return target
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -19,7 +19,8 @@ class MetricsLogger:
     """Appends one JSON object per step to ``metrics.jsonl`` (and TensorBoard scalars).
 
     On resume, lines past the resumed step are dropped so the file equals an
-    uninterrupted run's.
+    uninterrupted run's, and so is a line an interrupted write left torn (a full disk, a
+    kill mid-write), with a notice naming it.
     """
 
     def __init__(
@@ -34,11 +35,12 @@ class MetricsLogger:
         run_dir = Path(run_dir)
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            keep = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln and json.loads(ln)["step"] <= resume_step
-            ]
+            rows, torn = _parse(self.path)
+            if torn:
+                from rlpost.core.io.rundir import notice
+
+                notice(f"{self.path}: dropped unreadable line(s) {torn} (an interrupted write)")
+            keep = [ln for ln, row in rows if row["step"] <= resume_step]
             self.path.write_text("".join(k + "\n" for k in keep))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
@@ -113,6 +115,26 @@ def _start_wandb(run_dir: Path, settings: dict[str, Any]) -> Any:
     )
 
 
+def _parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
+    """``metrics.jsonl``'s rows (each line and its object) and the numbers of the lines
+    that are not a row (torn by an interrupted write)."""
+    rows, torn = [], []
+    for i, ln in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not ln:
+            continue
+        try:
+            row = json.loads(ln)
+        except ValueError:
+            torn.append(i)
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append((ln, row))
+        else:
+            torn.append(i)
+    return rows, torn
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` (lines torn by an interrupted write left out)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln] if path.exists() else []
+    return [row for _, row in _parse(path)[0]] if path.exists() else []

@@ -163,12 +163,15 @@ def open_run_dir(
 def resume_checkpoint(run: str | os.PathLike) -> Path | None:
     """The checkpoint of ``run`` to resume from (the newest that validates, see
     :func:`rlpost.core.io.checkpoint.find_checkpoint`), telling the user which one and
-    why newer ones were skipped; None (and a notice) when there is none."""
-    from rlpost.core.io.checkpoint import find_checkpoint
+    why newer ones were skipped; None (and a notice) when there is none. The skipped,
+    damaged ones are moved aside (``step-*.damaged``): call it holding the run's lock."""
+    from rlpost.core.io.checkpoint import quarantine, scan_checkpoints
 
-    ckpt, notes = find_checkpoint(Path(run) / "checkpoints")
+    ckpt, damaged, notes = scan_checkpoints(Path(run) / "checkpoints")
     for note in notes:
         notice(f"{Path(run) / 'checkpoints'}: {note}")
+    for path in damaged:
+        notice(f"moved the damaged {path.name} aside: {quarantine(path).name}")
     if ckpt is None:
         notice(f"--resume: no valid checkpoint in {Path(run) / 'checkpoints'}; starting at step 0")
     else:

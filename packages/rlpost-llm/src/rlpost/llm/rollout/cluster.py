@@ -45,7 +45,13 @@ def local_ray(num_cpus: int, who: str) -> Iterator:
 
 def claim_run_dir(root: Path, sub: str, what: str, *, resume: bool, overwrite: bool) -> None:
     """One run per run directory: ``root / sub`` (the actors' sub-runs) may already hold a
-    ``what`` run only to be continued (``resume``) or replaced (``overwrite``)."""
+    ``what`` run only to be continued (``resume``) or replaced (``overwrite``). The whole
+    root is locked for this process first, so a live run's is never replaced (the
+    actors' sub-runs lock their own folders)."""
+    from rlpost.core.io.rundir import lock_run_dir
+
+    root.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(root)
     held = root / sub
     if held.is_dir() and any(held.iterdir()):
         if overwrite:

@@ -233,10 +233,13 @@ def run_federated(cfg: Config, *, progress: bool = True, overwrite: bool = False
     only with ``overwrite``."""
     f = cfg.federated
     assert f is not None
+    from rlpost.core.io.rundir import lock_run_dir
+
     root = Path(cfg.run.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(root)  # before anything in it is read or replaced
     if (root / "federated.json").is_file() and not overwrite:
         raise ValueError(f"run.dir {root} holds a federated run: --overwrite replaces it")
-    root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:

@@ -57,9 +57,13 @@ def evaluate_variants(
 
 
 def _claim(job: Any, resume: bool, overwrite: bool) -> Path:
-    from rlpost.core.io.rundir import open_run_dir
+    """The run directory, locked before anything in it is touched: ``--overwrite`` of a
+    live fleet is refused, naming its process, with nothing deleted."""
+    from rlpost.core.io.rundir import lock_run_dir, open_run_dir
 
     out = Path(job.run.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(out)
     if overwrite:
         for name in FLEET_OUTPUTS:
             p = out / name
