@@ -176,3 +176,22 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_with_a_notice(tmp_path, c
     log.close()
     assert "metrics.jsonl: dropped unreadable line(s) [4]" in capsys.readouterr().err
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_a_repeated_yaml_key_is_refused_naming_both_lines(tmp_path):
+    """Plain YAML keeps the last of two equal keys silently (the first ``lr`` dropped)."""
+    p = tmp_path / "dup.yaml"
+    p.write_text("steps: 1\nsteps: 2\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml:2:1: malformed YAML: duplicate key 'steps'"):
+        load_validated(_Cfg, p)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_a_non_finite_number_is_refused_at_load(value):
+    from rlpost.core.io.schema import Strict
+
+    class Run(Strict):
+        lr: float = 1e-4
+
+    with pytest.raises(ConfigError, match="lr: Input should be a finite number"):
+        load_validated(Run, None, [f"lr={value}"])

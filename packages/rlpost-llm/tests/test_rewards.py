@@ -228,3 +228,22 @@ def test_argument_validation():
     pool = RewardPool(reward_exact, workers=0)
     with pytest.raises(ValueError, match="examples"):
         pool.score(["4"], [])
+
+
+def test_a_trl_reward_returning_more_values_than_completions_is_refused():
+    """A TRL-style reward is called with one completion at a time; returning more values
+    than completions used to be silently cut to the first one."""
+    from rlpost.llm.data.tasks import Example
+    from rlpost.llm.rollout.rewards import as_verifier
+
+    def lengthy(prompts, completions, **kwargs):
+        return [1.0, 0.0]  # two values for one completion
+
+    def fine(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    ex = Example("1+1=", "2", {})
+    assert as_verifier(fine)("abc", ex) == 3.0
+    with pytest.raises(ValueError, match=r"lengthy returned 2 values for 1 completion"):
+        as_verifier(lengthy)("abc", ex)
+

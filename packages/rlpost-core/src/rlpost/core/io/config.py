@@ -55,6 +55,8 @@ def load_validated[T](
             where = str(path)
             try:
                 cfg = OmegaConf.merge(cfg, OmegaConf.create(read_yaml_mapping(path)))
+            except ConfigError:
+                raise  # (it names the file already)
             except (TypeError, ValueError) as err:  # a list where a mapping goes, ...
                 raise ConfigError(f"{path}: {_first_line(err)}") from None
         if overrides:
@@ -98,7 +100,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_unique_keys_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -117,6 +119,27 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
             f"got a {type(data).__name__}"
         )
     return data
+
+
+def _unique_keys_loader() -> Any:
+    """PyYAML's safe loader, refusing a mapping that repeats a key (plain YAML keeps the
+    last value silently: a recipe's ``lr`` written twice would drop the first)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (also at line {seen[key]})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
 
 
 def _import_file(path: str, at: str) -> Any:

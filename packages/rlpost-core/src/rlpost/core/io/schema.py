@@ -22,9 +22,10 @@ __all__ = [
 
 
 class Strict(BaseModel):
-    """Frozen; an unknown field is an error that names it."""
+    """Frozen; an unknown field is an error that names it, and so is an infinite or NaN
+    number (``optim.lr=inf`` would train nothing and checkpoint non-finite weights)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def to_yaml(self) -> str:
         """The config as YAML, in field order (what a run writes to ``config.yaml``)."""

@@ -65,6 +65,12 @@ class TRLReward:
         if is_conversational(example.prompt):
             done = [{"role": "assistant", "content": completion}]
         out = self.fn(prompts=[example.prompt], completions=[done], **kwargs)
+        if isinstance(out, (list, tuple)) and len(out) != 1:
+            name = getattr(self.fn, "__name__", type(self.fn).__name__)
+            raise ValueError(
+                f"reward function {name} returned {len(out)} values for 1 completion "
+                "(a TRL reward function returns one value per completion)"
+            )
         value = out[0] if isinstance(out, (list, tuple)) else out
         return 0.0 if value is None else value
 
