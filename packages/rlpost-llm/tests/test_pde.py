@@ -80,6 +80,23 @@ def test_validity_is_a_hard_check():
     assert not os.path.exists("/tmp/pwned")  # the sandbox kept it in
 
 
+def test_a_result_linked_to_a_host_file_is_not_read(tmp_path):
+    import json
+    import os
+
+    from rlpost.llm.data.pde import exact
+
+    answer = tmp_path / "answer.json"  # a host file holding the exact solution
+    answer.write_text(json.dumps(exact(POISSON).tolist()))
+    for target in (str(answer), "/dev/stdin"):  # a link out, and a link to something that blocks
+        code = f"import os\nos.symlink({target!r}, 'result.json')\nos._exit(0)\n"
+        v = verify(code, POISSON, timeout_s=5)
+        assert not v.valid and v.reward == 0.0 and "no result" in v.why, v
+    code = "import os\nos.mkfifo('result.json')\nos._exit(0)\n"  # a FIFO would block a read
+    assert "no result" in verify(code, POISSON, timeout_s=5).why
+    assert os.path.exists(answer)
+
+
 def test_the_task_samples_prompts_and_scores_completions():
     task = make_task("pde")
     assert isinstance(task, PDETask)

@@ -247,3 +247,63 @@ def test_a_trl_reward_returning_more_values_than_completions_is_refused():
     with pytest.raises(ValueError, match=r"lengthy returned 2 values for 1 completion"):
         as_verifier(lengthy)("abc", ex)
 
+
+_STUCK = """
+import re, subprocess, sys, time
+
+MARKER = sys.argv[1]
+
+
+def stuck(completion, example):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)", MARKER],
+                     start_new_session=True)  # a grandchild in its own session
+    re.match(r"(a+)+$", "a" * 64 + "b")  # hours of backtracking in C, holding the GIL
+    return 0.0
+
+
+if __name__ == "__main__":
+    from rlpost.llm.rollout.rewards import RewardPool
+
+    pool = RewardPool({"stuck": stuck}, workers=1, timeout_s=600)
+    pool.wait_ready(120)
+    print(*pool.pids, flush=True)
+    pool.score(["x"], [None])
+"""
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
+def test_killing_the_trainer_takes_stuck_workers_and_their_setsid_children_along(tmp_path):
+    import signal
+    import subprocess
+    import uuid
+
+    marker = "rlpost-grandchild-" + uuid.uuid4().hex
+    script = tmp_path / "trainer.py"
+    script.write_text(_STUCK)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), marker], stdout=subprocess.PIPE, text=True
+    )
+    workers = [int(p) for p in trainer.stdout.readline().split()]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _pids_with(marker):
+        time.sleep(0.2)
+    assert workers and _pids_with(marker), "the reward function never ran"
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 15
+    alive = lambda: [p for p in workers if os.path.exists(f"/proc/{p}")] + _pids_with(marker)  # noqa: E731
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.2)
+    assert alive() == []

@@ -165,18 +165,18 @@ def verify(code: str, p: dict[str, Any], w_acc: float = 0.5, timeout_s: float = 
     """The hybrid verifier of the module docstring."""
     import numpy as np
 
-    from rlpost.llm.data.sandbox import run_sandboxed
+    from rlpost.llm.data.sandbox import read_result, run_sandboxed
 
     res = run_sandboxed(code + _HARNESS, timeout_s=timeout_s, cpu_s=int(timeout_s), keep=True)
     try:
         if not res.ok:
             why = "timed out" if res.timed_out else (res.stderr.strip().splitlines() or ["?"])[-1]
             return Verdict(False, 0.0, 0.0, 0.0, None, f"did not run: {why}")
-        out = res.dir / "result.json"
-        if not out.is_file():
+        raw = read_result(res.dir, "result.json")  # never through a link the code planted
+        if raw is None:
             return Verdict(False, 0.0, 0.0, 0.0, None, "no result (solve() not called?)")
         try:
-            u = np.asarray(json.loads(out.read_text()), dtype=float)
+            u = np.asarray(json.loads(raw), dtype=float)
         except (ValueError, TypeError) as exc:
             return Verdict(False, 0.0, 0.0, 0.0, None, f"the result is not numbers: {exc}")
     finally:

@@ -464,6 +464,12 @@ class PDETask(Task):
         bad = [f for f in self.families if f not in FAMILIES]
         if not self.families or bad:
             raise ValueError(f"pde: families must be among {', '.join(FAMILIES)}, got {bad}")
+        from rlpost.llm.data.sandbox import SandboxError, check_sandbox
+
+        try:
+            check_sandbox()  # at the start, once: not at the first reward, hours in
+        except SandboxError as exc:
+            raise ValueError(f"pde: the code sandbox cannot run here: {exc}") from None
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
         from rlpost.llm.data.pde import describe, problem
