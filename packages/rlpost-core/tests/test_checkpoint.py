@@ -95,3 +95,41 @@ def test_trainable_only_checkpoint_holds_just_the_adapters(tmp_path):
     wrong = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # all trainable
     with pytest.raises(RuntimeError, match="trainable parameters"):
         load_checkpoint(tmp_path / "step-000001", wrong, opt2, None)
+
+
+def test_the_configured_learning_rate_wins_on_resume(tmp_path, capsys):
+    """The divergence stop says "lower optim.lr, then --resume": before, the checkpoint's
+    rate came back and the new one was ignored (while config.yaml recorded it)."""
+    m, o, s = _setup()
+    for _ in range(3):
+        _step(m, o, s)
+    save_checkpoint(tmp_path, 3, m, o, s, {})
+    # same configuration: every rate is the checkpoint's, bit for bit, and nothing is said
+    m2, o2, s2 = _setup(seed=99)
+    load_checkpoint(latest_checkpoint(tmp_path), m2, o2, s2)
+    assert s2.get_last_lr() == s.get_last_lr() and o2.param_groups[0]["lr"] == 0.1 / 4
+    assert capsys.readouterr().err == ""
+    # a lower configured rate: the schedule continues from the new base (factor 1/4 at 3)
+    m3, o3, s3 = _setup(seed=99)
+    for g in o3.param_groups:
+        g["lr"] = g["initial_lr"] = 0.01
+    s3.base_lrs = [0.01]
+    load_checkpoint(latest_checkpoint(tmp_path), m3, o3, s3)
+    assert o3.param_groups[0]["lr"] == pytest.approx(0.01 / 4) and s3.base_lrs == [0.01]
+    _step(m3, o3, s3)
+    assert o3.param_groups[0]["lr"] == pytest.approx(0.01 / 5)
+    assert "from step 4 the configured learning rate replaces the checkpoint's: 0.1 -> 0.01" in (
+        capsys.readouterr().err
+    )
+    # no scheduler (diffusion, robot): the configured rate, for the extras' optimisers too
+    critic = torch.nn.Linear(2, 1)
+    c_opt = torch.optim.SGD(critic.parameters(), lr=0.5)
+    save_checkpoint(tmp_path / "b", 1, m, o, None, {}, extras={"critic": (critic, c_opt)})
+    m4 = _setup()[0]
+    o4 = torch.optim.AdamW(m4.parameters(), lr=0.003)
+    c_opt4 = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.05)
+    load_checkpoint(
+        latest_checkpoint(tmp_path / "b"), m4, o4, None,
+        extras={"critic": (torch.nn.Linear(2, 1), c_opt4)},
+    )  # fmt: skip
+    assert o4.param_groups[0]["lr"] == 0.003 and c_opt4.param_groups[0]["lr"] == 0.05

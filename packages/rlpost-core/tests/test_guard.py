@@ -35,7 +35,9 @@ def test_a_step_that_makes_parameters_non_finite_is_rolled_back_exactly():
 
 def test_a_later_rollback_undoes_a_finite_but_diverged_step():
     m, opt = _setup()
-    guard = UpdateGuard(list(m.parameters()), [opt])
+    # the growth check would catch this one at the step; without it, the later rollback
+    # (when the weights' use shows the damage) is the line of defence tested here
+    guard = UpdateGuard(list(m.parameters()), [opt], max_growth=None)
     before = [p.detach().clone() for p in m.parameters()]
     for g in opt.param_groups:
         g["lr"] = 1e30
@@ -86,3 +88,26 @@ def test_all_finite_is_exact_where_its_fused_norm_overflows():
             ts = [torch.ones(5, dtype=dtype), torch.tensor([1.0, bad], dtype=dtype)]
             assert not all_finite(ts), (bad, dtype)
     assert not all_finite([torch.tensor([math.inf, -math.inf])])  # (their sum is NaN)
+
+
+def test_a_step_that_explodes_the_weights_is_rolled_back_though_finite():
+    """An lr of 1e30 leaves finite weights around 1e29: no checkpoint may keep them."""
+    from rlpost.core.guard import UpdateGuard
+
+    def run(lr, **kw):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3)
+        opt = torch.optim.Adam(lin.parameters(), lr=lr)
+        guard = UpdateGuard(list(lin.parameters()), [opt], **kw)
+        before = [p.detach().clone() for p in lin.parameters()]
+        lin(torch.randn(8, 4)).pow(2).sum().backward()
+        return guard.step(opt.step), guard, lin, before
+
+    ok, guard, lin, before = run(1e30)
+    assert not ok and "multiplied the weights' norm by" in guard.why and "rolled back" in guard.why
+    assert all(torch.equal(p, b) for p, b in zip(lin.parameters(), before, strict=True))
+    assert run(1e-2)[0]  # control: an ordinary step passes
+    ok, _, lin, _ = run(1e30, max_growth=None)  # without the check it goes through
+    assert ok and max(p.abs().max().item() for p in lin.parameters()) > 1e28
+    with pytest.raises(ValueError, match="max_growth"):
+        run(1e-2, max_growth=0.5)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,12 +129,30 @@ def test_nan_rewards_skip_their_step_and_the_run_goes_on(tmp_path, one_thread):
 
 
 def test_a_diverging_learning_rate_is_rolled_back_then_stops(tmp_path, capsys, one_thread):
-    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.grad_clip=null", "train.steps=10")
+    # without the growth check (next test), non-finite samples are the line of defence
+    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.grad_clip=null", "train.steps=10",
+               "train.guard.max_growth=null")  # fmt: skip
     t = Trainer(cfg, policy=_policy(), reward=brightness, metrics={})
-    with pytest.raises(RunStopped, match="3 steps in a row skipped"):
+    with pytest.raises(RunStopped, match=r"3 steps in a row skipped.*not finite"):
         t.train()
     assert "rolled back" in capsys.readouterr().err
     assert all(torch.isfinite(p).all() and p.abs().max() < 1e6 for p in t.params)
+
+
+def test_exploded_weights_never_reach_a_checkpoint(tmp_path, capsys, one_thread):
+    """lr=1e30: before, the last step's huge but finite weights (up to 5e29) ended in the
+    final checkpoint with exit 0; now every such update is rolled back at once."""
+    from safetensors.torch import load_file
+
+    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.grad_clip=null", "train.steps=4",
+               "run.save_every=1")  # fmt: skip
+    t = Trainer(cfg, policy=_policy(), reward=brightness, metrics={})
+    with pytest.raises(RunStopped, match=r"3 steps in a row skipped.*multiplied the weights' norm"):
+        t.train()
+    files = list(Path(cfg.run.dir, "checkpoints").glob("step-*/*.safetensors"))
+    assert files and all(
+        v.abs().max() < 1e3 for f in files for v in load_file(f).values() if v.is_floating_point()
+    )
 
 
 def test_an_unknown_reward_fails_at_load():

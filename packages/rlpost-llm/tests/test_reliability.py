@@ -28,8 +28,14 @@ def _rows(run):
 
 
 def test_a_diverging_learning_rate_is_rolled_back_and_then_stops_the_run(fast_cfg, capsys):
+    # the growth check (next test) would reject the step itself; without it, the logits at
+    # the next generation are the line of defence tested here
     cfg = fast_cfg(
-        "optim.lr=1e30", "train.steps=20", "optim.grad_clip=null", "train.guard.max_consecutive=2"
+        "optim.lr=1e30",
+        "train.steps=20",
+        "optim.grad_clip=null",
+        "train.guard.max_consecutive=2",
+        "train.guard.max_growth=null",
     )
     t = Trainer(cfg, reward_fn=parity)
     with pytest.raises(RunStopped, match=r"2 steps in a row skipped.*logits are not finite"):
@@ -39,6 +45,35 @@ def test_a_diverging_learning_rate_is_rolled_back_and_then_stops_the_run(fast_cf
     # the weights the run stopped with are the last finite ones, not the diverged ones
     assert all(torch.isfinite(p).all() and p.abs().max() < 1e6 for p in t.model.parameters())
     assert t.guard.rollbacks == 2 and t.skipped == 2
+
+
+def test_exploded_weights_never_reach_a_checkpoint(fast_cfg, capsys):
+    """lr=1e30 leaves finite weights around 1e29: before, the checkpoints of the bad steps
+    kept them; now each such step is rolled back at once, and the run stops (exit 3)."""
+    cfg = fast_cfg("optim.lr=1e30", "train.steps=6", "optim.grad_clip=null", "run.save_every=1")
+    t = Trainer(cfg, reward_fn=parity)
+    with pytest.raises(RunStopped, match=r"3 steps in a row skipped.*multiplied the weights' norm"):
+        t.train()
+    assert "rolled back" in capsys.readouterr().err
+    for ckpt in Path(cfg.run.dir, "checkpoints").glob("step-*"):
+        assert all(v.abs().max() < 1e3 for v in load_file(ckpt / "model.safetensors").values())
+    assert all(p.abs().max() < 1e3 for p in t.model.parameters())
+
+
+def test_a_lower_learning_rate_given_with_resume_is_the_one_used(fast_cfg, tmp_path, capsys):
+    run = tmp_path / "run"
+    Trainer(fast_cfg("train.steps=2", "run.save_every=2", "optim.lr=1e-3", f"run.dir={run}"),
+            reward_fn=parity).train()  # fmt: skip
+    cfg = fast_cfg("train.steps=3", "run.save_every=2", "optim.lr=2e-4", f"run.dir={run}")
+    t = Trainer(cfg, reward_fn=parity, resume=True)
+    t.train()
+    assert t.scheduler.base_lrs == [2e-4] and {
+        g["initial_lr"] for g in t.optimizer.param_groups
+    } == {2e-4}
+    assert (
+        "from step 3 the configured learning rate replaces the checkpoint's: 0.001 -> 0.0002"
+        in (capsys.readouterr().err)
+    )
 
 
 def test_a_reward_beyond_float32_is_counted_and_the_run_goes_on(fast_cfg):

@@ -202,6 +202,36 @@ def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path, cache, capsys):
     assert not (run / "checkpoints").exists() and len(_rows(run)) == 3
 
 
+def test_a_learning_rate_of_1e30_stops_in_one_line_with_exit_3(tmp_path, cache, capsys):
+    """Before: a traceback from the sampler (NaN probabilities) mid-update."""
+    run = tmp_path / "run"
+    args = ["train", *OTQL, "algo.params.episodes=4", "algo.params.policy_lr=1e30",
+            "run.save_every=1", f"run.dir={run}"]  # fmt: skip
+    assert main(args) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert "round 1 (2 episodes): the update left the parameters of policy" in err[-1]
+    assert "lower the learning rates, then --resume" in err[-1]
+    assert not list((run / "checkpoints").glob("step-*"))  # nothing diverged was kept
+
+
+def test_an_error_from_a_bug_mid_update_keeps_its_traceback():
+    class Buggy:
+        policy = torch.nn.Linear(2, 2)
+
+        def collect(self, n, seed):
+            return n
+
+        def update(self, n):
+            raise ValueError("a bug, not a divergence")
+
+        def export_state(self):
+            return common.LearnerState(self.policy, None)
+
+    with pytest.raises(ValueError, match="a bug, not a divergence"):
+        common.online_loop(Buggy(), episodes=2, envs=2, seed=0, progress=False)
+
+
 def test_residual_job_refuses_a_used_run_dir_unless_overwrite(tmp_path, capsys):
     run = tmp_path / "residual"
     small = ["data.train=4", "data.test=2", "data.steps=40", "agent.steps=20", "agent.hidden=16"]

@@ -9,7 +9,8 @@ training on garbage or dying later with an unrelated traceback.
 * :meth:`UpdateGuard.grads_finite` before the step: skip it when a gradient is not finite;
 * :meth:`UpdateGuard.step` snapshots the trainable parameters and the optimisers' state
   (when ``rollback``), steps, and restores the snapshot when a parameter came out
-  non-finite;
+  non-finite or the weights exploded (their global norm grew more than ``max_growth``
+  times in the one step: finite, but no checkpoint should keep them);
 * :meth:`UpdateGuard.rollback` undoes the last applied step later, when its damage shows
   only downstream (e.g. finite but huge weights whose logits overflow at generation);
 * :meth:`UpdateGuard.record` counts consecutive bad steps and raises :class:`RunStopped`
@@ -57,13 +58,25 @@ def all_finite(tensors: Iterable[Tensor | None]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
 
 
+def global_norm(tensors: Iterable[Tensor]) -> float:
+    """The 2-norm of all the tensors together, in float64 (inf when an entry is not finite
+    or beyond float32's range, which only an exploded model reaches)."""
+    ts = [t.detach() for t in tensors if t.is_floating_point() and t.numel()]
+    if not ts:
+        return 0.0
+    norms = torch.stack([n.to(torch.float64) for n in torch._foreach_norm(ts, 2)])
+    return float(norms.norm().cpu())
+
+
 class UpdateGuard:
     """Skip, roll back and count non-finite updates of ``params`` (see the module doc).
 
     ``optimizers``: whose state a rollback restores too; ``rollback``: keep a copy of the
     parameters and optimiser state before each step (memory: one more copy of the trainable
     state; with ``False`` a step that makes a parameter non-finite stops the run at once);
-    ``max_consecutive``: bad steps in a row before :class:`RunStopped`.
+    ``max_consecutive``: bad steps in a row before :class:`RunStopped`; ``max_growth``: a
+    step that multiplies the weights' global norm by more than this is rejected like a
+    non-finite one (None: no such check). :attr:`why` says why the last step was rejected.
     """
 
     def __init__(
@@ -73,9 +86,14 @@ class UpdateGuard:
         *,
         rollback: bool = True,
         max_consecutive: int = 3,
+        max_growth: float | None = 10.0,
     ) -> None:
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
+        if max_growth is not None and not max_growth > 1.0:
+            raise ValueError(f"max_growth must be > 1 (or None), got {max_growth}")
+        self.max_growth = max_growth
+        self.why = ""
         self.params = list(params)
         self.optimizers = list(optimizers)
         self.rollback_enabled = rollback
@@ -97,7 +115,11 @@ class UpdateGuard:
         :class:`rlpost.core.io.schema.GuardConfig`: ``rollback``, ``max_consecutive``)."""
         trainable = [p for p in params if p.requires_grad]
         return cls(
-            trainable, optimizers, rollback=cfg.rollback, max_consecutive=cfg.max_consecutive
+            trainable,
+            optimizers,
+            rollback=cfg.rollback,
+            max_consecutive=cfg.max_consecutive,
+            max_growth=cfg.max_growth,
         )
 
     def grads_finite(self) -> bool:
@@ -126,17 +148,29 @@ class UpdateGuard:
 
     def step(self, step_fn) -> bool:
         """Run ``step_fn()`` (the optimisers' steps); False when it left a parameter
-        non-finite, in which case the parameters and optimiser states are restored."""
+        non-finite or exploded the weights (see ``max_growth``), in which case the
+        parameters and optimiser states are restored and :attr:`why` says which."""
         if self.rollback_enabled:
             self._take_snapshot()
+        before = global_norm(self.params) if self.max_growth is not None else 0.0
         step_fn()
-        if self.params_finite():
+        if not self.params_finite():
+            self.why = "an update made parameters non-finite"
+        elif self.max_growth is not None and (
+            not (after := global_norm(self.params)) <= self.max_growth * max(before, 1e-12)
+        ):
+            self.why = (
+                f"an update multiplied the weights' norm by {after / max(before, 1e-12):.3g} "
+                f"(train.guard.max_growth={self.max_growth:g})"
+            )
+        else:
             return True
         if not self.rollback():
             raise RunStopped(
-                "an update made parameters non-finite and rollback is off; resume from the "
-                "last checkpoint with a smaller learning rate"
+                f"{self.why} and rollback is off; resume from the last checkpoint with a "
+                "smaller learning rate"
             )
+        self.why += "; it was rolled back"
         return False
 
     def rollback(self) -> bool:

@@ -358,7 +358,7 @@ class Trainer:
                     float(torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip))
                 )
             if not self.guard.step(self.opt.step):
-                bad.append("an update made parameters non-finite; it was rolled back")
+                bad.append(self.guard.why)
                 continue
             losses.append(total)
         out = {k: sum(v) / len(v) for k, v in acc.items()}

@@ -90,6 +90,41 @@ def _save_optimizer(
     (folder / f"{stem}.json").write_text(json.dumps(meta))
 
 
+def _optimizers(main: Any, extras: Mapping[str, tuple[Any, Any]] | None) -> list[Any]:
+    return [o for o in (main, *(opt for _, opt in (extras or {}).values())) if o is not None]
+
+
+def _keep_configured_lr(
+    configured: list[tuple[Any, list[float]]], main: Any, scheduler: Any, step: int
+) -> None:
+    """The learning rates the run is configured with now win over the checkpoint's (the
+    stop after a divergence says "lower optim.lr, then --resume"): each optimiser's groups
+    get the configured rate, and the main one's ``LambdaLR`` continues its schedule from
+    the new base. With unchanged rates nothing is touched: resume stays bitwise."""
+    changed = []
+    for opt, bases in configured:
+        if opt is main and scheduler is not None and hasattr(scheduler, "lr_lambdas"):
+            if list(scheduler.base_lrs) == bases:
+                continue
+            changed += [(a, b) for a, b in zip(scheduler.base_lrs, bases, strict=True) if a != b]
+            scheduler.base_lrs = list(bases)
+            for g, base, fn in zip(opt.param_groups, bases, scheduler.lr_lambdas, strict=True):
+                g["initial_lr"] = base
+                g["lr"] = base * fn(scheduler.last_epoch)
+            continue
+        for g, lr in zip(opt.param_groups, bases, strict=True):
+            if g["lr"] != lr:
+                changed.append((g["lr"], lr))
+                g["lr"] = lr
+    if changed:
+        from rlpost.core.io.rundir import notice
+
+        pairs = ", ".join(f"{a:g} -> {b:g}" for a, b in changed)
+        notice(
+            f"from step {step + 1} the configured learning rate replaces the checkpoint's: {pairs}"
+        )
+
+
 def _restore_optimizer(opt: torch.optim.Optimizer, folder: Path, stem: str) -> None:
     _load_optimizer(
         opt,
@@ -400,6 +435,10 @@ def load_checkpoint(
     ``load_optimizer_state``: load the saved weights / optimiser state dict in place of
     ``model.load_state_dict`` / ``optimizer.load_state_dict`` (a sharded learner)."""
     path = Path(path)
+    configured = [  # the rates as configured now (a scheduler keeps the base in initial_lr)
+        (o, [g.get("initial_lr", g["lr"]) for g in o.param_groups])
+        for o in _optimizers(optimizer, extras)
+    ]
     if load_model_state is None:
         state = load_weights(path, model)
     else:
@@ -422,6 +461,7 @@ def load_checkpoint(
             _restore_optimizer(opt, path, f"{name}-optimizer")
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
+    _keep_configured_lr(configured, optimizer, scheduler, int(state.get("step", 0)))
     rng = load_file(str(path / "rng.safetensors"))
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available():

@@ -104,9 +104,14 @@ class DeviceRunConfig(CheckpointedRunConfig):
 class GuardConfig(Strict):
     """Non-finite steps (:class:`rlpost.core.guard.UpdateGuard`): a step whose loss or
     gradient is not finite is skipped; one that makes a parameter non-finite is rolled
-    back; ``max_consecutive`` bad steps in a row stop the run with a message."""
+    back, as is one that explodes the weights (``max_growth``); ``max_consecutive`` bad
+    steps in a row stop the run with a message."""
 
     rollback: bool = True
     """Keep a copy of the trainable state before each step to undo a bad one (memory: one
     more copy of the trainable parameters and optimiser state). Off: such a step stops."""
     max_consecutive: int = Field(3, ge=1)
+    max_growth: float | None = Field(10.0, gt=1.0)
+    """A step that multiplies the global norm of the trainable weights by more than this is
+    rolled back like a non-finite one (finite but exploded weights never reach a
+    checkpoint); null: no such check."""

@@ -403,7 +403,7 @@ class PreferenceTrainer:
             bad = not math.isfinite(grad_norm)
         why = "non-finite loss or gradient"
         if not bad and not self.guard.step(self.optimizer.step):
-            bad, why = True, "an update made parameters non-finite; it was rolled back"
+            bad, why = True, self.guard.why
         self.optimizer.zero_grad(set_to_none=True)
         self._bad = why if bad else None
         if bad:

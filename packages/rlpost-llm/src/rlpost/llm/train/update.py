@@ -144,7 +144,7 @@ class Updater:
             acc.bad = not math.isfinite(acc.grad_norm)
         if not acc.bad and not t.guard.step(t.optimizer.step):
             acc.bad = True
-            acc.why = "an update made parameters non-finite; it was rolled back"
+            acc.why = t.guard.why
         t.optimizer.zero_grad(set_to_none=True)
 
     def close(self, acc: Accum, warmup: bool) -> None:

@@ -24,6 +24,7 @@ seeded by the episodes used; no robot code draws from numpy's or python's global
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from torch import Tensor
+
+from rlpost.core.guard import RunStopped
 
 # ------------------------------------------------------------------ chunk transitions
 
@@ -267,24 +270,66 @@ def _restore_round(learner: OnlineLearner, path: Path) -> tuple[list, int, int]:
     return list(loop["history"]), int(loop["episodes"]), int(loop["round"])
 
 
-def _check_finite(learner: OnlineLearner, rounds: int, used: int, ck: Checkpoints | None) -> None:
-    """Stop (:class:`rlpost.core.guard.RunStopped`) when the round's update left a
-    parameter of the learner non-finite, before a checkpoint could keep it. (A rollback
-    would not help: the next round would collect the same episodes and diverge again.)"""
+MAX_ROUND_GROWTH = 1e3
+"""A round whose update multiplies a module's weight norm by more than this has exploded
+(finite but useless weights, e.g. a learning rate of 1e30): the loop stops before a
+checkpoint keeps them."""
+
+
+def _modules(learner: OnlineLearner) -> dict[str, torch.nn.Module]:
     export = getattr(learner, "export_state", None)
     if export is None:
-        return
-    from rlpost.core.guard import RunStopped, all_finite
-
+        return {}
     ls = export()
-    modules = {"policy": ls.model, **{k: m for k, (m, _) in ls.extras.items()}}
-    bad = [k for k, m in modules.items() if not all_finite(p.detach() for p in m.parameters())]
-    if bad:
-        last = f"; the last checkpoint is in {ck.root}" if ck is not None else ""
-        raise RunStopped(
-            f"round {rounds} ({used} episodes): the update made the parameters of "
-            f"{', '.join(bad)} non-finite{last}; lower the learning rates, then --resume"
-        )
+    return {"policy": ls.model, **{k: m for k, (m, _) in ls.extras.items()}}
+
+
+def _norms(learner: OnlineLearner) -> dict[str, float]:
+    from rlpost.core.guard import global_norm
+
+    return {k: global_norm(m.parameters()) for k, m in _modules(learner).items()}
+
+
+def _diverged(learner: OnlineLearner, before: dict[str, float]) -> list[str]:
+    """The learner's modules the round's update made non-finite or exploded."""
+    bad = []
+    for name, after in _norms(learner).items():
+        if not math.isfinite(after):
+            bad.append(f"{name} non-finite")
+        elif after > MAX_ROUND_GROWTH * max(before.get(name, 0.0), 1e-12):
+            bad.append(f"{name} exploded (norm x{after / max(before[name], 1e-12):.3g})")
+    return bad
+
+
+def _update(
+    learner: OnlineLearner, data: Any, rounds: int, used: int, ck: Checkpoints | None
+) -> tuple[dict[str, Any], RunStopped | None]:
+    """``learner.update(data)``'s metrics, and the stop (:class:`RunStopped`, exit 3) to
+    raise once the round is logged when the update left a module non-finite or exploded,
+    before a checkpoint could keep it, also when the damage made the update itself fail (a
+    sampler meeting NaN probabilities). (A rollback would not help: the next round would
+    collect the same episodes and diverge again.) An error while the weights are sane is a
+    bug and keeps its traceback."""
+    before = _norms(learner)
+    metrics: dict[str, Any] = {}
+    failure: Exception | None = None
+    try:
+        metrics = learner.update(data)
+    except Exception as exc:
+        failure = exc
+    bad = _diverged(learner, before)
+    if not bad:
+        if failure is not None:
+            raise failure
+        return metrics, None
+    last = f"; the last checkpoint is in {ck.root}" if ck is not None else ""
+    how = f" (then it failed: {type(failure).__name__}: {failure})" if failure else ""
+    stop = RunStopped(
+        f"round {rounds} ({used} episodes): the update left the parameters of "
+        f"{', '.join(bad)}{how}{last}; lower the learning rates, then --resume"
+    )
+    stop.__cause__ = failure
+    return metrics, stop
 
 
 def _due(every: int, rounds: int, last: bool) -> bool:
@@ -327,11 +372,13 @@ def online_loop(
             data = learner.collect(n, seed * 100_003 + used)
             used += n
             rounds += 1
-            row = {"episodes": used, **learner.update(data), "seconds": time.perf_counter() - t0}
+            metrics, stop = _update(learner, data, rounds, used, checkpoints)
+            row = {"episodes": used, **metrics, "seconds": time.perf_counter() - t0}
             history.append(row)
             if log is not None:  # before the checkpoint: a resume drops rows past it
                 log(row)
-            _check_finite(learner, rounds, used, checkpoints)
+            if stop is not None:  # the round is logged, then the run stops, unsaved
+                raise stop
             if checkpoints is not None and _due(checkpoints.every, rounds, used >= episodes):
                 _save_round(learner, checkpoints, rounds, used, history)
             bar.update(n)
