@@ -28,19 +28,19 @@ def import_ray(who: str):
 @contextmanager
 def local_ray(num_cpus: int, who: str) -> Iterator:
     """Ray for the ``with`` block: the cluster this process already joined
-    (``ray.init(address=...)`` before the run), else a local one with ``num_cpus`` CPUs,
-    shut down at the end of the block."""
+    (``ray.init(address=...)`` before the run), else a local one with ``num_cpus`` CPUs
+    on the loopback (:func:`rlpost.core.ray_local.init_local_ray`), shut down at the end
+    of the block."""
+    from rlpost.core.ray_local import init_local_ray
+
     ray = import_ray(who)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False
-        )
+    owned = None if ray.is_initialized() else init_local_ray(ray, num_cpus=num_cpus)
     try:
         yield ray
     finally:
-        if started:
+        if owned is not None:
             ray.shutdown()
+            owned.stop()
 
 
 def claim_run_dir(root: Path, sub: str, what: str, *, resume: bool, overwrite: bool) -> None:

@@ -98,6 +98,7 @@ class FleetRuntime:
         self.next_id = max(ids, default=-1) + 1
         self.ray = None
         self._started_ray = False
+        self._local_ray: Any = None
         self._resume = resume
         self.slots = [
             RobotSlot(i, self.variants[i % len(self.variants)]) for i in range(job.fleet.robots)
@@ -119,12 +120,17 @@ class FleetRuntime:
         ray = _import_ray(local=not self.job.fleet.ray_address)
         self.ray = ray
         if not ray.is_initialized():
-            kw: dict[str, Any] = {}
             if self.job.fleet.ray_address:
-                kw["address"] = self.job.fleet.ray_address
-            else:
-                kw["num_cpus"] = len(self.slots) + 2  # logical: robots mostly wait on their pace
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
+                ray.init(
+                    address=self.job.fleet.ray_address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            else:  # on the loopback, gone with this process; logical CPUs: robots mostly wait
+                from rlpost.core.ray_local import init_local_ray
+
+                self._local_ray = init_local_ray(ray, num_cpus=len(self.slots) + 2)
             self._started_ray = True
         self._robot_cls = ray.remote(num_cpus=1, max_restarts=0)(FleetRobot)
         self._learner_cls = ray.remote(num_cpus=1, max_restarts=0)(FleetLearner)
@@ -348,6 +354,9 @@ class FleetRuntime:
             self.ray.kill(self.learner)
         if self._started_ray and self.ray.is_initialized():
             self.ray.shutdown()
+        if self._local_ray is not None:
+            self._local_ray.stop()
+            self._local_ray = None
         self.ray = None
 
 

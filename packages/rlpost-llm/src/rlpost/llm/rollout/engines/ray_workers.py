@@ -74,9 +74,16 @@ class RayRolloutEngine:
         ray = import_ray("rollout.workers")
         self.ray = ray
         self._started = not ray.is_initialized()
-        if self._started:
-            kw = {"address": address} if address else {"num_cpus": workers}
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
+        self._local = None
+        if self._started and address:
+            ray.init(
+                address=address, include_dashboard=False, log_to_driver=False,
+                configure_logging=False,
+            )  # fmt: skip
+        elif self._started:  # on the loopback, gone with this process
+            from rlpost.core.ray_local import init_local_ray
+
+            self._local = init_local_ray(ray, num_cpus=workers)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._spawn_args = (base.config, tokenizer, engine, threads)
         self._cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
@@ -147,3 +154,6 @@ class RayRolloutEngine:
         self.workers = []
         if self._started and self.ray.is_initialized():
             self.ray.shutdown()
+        if self._local is not None:
+            self._local.stop()
+            self._local = None
