@@ -82,12 +82,27 @@ def test_a_task_parameter_the_task_does_not_take_is_refused_at_load(overrides, m
 
 
 def test_a_model_path_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
+    """Refused at load (before any run directory), and again by the loader for a config
+    changed in Python after it was loaded."""
     from rlpost.llm.model.policy import load_policy
 
     missing = tmp_path / "no-model"
-    cfg = load_config(recipe_path("grpo_pde"), [f"model.path={missing}"])
+    over = [f"model.path={missing}"]
+    with pytest.raises(ConfigError, match=re.escape(f"model.path: '{missing}': no such folder")):
+        load_config(recipe_path("grpo_pde"), over)
+    base = load_config(recipe_path("grpo_pde"), [])
+    cfg = base.model_copy(update={"model": base.model.model_copy(update={"path": str(missing)})})
     with pytest.raises(ValueError, match=re.escape(f"model.path '{missing}': no such folder")):
         load_policy(cfg, progress=False)
     missing.mkdir()  # a folder without a model in it
+    with pytest.raises(ConfigError, match=re.escape(f"'{missing}': no config.json")):
+        load_config(recipe_path("grpo_pde"), over)
     with pytest.raises(ValueError, match=re.escape(f"model.path '{missing}': no config.json")):
         load_policy(cfg, progress=False)
+    # weights only as a pickle (before: a traceback from torch.load refusing it)
+    (missing / "config.json").write_text('{"model_type": "llama"}')
+    (missing / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(
+        ConfigError, match=r"holds its weights only as pickles \(pytorch_model.bin\)"
+    ):
+        load_config(recipe_path("grpo_pde"), over)

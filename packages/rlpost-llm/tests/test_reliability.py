@@ -115,3 +115,48 @@ def test_an_unimportable_reward_fails_at_load(fast_cfg):
         fast_cfg("reward.funcs=[{name: 'no_such_pkg.mod:fn'}]")
     with pytest.raises(ConfigError, match=r"module 'math' has no 'nope'"):
         fast_cfg("reward.funcs=[{name: 'math:nope'}]")
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    good = '{"prompt": "1+1=", "answer": "2"}\n'
+    files = {
+        "empty.jsonl": b"",
+        "blank.jsonl": b'{"prompt": "", "answer": "1"}\n' * 2,
+        "latin.jsonl": good.encode() + b'{"prompt": "\xff\xfe", "answer": "2"}\n',
+        "notjson.jsonl": good.encode() + b"not json\n",
+        "big.jsonl": good.encode() + b'{"prompt": "' + b"x" * (3 << 20) + b'"}\n',
+    }
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    (tmp / "afile").write_text("a file")
+    (tmp / "pickled").mkdir()
+    (tmp / "pickled" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp / "pickled" / "pytorch_model.bin").write_bytes(b"never unpickled")
+    return {
+        "empty": ([f"data.path={tmp / 'empty.jsonl'}"], "empty.jsonl holds no rows"),
+        "blank": ([f"data.path={tmp / 'blank.jsonl'}"], "row 1: the 'prompt' is empty"),
+        "latin": ([f"data.path={tmp / 'latin.jsonl'}"], "latin.jsonl:2: not UTF-8"),
+        "notjson": ([f"data.path={tmp / 'notjson.jsonl'}"], "notjson.jsonl:2: not JSON"),
+        "big": ([f"data.path={tmp / 'big.jsonl'}", "data.max_row_mb=1"],
+                "big.jsonl:2: a row of over 1 MiB"),
+        "ops": (["data.task_params.ops=-"], "data.task_params: task 'arithmetic': ops must be"),
+        "pickle": ([f"model.path={tmp / 'pickled'}"], "holds its weights only as pickles"),
+        "run-dir-under-a-file": ([f"run.dir={tmp / 'afile' / 'run'}"], "afile is a file"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", ["empty", "blank", "latin", "notjson", "big", "ops", "pickle", "run-dir-under-a-file"]
+)
+def test_bad_input_is_one_line_rc_2_before_the_run_directory_exists(
+    case, fast_overrides, tmp_path, capsys
+):
+    from rlpost.apps.llm.cli import main as cli
+
+    over, message = _bad_inputs(tmp_path)[case]
+    run = tmp_path / "run"
+    assert cli(["train", *fast_overrides, f"run.dir={run}", *over]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Traceback" not in err, err
+    assert len([x for x in err.splitlines() if x.strip()]) <= 2, err  # "invalid config:" + field
+    assert not run.exists()

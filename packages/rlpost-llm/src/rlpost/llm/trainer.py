@@ -99,13 +99,14 @@ class Trainer:
         if self.dist.world > 1:  # what data-parallel ranks break (checked at start)
             compat.check(cfg, self.preset, self.recipe, [compat.data_parallel(self.dist.world)])
         self.run_dir = Path(cfg.run.dir)
+        # the data first: a bad file or task is one line before the run directory exists
+        need_answer = Scorer.needs_answer(cfg, reward_fn, reward_funcs)
+        self.prompts = make_prompts(cfg, need_answer, train_dataset)
         if self.main:
             open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         torch.manual_seed(cfg.run.seed)
         self.model, self.tok = self._policy(model, tokenizer)
         self.reads = providers.step_reads(cfg, self.recipe)  # what a step computes
-        need_answer = Scorer.needs_answer(cfg, reward_fn, reward_funcs)
-        self.prompts = make_prompts(cfg, need_answer, train_dataset)
         self.total_steps = cfg.train_steps()
         r = cfg.rollout
         self.sampling = SamplingParams(

@@ -110,6 +110,20 @@ def holds_run(run: Path) -> list[str]:
     return found
 
 
+def make_run_dir(run: Path) -> None:
+    """``mkdir -p`` with one line (:class:`RunDirError`) when a part of the path is a file or
+    cannot be created."""
+    for part in (run, *run.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise RunDirError(f"run.dir {run}: {part} is a file, not a directory")
+            break
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"run.dir {run}: cannot create it ({exc.strerror})") from None
+
+
 def open_run_dir(
     path: str | os.PathLike,
     config: Any,
@@ -131,7 +145,7 @@ def open_run_dir(
 
     check_main_guard()  # a worker re-running the user's script must not start a run
     run = Path(path)
-    run.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run)
     if lock:
         lock_run_dir(run)
     existing = holds_run(run)

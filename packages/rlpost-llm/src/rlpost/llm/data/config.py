@@ -87,6 +87,10 @@ class DataConfig(_Strict):
     reach the verifiers in ``example.meta``. Overrides ``task`` for the training prompts."""
     eval_size: int = Field(256, ge=1)
     """Held-out rows (the last ones of a file); a smaller file holds out a tenth of it."""
+    max_row_mb: float = Field(64.0, gt=0)
+    """The largest row of a JSONL ``path``: a file is checked row by row before it is
+    loaded (each problem named with its line), and a longer row is refused, so memory
+    stays bounded."""
     seed: int = 0
     curriculum: list[TaskStage] = []
     """A sequence of tasks trained one after the other (continual post-training, e.g. with

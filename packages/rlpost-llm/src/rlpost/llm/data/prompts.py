@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlpost.llm.data.tasks import Example, Task, is_conversational, make_task, math_verify_reward
@@ -135,18 +136,39 @@ def _rows_to_examples(rows: Any, where: str, need_answer: bool) -> list[Example]
                 f"{where}: row {i}: 'prompt' must be text or a list of {{'role', 'content'}} "
                 f"messages, got {type(prompt).__name__}"
             )
+        if not (prompt.strip() if isinstance(prompt, str) else prompt):
+            raise ValueError(f"{where}: row {i + 1}: the 'prompt' is empty")
         answer = r.get("answer")
         meta = {k: v for k, v in r.items() if k not in ("prompt", "answer")}
         out.append(Example(prompt, "" if answer is None else str(answer), meta))
     return out
 
 
-def _load_file(path: str, need_answer: bool = True) -> list[Example]:
+def _load_file(path: str, need_answer: bool = True, max_row_mb: float = 64.0) -> list[Example]:
+    """The rows of a JSONL / parquet file; a JSON Lines file is checked row by row first
+    (bounded memory; each problem named with its line: :mod:`rlpost.core.io.rows`)."""
+    from rlpost.core.io.config import ConfigError
+    from rlpost.core.io.rows import check_json_lines, is_json_lines
+
+    if not Path(path).is_file():
+        raise ConfigError(f"data.path: no such file {path}")
+    if is_json_lines(path):
+        check_json_lines(path, max_row_mb=max_row_mb)
     import datasets
 
     kind = "parquet" if path.endswith(".parquet") else "json"
-    ds = datasets.load_dataset(kind, data_files=path, split="train")
-    return _rows_to_examples(ds, path, need_answer)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a local file loads in moments: no bars to stderr
+    try:
+        ds = datasets.load_dataset(kind, data_files=path, split="train")
+    except Exception as exc:  # a malformed parquet / JSON array file
+        raise ConfigError(f"data.path: cannot read {path}: {exc}") from exc
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    if len(ds) == 0:
+        raise ConfigError(f"data.path: {path} holds no rows")
+    return _rows_to_examples(ds, f"data.path: {path}", need_answer)
 
 
 def split_eval(rows: list[Example], eval_size: int, where: str) -> tuple[list, list]:
@@ -173,6 +195,7 @@ def make_prompt_source(
     seed: int,
     need_answer: bool = True,
     dataset: Any = None,
+    max_row_mb: float = 64.0,
 ) -> PromptSource:
     """Build the training stream and held-out set described by a ``DataConfig`` (or of
     ``dataset``, a ``datasets.Dataset`` given from Python). ``need_answer``: the rewards
@@ -184,7 +207,7 @@ def make_prompt_source(
         task = make_task(task_name, **task_params)
         held_out = task.sample(eval_size, random.Random(10_000 + seed))
         return PromptSource(None, task, held_out, seed)
-    rows = _load_file(path, need_answer)
+    rows = _load_file(path, need_answer, max_row_mb)
     return PromptSource(*_train_eval(rows, eval_size, path, seed))
 
 
@@ -352,5 +375,6 @@ def make_prompts(cfg: Any, need_answer: bool = True, dataset: Any = None):
     if d.mixture:
         return MixtureSource(list(d.mixture), d.eval_size, d.seed)
     return make_prompt_source(
-        d.task, dict(d.task_params), d.path, d.eval_size, d.seed, need_answer, dataset
-    )
+        d.task, dict(d.task_params), d.path, d.eval_size, d.seed, need_answer, dataset,
+        d.max_row_mb,
+    )  # fmt: skip

@@ -504,7 +504,13 @@ def make_task(name: str, **params: Any) -> Task:
         ValueError: ``name`` is not in :data:`TASKS` (the message lists valid names).
     """
     check_task_params(name, params)
-    return TASKS[name](**params)
+    try:
+        return TASKS[name](**params)
+    except (TypeError, ValueError) as exc:
+        hint = ""
+        if any(isinstance(v, list) and None in v for v in params.values()):
+            hint = " (a bare '-' on the command line is YAML for a list holding null: quote it)"
+        raise ValueError(f"data.task_params: task {name!r}: {exc}{hint}") from None
 
 
 def check_task_params(name: str, params: dict[str, Any], where: str = "task_params") -> None:

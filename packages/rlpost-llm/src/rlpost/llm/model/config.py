@@ -3,7 +3,10 @@ the trainer computes log-probs (:mod:`rlpost.llm.model.policy`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
+
+from pydantic import field_validator
 
 from rlpost.core.contract import Property, Switch
 from rlpost.core.io import schema
@@ -28,6 +31,13 @@ class ModelConfig(_Strict):
     id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _local_folder(cls, path: str) -> str:
+        check_local_model(path)
+        return path
+
     logprob_impl: Literal["auto", "fused", "logits"] = "auto"
     """How log-probs / entropy are computed from the model: ``fused`` (decoder hidden states
     + LM-head weight through rlpost.kernels, no [B, L, V] logits), ``logits`` (the model's
@@ -41,6 +51,33 @@ class ModelConfig(_Strict):
     row (no padding computed), attention through the model's own implementation with the
     4D mask; ``uniform``: every response padded to the longest, one group per row, attention
     through the shared-prompt op (Triton on CUDA)."""
+
+
+PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def check_local_model(path: str) -> None:
+    """A local model folder is refused at load, in one line, when it is missing, is not a
+    Hugging Face folder, or holds its weights only as pickles (``pytorch_model.bin``):
+    unpickling a file can run code, so weights load through safetensors only."""
+    local = Path(path).expanduser()
+    if not (path.startswith(("/", ".", "~")) or local.exists()):
+        return  # a built-in name ("tiny", ...) or a hub id
+    if not local.exists():
+        raise ValueError(f"{path!r}: no such folder")
+    if not local.is_dir():
+        return
+    if not any((local / m).exists() for m in ("config.json", "adapter_config.json")):
+        raise ValueError(f"{path!r}: no config.json (not a Hugging Face model folder)")
+    files = [f.name for f in local.iterdir() if f.is_file()]
+    pickles = sorted(f for f in files if f.endswith(PICKLES))
+    if pickles and not any(f.endswith(".safetensors") for f in files):
+        raise ValueError(
+            f"{path!r} holds its weights only as pickles ({', '.join(pickles[:3])}), which "
+            "rlpost does not load (unpickling can run code): convert them once, where you "
+            "trust the file, with AutoModelForCausalLM.from_pretrained(path)"
+            ".save_pretrained(path, safe_serialization=True)"
+        )
 
 
 SWITCHES = (

@@ -50,17 +50,17 @@ def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = N
 
         model = Qwen2ForCausalLM(tiny.tiny_config(tok))
     else:
-        local = Path(path).expanduser()
-        if path.startswith(("/", ".", "~")) and not local.exists():
-            raise ValueError(f"model.path {path!r}: no such folder")
-        marks = ("config.json", "adapter_config.json")  # a model, or a PEFT adapter
-        if local.is_dir() and not any((local / m).exists() for m in marks):
-            raise ValueError(
-                f"model.path {path!r}: no config.json (not a Hugging Face model folder)"
-            )
+        from rlpost.llm.model.config import check_local_model
+
+        try:  # (checked at load too; a config built in Python may skip that)
+            check_local_model(path)
+        except ValueError as exc:
+            raise ValueError(f"model.path {exc}") from None
         try:
             tok = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.model.dtype])
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=DTYPES[cfg.model.dtype], use_safetensors=True
+            )
         except OSError as exc:  # not a folder, and the hub unreachable or without it
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"model.path {path!r}: cannot load it ({why})") from exc

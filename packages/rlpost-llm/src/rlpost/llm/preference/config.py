@@ -54,6 +54,8 @@ class PreferenceDataConfig(_Strict):
     path: str | None = None
     """Local JSONL / parquet with TRL's columns ``prompt``, ``chosen``, ``rejected`` (plain
     strings); replaces the task's pairs. The last ``eval_size`` rows are held out."""
+    max_row_mb: float = Field(64.0, gt=0)
+    """The largest row of a JSONL ``path`` (checked row by row before loading)."""
     train_size: int = Field(2048, ge=1)
     """Training pairs built from the task (one per prompt; held-out prompts excluded)."""
     eval_size: int = Field(256, ge=1)

@@ -89,7 +89,9 @@ def sample_train_examples(
     raise ConfigError(f"data.train_size={n}: the task has too few prompts outside the held-out set")
 
 
-def load_pair_file(path: str, progress: bool = True) -> list[PreferencePair]:
+def load_pair_file(
+    path: str, progress: bool = True, max_row_mb: float = 64.0
+) -> list[PreferencePair]:
     """The rows of a TRL-format preference file (``prompt``, ``chosen``, ``rejected``);
     ``progress=False`` silences ``datasets``' progress bars while loading.
 
@@ -98,6 +100,10 @@ def load_pair_file(path: str, progress: bool = True) -> list[PreferencePair]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"data.path: no such file {path}")
+    from rlpost.core.io.rows import check_json_lines, is_json_lines
+
+    if is_json_lines(p):
+        check_json_lines(p, max_row_mb=max_row_mb)
     import datasets
 
     kind = "parquet" if path.endswith(".parquet") else "json"

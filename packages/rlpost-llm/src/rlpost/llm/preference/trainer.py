@@ -104,7 +104,7 @@ def make_pair_data(cfg: PreferenceConfig) -> PairData:
     """The pairs a config describes (raises :class:`ConfigError` for a bad file)."""
     d = cfg.data
     if d.path is not None:
-        rows = load_pair_file(d.path, progress=cfg.run.progress)
+        rows = load_pair_file(d.path, progress=cfg.run.progress, max_row_mb=d.max_row_mb)
         if len(rows) <= d.eval_size:
             raise ConfigError(
                 f"data.path: {d.path} has {len(rows)} rows, need more than data.eval_size="
