@@ -117,7 +117,7 @@ def _keep_configured_lr(
                 changed.append((g["lr"], lr))
                 g["lr"] = lr
     if changed:
-        from rlpost.core.io.rundir import notice
+        from rlpost.core.io.notice import notice
 
         pairs = ", ".join(f"{a:g} -> {b:g}" for a, b in changed)
         notice(

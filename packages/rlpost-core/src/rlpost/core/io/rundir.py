@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlpost.core.io.notice import notice
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; runs are not locked there
@@ -47,11 +49,6 @@ def due(every: int, step: int, total: int) -> bool:
     """Whether a periodic action (evaluate, save) falls on ``step``: every ``every`` steps
     and at the last one (``total``); ``every = 0`` never."""
     return bool(every) and (step % every == 0 or step == total)
-
-
-def notice(message: str) -> None:
-    """Tell the user about a decision the run took, in one line on stderr."""
-    print(f"rlpost: {message}", file=sys.stderr, flush=True)
 
 
 def _holder(lock: Path) -> str:
