@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -74,3 +75,99 @@ class Collected:
             torch.cat([c.accuracy for c in parts]),
             metrics,
         )
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def batch_to_state(b: RolloutBatch, prefix: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A :class:`RolloutBatch` as safetensors-able tensors and JSON."""
+    flat = [t for p in b.prompt_ids for t in p]
+    lens = [len(p) for p in b.prompt_ids]
+    tensors = {
+        f"{prefix}.prompt_flat": torch.tensor(flat, dtype=torch.long),
+        f"{prefix}.prompt_lens": torch.tensor(lens, dtype=torch.long),
+        f"{prefix}.completion_ids": b.completion_ids,
+        f"{prefix}.logprobs": b.logprobs,
+        f"{prefix}.mask": b.mask,
+        f"{prefix}.group": b.group,
+    }
+    for name in ("context", "versions"):
+        if getattr(b, name) is not None:
+            tensors[f"{prefix}.{name}"] = getattr(b, name)
+    meta = {
+        "finish_reasons": list(b.finish_reasons),
+        "pad_id": b.pad_id,
+        "policy_version": b.policy_version,
+    }
+    return tensors, meta
+
+
+def batch_from_state(t: dict[str, Tensor], meta: dict[str, Any], prefix: str) -> RolloutBatch:
+    flat, lens = t[f"{prefix}.prompt_flat"].tolist(), t[f"{prefix}.prompt_lens"].tolist()
+    prompts, i = [], 0
+    for n in lens:
+        prompts.append(flat[i : i + n])
+        i += n
+    return RolloutBatch(
+        prompts,
+        t[f"{prefix}.completion_ids"],
+        t[f"{prefix}.logprobs"],
+        t[f"{prefix}.mask"],
+        list(meta["finish_reasons"]),
+        t[f"{prefix}.group"],
+        int(meta["pad_id"]),
+        int(meta["policy_version"]),
+        t.get(f"{prefix}.context"),
+        t.get(f"{prefix}.versions"),
+    )
+
+
+_OPTIONAL = ("old_logp", "roles", "turn_ids", "turn_rewards", "turn_stages", "query_mask")
+
+
+class CollectedBuffer:
+    """Collected batches kept across a checkpoint, oldest first: a Mu-GRPO stage's
+    remaining rollouts, the one-step-off schedule's batch generated ahead. ``prefix``
+    names its tensors in the checkpoint (``<prefix><i>.<field>``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.items: list[Collected] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def state(self) -> tuple[dict[str, Tensor], list[dict[str, Any]]]:
+        tensors: dict[str, Tensor] = {}
+        metas = []
+        for i, c in enumerate(self.items):
+            p = f"{self.prefix}{i}"
+            t, m = batch_to_state(c.batch, p)
+            tensors.update(t)
+            tensors[f"{p}.rewards"] = c.rewards
+            tensors[f"{p}.components"] = c.components
+            tensors[f"{p}.accuracy"] = c.accuracy
+            for name in _OPTIONAL:
+                if getattr(c, name) is not None:
+                    tensors[f"{p}.{name}"] = getattr(c, name)
+            m["examples"] = [[e.prompt, e.answer, e.meta] for e in c.examples]
+            m["metrics"] = c.metrics
+            metas.append(m)
+        return tensors, metas
+
+    def load(self, tensors: dict[str, Tensor], metas: list[dict[str, Any]]) -> None:
+        self.items = []
+        for i, m in enumerate(metas):
+            p = f"{self.prefix}{i}"
+            self.items.append(
+                Collected(
+                    batch_from_state(tensors, m, p),
+                    [Example(a, b, c) for a, b, c in m["examples"]],
+                    tensors[f"{p}.rewards"],
+                    tensors[f"{p}.components"],
+                    tensors[f"{p}.accuracy"],
+                    dict(m["metrics"]),
+                    **{name: tensors.get(f"{p}.{name}") for name in _OPTIONAL},
+                )
+            )

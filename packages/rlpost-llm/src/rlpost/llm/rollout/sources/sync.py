@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rlpost.core.contract import Declares, Property
+from rlpost.llm.rollout.collected import CollectedBuffer
 from rlpost.llm.rollout.sources.base import SCHEDULE, RolloutSource, register_source
 
 #: what ``train.overlapped`` sources require of the engine: their own weight snapshot
@@ -91,6 +92,8 @@ class OneStepOffSource(Threaded):
         breaks={Property.SAME_THREAD: "generates the next step's rollouts beside training"},
     )
 
+    state_key = "ahead"
+
     def __init__(self, trainer: Any, inner: Any, params: Any):
         super().__init__(trainer, inner, params)
         self._pending: Future | None = None
@@ -119,6 +122,26 @@ class OneStepOffSource(Threaded):
 
     def reset(self) -> None:
         self._pending = None
+
+    def state_dict(self) -> tuple[Any, dict]:
+        """The batch generated ahead for the next step (on the weights before this step's
+        update, with the prompts and random draws it already took): a resumed run trains
+        on it, as the uninterrupted run would, instead of generating it again on newer
+        weights."""
+        buffer = CollectedBuffer("ahead")
+        if self._pending is not None:
+            buffer.items = [self._pending.result()]
+        tensors, metas = buffer.state()
+        return metas, tensors
+
+    def load_state_dict(self, state: Any, tensors: dict) -> None:
+        buffer = CollectedBuffer("ahead")
+        buffer.load(tensors, state)
+        self._pending = None
+        if buffer.items:
+            done: Future = Future()
+            done.set_result(buffer.items[0])
+            self._pending = done
 
 
 #: the default ``train.pipeline``, and the one ``train.async_rollouts: true`` selects
