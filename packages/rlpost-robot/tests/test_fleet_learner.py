@@ -103,3 +103,26 @@ def test_a_learner_killed_before_its_checkpoint_gets_the_rest_from_the_store(bas
     acc = b.accounting()["accepted"]
     assert acc == list(range(10)) and len(set(acc)) == len(acc)
     assert b.version == 5  # versions only grow past what the dead learner published
+
+
+def test_a_learner_resumes_after_the_store_quarantined_episodes_it_had_seen(base, tmp_path):
+    """The store's last episode file is truncated after the learner checkpointed it: the
+    store's recovery quarantines it. Before, the learner's restore failed with
+    ``IndexError: store has 11 episodes, no episode 11``, at every later --resume."""
+    store, _ = ExperienceStore.open(tmp_path / "store", TASK)
+    a = learner(base, tmp_path, max_staleness=100)
+    eps = [episode(i) for i in range(6)]
+    for e in eps:
+        a.ingest(store.append(e), e)
+    a.step()  # checkpointed with watermark 6, accepted 0..5
+    del a
+    last = store.path(5)
+    last.write_bytes(last.read_bytes()[:40])  # torn
+    store, rec = ExperienceStore.open(tmp_path / "store", TASK)
+    assert len(store) == 5 and rec.quarantined
+    b = learner(base, tmp_path, resume=True, min_version=2, max_staleness=100)
+    assert b.watermark == 5 and b.accounting()["accepted"] == list(range(5))
+    assert len(b.replay.online) == sum(len(e) for e in eps[:5])
+    # the next episode the store records takes index 5 and is accepted, once
+    e = episode(6)
+    assert b.ingest(store.append(e), e) == "accepted" and b.watermark == 6

@@ -133,10 +133,31 @@ class FleetLearner:
         self.accepted = [int(i) for i in s["accepted"]]
         self.stale_indices = [int(i) for i in s["stale"]]
         self.updates, ln.online = int(s["updates"]), bool(s["online"])
+        store = ExperienceStore.open_read(self.store_root)
+        self._forget_quarantined(len(store))
         if self.accepted:  # the replay it had: its accepted episodes, from the store
-            eps = ExperienceStore.open_read(self.store_root).read(self.accepted)
+            eps = store.read(self.accepted)
             self.replay.add(self._transitions(eps, self.horizon, self.cfg.gamma))
         self.resumed_from = str(path)
+
+    def _forget_quarantined(self, stored: int) -> None:
+        """The store's recovery moved its damaged tail aside after this checkpoint saw it:
+        forget those indices (the store records new episodes there), so the replay is the
+        store's and the next episode is taken from index ``stored``. (What the weights
+        learnt from them stays.)"""
+        if self.watermark <= stored:
+            return
+        from rlpost.core.io.notice import notice
+
+        lost = sum(i >= stored for i in self.accepted)
+        notice(
+            f"fleet learner: the store holds {stored} episodes, its checkpoint had seen "
+            f"{self.watermark}; the quarantined {self.watermark - stored} are forgotten "
+            f"({lost} were in its replay)"
+        )
+        self.watermark = stored
+        self.accepted = [i for i in self.accepted if i < stored]
+        self.stale_indices = [i for i in self.stale_indices if i < stored]
 
     # ------------------------------------------------------------------ experience
     def ingest(self, index: int, episode: Any) -> str:
