@@ -133,3 +133,46 @@ def test_the_configured_learning_rate_wins_on_resume(tmp_path, capsys):
         extras={"critic": (torch.nn.Linear(2, 1), c_opt4)},
     )  # fmt: skip
     assert o4.param_groups[0]["lr"] == 0.003 and c_opt4.param_groups[0]["lr"] == 0.05
+
+
+def test_a_full_disk_is_one_line_and_the_kept_checkpoints_stay(tmp_path, monkeypatch):
+    """Before: three chained tracebacks (safetensors' I/O error) and a half-written folder."""
+    import errno
+
+    from rlpost.core.io import checkpoint as ck
+
+    m, o, s = _setup()
+    _step(m, o, s)
+    save_checkpoint(tmp_path, 1, m, o, s, {})
+    real = ck.save_model
+
+    def full(*a, **k):
+        raise RuntimeError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr(ck, "save_model", full)
+    with pytest.raises(ck.CheckpointWriteError) as err:
+        save_checkpoint(tmp_path, 2, m, o, s, {})
+    msg = str(err.value)
+    assert "step-000002 not written: no space left" in msg and "(step-000001) are intact" in msg
+    assert err.value.one_line and err.value.exit_code == 3 and "\n" not in msg
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000001"
+    ]  # nothing half-written
+    assert ck.validate_checkpoint(tmp_path / "step-000001") is None
+
+    def quota(*a, **k):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(ck, "save_model", real)
+    monkeypatch.setattr(ck, "save_file", quota)
+    with pytest.raises(ck.CheckpointWriteError):
+        save_checkpoint(tmp_path, 2, m, o, s, {})
+
+    def bug(*a, **k):
+        raise ValueError("a bug, not the disk")
+
+    monkeypatch.setattr(ck, "save_file", bug)
+    with pytest.raises(ValueError, match="a bug"):  # anything else keeps its traceback
+        save_checkpoint(tmp_path, 2, m, o, s, {})

@@ -27,6 +27,7 @@ tried again nor counted by the rotation, which keeps the newest ``keep`` checkpo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -171,6 +172,59 @@ def save_checkpoint(
     final = root / f"step-{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        return _write_checkpoint(
+            root, step, final, tmp, model, optimizer, scheduler, state, keep, trainable_only,
+            extras, tensors, generators, write_extra, optimizer_state,
+        )  # fmt: skip
+    except Exception as exc:
+        if not _out_of_space(exc):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for p in checkpoint_dirs(root)]
+        raise CheckpointWriteError(
+            f"checkpoint {final.name} not written: no space left in {root}; "
+            f"{'the checkpoints kept (' + ', '.join(kept) + ') are intact' if kept else 'no earlier checkpoint'}"
+            ": free space, then --resume"
+        ) from None
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written for want of space (the earlier ones are intact):
+    the run stops with this one line (exit 3)."""
+
+    one_line = True
+    exit_code = 3
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """An ``OSError`` for a full disk or quota, or safetensors' error wrapping one."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return True
+    text = str(exc)
+    return "No space left on device" in text or any(f"os error {e})" in text for e in _NO_SPACE)
+
+
+def _write_checkpoint(
+    root: Path,
+    step: int,
+    final: Path,
+    tmp: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: dict[str, Any],
+    keep: int,
+    trainable_only: bool,
+    extras: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] | None,
+    tensors: Mapping[str, torch.Tensor] | None,
+    generators: Mapping[str, torch.Generator] | None,
+    write_extra: Callable[[Path], None] | None,
+    optimizer_state: dict | None,
+) -> Path:
     tmp.mkdir()
     if trainable_only:
         save_file(_trainable_state(model), str(tmp / "model.safetensors"), metadata=PT)
