@@ -111,3 +111,18 @@ def test_a_step_that_explodes_the_weights_is_rolled_back_though_finite():
     assert ok and max(p.abs().max().item() for p in lin.parameters()) > 1e28
     with pytest.raises(ValueError, match="max_growth"):
         run(1e-2, max_growth=0.5)
+
+
+def test_the_training_loop_marks_bugs_but_not_input_errors():
+    from rlpost.core.guard import training_loop
+    from rlpost.core.io.config import ConfigError
+
+    with pytest.raises(ValueError) as err, training_loop():
+        raise ValueError("a bug")
+    assert err.value.during_training
+    with pytest.raises(ConfigError) as err, training_loop():
+        raise ConfigError("data.path: x.jsonl:3: not JSON")
+    assert not getattr(err.value, "during_training", False)
+    with pytest.raises(RunStopped) as err, training_loop():  # not a ValueError: untouched
+        raise RunStopped("3 steps in a row skipped")
+    assert not getattr(err.value, "during_training", False)

@@ -160,3 +160,21 @@ def test_bad_input_is_one_line_rc_2_before_the_run_directory_exists(
     assert message in err and "Traceback" not in err, err
     assert len([x for x in err.splitlines() if x.strip()]) <= 2, err  # "invalid config:" + field
     assert not run.exists()
+
+
+def test_a_value_error_from_a_bug_mid_training_keeps_its_traceback(
+    fast_overrides, tmp_path, monkeypatch
+):
+    """Before: the command line printed any ValueError as a one-line input error, also one
+    raised by a bug in the middle of training (where the traceback is what one needs)."""
+    from rlpost.apps.llm.cli import main as cli
+
+    def buggy(self, stop, max_stale):
+        raise ValueError("a bug in a step")
+
+    monkeypatch.setattr(Trainer, "_train_step", buggy)
+    with pytest.raises(ValueError, match="a bug in a step") as err:
+        cli(["train", *fast_overrides, f"run.dir={tmp_path / 'run'}"])
+    assert err.value.during_training
+    # an input error stays one line, rc 2
+    assert cli(["train", *fast_overrides, f"run.dir={tmp_path / 'r2'}", "data.path=/no/such"]) == 2

@@ -22,11 +22,28 @@ apps print them as one line and exit 3 instead of a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+
+@contextlib.contextmanager
+def training_loop() -> Iterator[None]:
+    """Mark a run's training loop: a ``ValueError`` / ``FileNotFoundError`` raised inside it
+    is the code's (a bug), not the input's, so the command line shows its traceback
+    instead of printing it as a one-line input error (it reads ``during_training``).
+    Errors that say so themselves (``one_line``, a ``ConfigError``) keep their one line."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as exc:
+        from rlpost.core.io.config import ConfigError
+
+        if not isinstance(exc, ConfigError) and not getattr(exc, "one_line", False):
+            exc.during_training = True  # type: ignore[attr-defined]
+        raise
 
 
 class RunStopped(RuntimeError):

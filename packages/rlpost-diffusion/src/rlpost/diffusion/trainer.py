@@ -32,7 +32,7 @@ from torch import Tensor
 
 from rlpost.core import pick_device
 from rlpost.core.advantages import AdvantageInput
-from rlpost.core.guard import UpdateGuard, all_finite
+from rlpost.core.guard import UpdateGuard, all_finite, training_loop
 from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
@@ -447,36 +447,39 @@ class Trainer:
         )
         t0 = time.perf_counter()
         try:
-            while self.step < cfg.train.steps:
-                b = self.collect()
-                if b.skip is None:
-                    if self._applied:  # the last update sampled finite images: it was good
-                        self.guard.record(True)
-                    m = {**b.metrics, **self.update(b), "skipped": 0.0}
-                else:
-                    m = {**b.metrics, "skipped": 1.0}
-                    self._failed = self._skip(b.skip, b.diverged)
-                self.step += 1
-                if due(cfg.run.eval_every, self.step, cfg.train.steps):
-                    last = self.step == cfg.train.steps
-                    m.update(self.evaluate(self.run_dir / "samples_after.png" if last else None))
-                m["time/elapsed_s"] = time.perf_counter() - t0
-                logger.log(self.step, m)
-                if self._failed is not None:  # after its row is logged: it may stop the run
-                    self.guard.record(False, self._failed)
-                bar.update(1)
-                bar.set_postfix(reward=f"{m['reward/mean']:.3f}")
-                if due(cfg.run.save_every, self.step, cfg.train.steps):
-                    save_checkpoint(
-                        self.ckpt_dir,
-                        self.step,
-                        self.policy.trainable_module(),
-                        self.opt,
-                        None,
-                        self._state(),
-                        keep=cfg.run.keep_checkpoints,
-                        trainable_only=self._adapters_only,
-                    )
+            with training_loop():  # a ValueError raised here is a bug: its traceback
+                while self.step < cfg.train.steps:
+                    b = self.collect()
+                    if b.skip is None:
+                        if self._applied:  # the last update sampled finite images: it was good
+                            self.guard.record(True)
+                        m = {**b.metrics, **self.update(b), "skipped": 0.0}
+                    else:
+                        m = {**b.metrics, "skipped": 1.0}
+                        self._failed = self._skip(b.skip, b.diverged)
+                    self.step += 1
+                    if due(cfg.run.eval_every, self.step, cfg.train.steps):
+                        last = self.step == cfg.train.steps
+                        m.update(
+                            self.evaluate(self.run_dir / "samples_after.png" if last else None)
+                        )
+                    m["time/elapsed_s"] = time.perf_counter() - t0
+                    logger.log(self.step, m)
+                    if self._failed is not None:  # after its row is logged: it may stop the run
+                        self.guard.record(False, self._failed)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}")
+                    if due(cfg.run.save_every, self.step, cfg.train.steps):
+                        save_checkpoint(
+                            self.ckpt_dir,
+                            self.step,
+                            self.policy.trainable_module(),
+                            self.opt,
+                            None,
+                            self._state(),
+                            keep=cfg.run.keep_checkpoints,
+                            trainable_only=self._adapters_only,
+                        )
         finally:
             bar.close()
             logger.close()

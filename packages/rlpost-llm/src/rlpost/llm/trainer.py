@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard
+from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard, training_loop
 from rlpost.core.io.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -330,7 +330,7 @@ class Trainer:
         budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
         finished = False
         try:
-            with self._bar() as bar:
+            with self._bar() as bar, training_loop():  # a ValueError here is a bug
                 while self.step < stop:
                     done = self._train_step(stop, max_stale)
                     if done is None:

@@ -110,7 +110,9 @@ class App:
                     raise ValueError(f"--import {module}: {exc}") from exc
             return args.fn(args)
         except USER_ERRORS as exc:
-            if os.environ.get("RLPOST_TRACEBACK"):
+            # a bug raising ValueError mid-training (rlpost.core.guard.training_loop) is
+            # not an input error: its traceback is what the user needs
+            if os.environ.get("RLPOST_TRACEBACK") or getattr(exc, "during_training", False):
                 raise
             print(f"{self.prog}: {exc}", file=sys.stderr)
             return 2

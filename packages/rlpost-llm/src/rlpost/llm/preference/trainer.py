@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.contract import Input
-from rlpost.core.guard import UpdateGuard
+from rlpost.core.guard import UpdateGuard, training_loop
 from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.curves import write_summary
@@ -560,24 +560,25 @@ class PreferenceTrainer:
             self._prepare()
             if self.step == 0 and cfg.run.eval_every:
                 self.logger.log(0, self.evaluate())
-            while self.step < self.total:
-                t0 = time.perf_counter()
-                self._bad = None
-                metrics = self.train_step()
-                self.step += 1
-                if due(cfg.run.eval_every, self.step, self.total):
-                    metrics.update(self.evaluate())
-                metrics["time/step"] = time.perf_counter() - t0
-                self.logger.log(self.step, metrics)
-                self.guard.record(self._bad is None, self._bad or "")  # may stop the run
-                if due(cfg.run.save_every, self.step, self.total):
-                    self.save()
-                if bar is not None:
-                    bar.update(1)
-                    if "loss" in metrics:
-                        bar.set_postfix(
-                            loss=f"{metrics['loss']:.3f}", acc=f"{metrics['reward_acc']:.2f}"
-                        )
+            with training_loop():  # a ValueError raised here is a bug: its traceback
+                while self.step < self.total:
+                    t0 = time.perf_counter()
+                    self._bad = None
+                    metrics = self.train_step()
+                    self.step += 1
+                    if due(cfg.run.eval_every, self.step, self.total):
+                        metrics.update(self.evaluate())
+                    metrics["time/step"] = time.perf_counter() - t0
+                    self.logger.log(self.step, metrics)
+                    self.guard.record(self._bad is None, self._bad or "")  # may stop the run
+                    if due(cfg.run.save_every, self.step, self.total):
+                        self.save()
+                    if bar is not None:
+                        bar.update(1)
+                        if "loss" in metrics:
+                            bar.set_postfix(
+                                loss=f"{metrics['loss']:.3f}", acc=f"{metrics['reward_acc']:.2f}"
+                            )
         finally:
             if bar is not None:
                 bar.close()

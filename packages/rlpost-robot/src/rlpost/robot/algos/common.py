@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlpost.core.guard import RunStopped
+from rlpost.core.guard import RunStopped, training_loop
 
 # ------------------------------------------------------------------ chunk transitions
 
@@ -367,22 +367,23 @@ def online_loop(
     t0 = time.perf_counter() - (history[-1]["seconds"] if history else 0.0)
     bar = tqdm(total=episodes, initial=min(used, episodes), disable=not progress, desc=desc)
     try:
-        while used < episodes:
-            n = min(envs, episodes - used)
-            data = learner.collect(n, seed * 100_003 + used)
-            used += n
-            rounds += 1
-            metrics, stop = _update(learner, data, rounds, used, checkpoints)
-            row = {"episodes": used, **metrics, "seconds": time.perf_counter() - t0}
-            history.append(row)
-            if log is not None:  # before the checkpoint: a resume drops rows past it
-                log(row)
-            if stop is not None:  # the round is logged, then the run stops, unsaved
-                raise stop
-            if checkpoints is not None and _due(checkpoints.every, rounds, used >= episodes):
-                _save_round(learner, checkpoints, rounds, used, history)
-            bar.update(n)
-            bar.set_postfix(success=f"{row.get('online_success', float('nan')):.2f}")
+        with training_loop():  # a ValueError raised here is a bug: its traceback
+            while used < episodes:
+                n = min(envs, episodes - used)
+                data = learner.collect(n, seed * 100_003 + used)
+                used += n
+                rounds += 1
+                metrics, stop = _update(learner, data, rounds, used, checkpoints)
+                row = {"episodes": used, **metrics, "seconds": time.perf_counter() - t0}
+                history.append(row)
+                if log is not None:  # before the checkpoint: a resume drops rows past it
+                    log(row)
+                if stop is not None:  # the round is logged, then the run stops, unsaved
+                    raise stop
+                if checkpoints is not None and _due(checkpoints.every, rounds, used >= episodes):
+                    _save_round(learner, checkpoints, rounds, used, history)
+                bar.update(n)
+                bar.set_postfix(success=f"{row.get('online_success', float('nan')):.2f}")
     finally:
         bar.close()
     return history
