@@ -249,7 +249,7 @@ def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(
     """one_step_off: the batch generated ahead (on the weights before the checkpoint's
     update) is in the checkpoint; before, the resumed run generated it again on newer
     weights and differed from its first step on (final weights up to 6e-4 apart)."""
-    steps = 6
+    steps = 6 if pipeline == "sync" else 4  # killed after step 2's checkpoint either way
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
     fast = [*fast_overrides, f"train.pipeline={pipeline}"]
