@@ -259,3 +259,36 @@ def test_a_killed_caller_takes_the_sandbox_and_its_directory_with_it(tmp_path):
     while time.monotonic() < deadline and (_alive_with(marker) or list(scratch.iterdir())):
         time.sleep(0.2)
     assert _alive_with(marker) == [] and list(scratch.iterdir()) == []
+
+
+def test_without_namespaces_it_refuses_unless_the_user_opts_in(monkeypatch, caplog):
+    """Where the kernel refuses namespaces, generated code is not run uncontained: one
+    error naming the opt-in; with RLPOST_SANDBOX=limits-only it runs under resource limits
+    only, said once."""
+    import logging
+
+    from rlpost.llm.data import sandbox
+
+    real = sandbox._run
+
+    def no_namespaces(*args, weak, **kw):
+        if not weak:
+            raise sandbox.SandboxError(
+                "unshare (Operation not permitted; user namespaces unavailable?)"
+            )
+        return real(*args, weak=weak, **kw)
+
+    monkeypatch.setattr(sandbox, "_run", no_namespaces)
+    monkeypatch.setattr(sandbox, "_WEAK", [])
+    monkeypatch.delenv("RLPOST_SANDBOX", raising=False)
+    with pytest.raises(sandbox.SandboxError, match="RLPOST_SANDBOX=limits-only"):
+        run_sandboxed("print('ran')\n")
+    monkeypatch.setenv("RLPOST_SANDBOX", "limits-only")
+    with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+        first = run_sandboxed("print('ran')\n")
+        second = run_sandboxed(
+            "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU)[0])\n", cpu_s=7
+        )
+    assert first.stdout.strip() == "ran" and second.stdout.strip() == "7"  # limits still set
+    warnings = [r for r in caplog.records if "resource limits only" in r.getMessage()]
+    assert len(warnings) == 1
