@@ -201,3 +201,25 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, one_thread):
         ]
 
     assert rows(ref) == rows(killed)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "latin.txt",
+            b"a red digit\n\xff\xfe blue\n",
+            "latin.txt:2: not UTF-8 (byte 0xff at column 1)",
+        ),
+        ("rows.jsonl", b'{"prompt": "a 3"}\nnot json\n', "rows.jsonl:2: not JSON"),
+        ("long.txt", b"a 3\n" + b"x" * (65 << 20) + b"\n", "long.txt:2: a row of over 64 MiB"),
+    ],
+    ids=["not-utf8", "not-json", "over-64-MiB"],
+)
+def test_a_bad_prompt_file_names_its_line_at_load(tmp_path, name, content, message):
+    """Before: a UnicodeDecodeError or JSON error without a line, after reading the whole
+    file into memory at once."""
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=r"prompts\.path") as err:
+        load_config(recipe_path("flow_grpo_digits"), [f"prompts.path={tmp_path / name}"])
+    assert message in str(err.value)

@@ -102,22 +102,30 @@ class PromptConfig(_Strict):
         return data
 
 
+MAX_PROMPT_FILE_MB = 256
+
+
 def read_prompt_file(path: str | Path) -> list[str]:
     """The prompts of a ``.txt``, ``.jsonl`` or ``.json`` file (see ``prompts.path``)."""
     import json
 
+    from rlpost.core.io.rows import check_json_lines, text_lines
+
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"path: no prompt file {p}")
-    text = p.read_text(encoding="utf-8")
+    if p.stat().st_size > MAX_PROMPT_FILE_MB << 20:
+        raise ValueError(f"path: {p} is over {MAX_PROMPT_FILE_MB} MiB: not a prompt file")
+    field = "prompts.path"  # each line read on its own, bounded; problems named by line
     try:
         if p.suffix == ".jsonl":
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            check_json_lines(p, field=field)
+            rows = [json.loads(t) for _, t in text_lines(p, field=field) if t.strip()]
             prompts = [r["prompt"] if isinstance(r, dict) else r for r in rows]
         elif p.suffix == ".json":
-            prompts = json.loads(text)
+            prompts = json.loads("".join(t for _, t in text_lines(p, field=field)))
         else:
-            prompts = [ln.strip() for ln in text.splitlines()]
+            prompts = [ln.strip() for _, ln in text_lines(p, field=field)]
             prompts = [ln for ln in prompts if ln and not ln.startswith("#")]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"path: {p} is not a prompt file of its kind ({exc})") from None

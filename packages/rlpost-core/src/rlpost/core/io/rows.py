@@ -6,6 +6,7 @@ minutes in."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlpost.core.io.config import ConfigError
@@ -24,15 +25,13 @@ def is_json_lines(path: str | Path) -> bool:
     return not head.startswith(b"[")
 
 
-def check_json_lines(
+def text_lines(
     path: str | Path, *, max_row_mb: float = 64.0, field: str = "data.path"
-) -> int:
-    """Read ``path`` line by line, at most ``max_row_mb`` at a time; every non-blank line
-    must be a UTF-8 JSON object. Returns the number of rows. Raises :class:`ConfigError`
-    (one line: ``field: file:line: what``) at the first problem, or for a file with no
-    rows."""
+) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line of ``path``, read at most ``max_row_mb`` at a
+    time; :class:`ConfigError` (``field: file:line: what``) for a longer line or one that is
+    not UTF-8."""
     limit = int(max_row_mb * 2**20)
-    rows = 0
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below; a directory raises here)
     except OSError as exc:
@@ -51,22 +50,34 @@ def check_json_lines(
                 raise ConfigError(
                     f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
                 ) from None
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except ValueError as exc:
-                msg = getattr(exc, "msg", str(exc))
-                col = getattr(exc, "colno", None)
-                raise ConfigError(
-                    f"{where}: not JSON ({msg}{f' at column {col}' if col else ''})"
-                ) from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            rows += 1
+            yield lineno, text
+
+
+def check_json_lines(
+    path: str | Path, *, max_row_mb: float = 64.0, field: str = "data.path"
+) -> int:
+    """Read ``path`` line by line (:func:`text_lines`); every non-blank line must be a
+    JSON object. Returns the number of rows. Raises :class:`ConfigError` (one line:
+    ``field: file:line: what``) at the first problem, or for a file with no rows."""
+    rows = 0
+    for lineno, text in text_lines(path, max_row_mb=max_row_mb, field=field):
+        if not text.strip():
+            continue
+        where = f"{field}: {path}:{lineno}"
+        try:
+            row = json.loads(text)
+        except ValueError as exc:
+            msg = getattr(exc, "msg", str(exc))
+            col = getattr(exc, "colno", None)
+            raise ConfigError(
+                f"{where}: not JSON ({msg}{f' at column {col}' if col else ''})"
+            ) from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+        rows += 1
     if not rows:
         raise ConfigError(f"{field}: {path} holds no rows")
     return rows
 
 
-__all__ = ["check_json_lines", "is_json_lines"]
+__all__ = ["check_json_lines", "is_json_lines", "text_lines"]
