@@ -181,35 +181,29 @@ def place(src, dst, isdir=None):
         open(dst, "a").close()
 
 
-def build_root(new):
-    """A tmpfs root holding the system directories, a minimal /etc and /dev, a fresh /proc
-    and the kept paths (the interpreter, the sandbox's directory), all read-only but the
-    directory; nothing of the host's home, temporary or configuration directories."""
-    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
-    for d in SYSTEM_DIRS:
-        host = "/" + d
-        if os.path.islink(host):
-            os.symlink(os.readlink(host), new + host)
-        elif os.path.isdir(host):
-            place(host, new + host)
-            bind(host, new + host)
+def mirror(host, dst, writable=False):
+    """``host`` at ``dst``: a symbolic link copied as one, anything else bound."""
+    if os.path.islink(host):
+        os.symlink(os.readlink(host), dst)
+    elif os.path.exists(host):
+        place(host, dst)
+        bind(host, dst, writable=writable)
+
+
+def minimal_etc(new):
+    """A two-line ``passwd`` and ``group``, and the loader's files: nothing else of /etc."""
     os.makedirs(new + "/etc")
     with open(new + "/etc/passwd", "w") as f:
         f.write("root:x:0:0:sandbox:/:/bin/false\nnobody:x:65534:65534::/:/bin/false\n")
     with open(new + "/etc/group", "w") as f:
         f.write("root:x:0:\nnogroup:x:65534:\n")
     for name in ETC_KEPT:
-        host = "/etc/" + name
-        if os.path.islink(host):
-            os.symlink(os.readlink(host), new + host)
-        elif os.path.exists(host):
-            place(host, new + host)
-            bind(host, new + host)
+        mirror("/etc/" + name, new + "/etc/" + name)
+
+
+def minimal_dev(new):
     for name in DEVICES:
-        host = "/dev/" + name
-        if os.path.exists(host):
-            place(host, new + host)
-            bind(host, new + host, writable=True)
+        mirror("/dev/" + name, new + "/dev/" + name, writable=True)
     for name, target in (
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -217,7 +211,12 @@ def build_root(new):
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, new + "/dev/" + name)
-    os.makedirs(new + "/tmp")
+
+
+def kept_paths(new):
+    """The interpreter's prefixes (read-only) and the sandbox's directory (writable), from
+    the descriptors the holder opened; then those descriptors closed, as an open one of a
+    host directory would be a way out."""
     covered = tuple("/" + d + "/" for d in SYSTEM_DIRS)
     for path, writable, fd, isdir in KEPT:
         if not writable and (path + "/").startswith(covered):
@@ -225,15 +224,12 @@ def build_root(new):
         src = f"/proc/self/fd/{fd}"
         place(path, new + path, isdir)
         bind(src, new + path, writable=writable, flags_of=src)
-    for _, _, fd, _ in KEPT:  # an open descriptor of a host directory would be a way out
+    for _, _, fd, _ in KEPT:
         os.close(fd)
-    os.makedirs(new + "/proc")
-    proc = (
-        LIBC.mount(
-            b"proc", (new + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
-        )
-        == 0
-    )
+
+
+def pivot(new):
+    """Make ``new`` the root, detach the host's, and make the new one read-only."""
     os.makedirs(new + "/.oldroot")
     number = SYS_PIVOT_ROOT.get(platform.machine())
     if number is None:
@@ -252,6 +248,24 @@ def build_root(new):
         except OSError:
             continue
         fail(f"{probe_dir} is still writable")
+
+
+def build_root(new):
+    """A tmpfs root holding the system directories, a minimal /etc and /dev, a fresh /proc
+    and the kept paths (the interpreter, the sandbox's directory), all read-only but the
+    directory; nothing of the host's home, temporary or configuration directories.
+    Returns whether /proc could be mounted (the tree's memory is read there)."""
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
+    for d in SYSTEM_DIRS:
+        mirror("/" + d, new + "/" + d)
+    minimal_etc(new)
+    minimal_dev(new)
+    os.makedirs(new + "/tmp")
+    kept_paths(new)
+    os.makedirs(new + "/proc")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    proc = LIBC.mount(b"proc", (new + "/proc").encode(), b"proc", flags, None) == 0
+    pivot(new)
     return proc
 
 
