@@ -195,27 +195,7 @@ def _run(
     }
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(
-                [python, "-I", str(LAUNCHER), json.dumps(cfg)],
-                cwd=work,
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                pass_fds=(status_w,),
-                env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
-            )
-        finally:
-            os.close(status_w)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        rc, timed_out = _launch(python, cfg, work, out, err, status_w, timeout_s)
         status = _read_status(status_r)
         seconds = time.perf_counter() - t0
         stdout, stderr = _read_capped(out, cfg["fsize"]), _read_capped(err, cfg["fsize"])
@@ -229,9 +209,34 @@ def _run(
     if "limit" in status:
         stderr += f"\nsandbox: {status.get('detail', status['limit'])}\n"
         return SandboxResult(-signal.SIGKILL, stdout, stderr, seconds, False, work, status["limit"])
-    rc = status.get("exit", proc.returncode)
+    rc = status.get("exit", rc)
     limit = _SIGNAL_LIMITS.get(rc) or ("output/file size" if full and rc != 0 else None)
     return SandboxResult(rc, stdout, stderr, seconds, False, work, limit)
+
+
+def _launch(python: str, cfg: dict, work: Path, out, err, status_w: int, timeout_s: float):
+    """Start the launcher with stdout / stderr to the files ``out`` / ``err``; past
+    ``timeout_s`` kill its process group (the rest dies with it). Returns (its return code,
+    timed out)."""
+    try:
+        proc = subprocess.Popen(
+            [python, "-I", str(LAUNCHER), json.dumps(cfg)],
+            cwd=work,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(status_w,),
+            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+        )
+    finally:
+        os.close(status_w)
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(), True
 
 
 def _kept(python: str, work: Path) -> list[tuple[str, bool]]:
