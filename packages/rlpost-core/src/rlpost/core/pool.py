@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as _wait_any
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from rlpost.core.procs import take_descendants_along
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -263,49 +265,6 @@ def _exit_when_orphaned(ppid: int) -> None:
             os._exit(0)
 
 
-def _take_descendants_along(trainer_pid: int) -> None:
-    """Linux: the worker dies with the trainer even when stuck in C code, and every
-    process a reward function started, ``setsid`` ones included, dies with the worker.
-
-    The process the pool started stays a thin shell in the host's PID namespace; the
-    worker itself continues in a forked child that is PID 1 of a new PID namespace and dies
-    with the shell. When the worker dies, the kernel kills everything left in its
-    namespace. (Orphans that exit stay zombies until then.) Without the right to create a
-    PID namespace (an unprivileged user), the worker at least becomes the child subreaper
-    of what its functions start, so orphans stay below it.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig, pr_set_child_subreaper = 1, 36
-    parent = os.getppid()
-    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(0)
-    try:
-        os.unshare(os.CLONE_NEWPID)
-    except OSError:
-        libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0)
-        return
-    worker = os.fork()
-    if worker == 0:  # the worker, PID 1 of the new namespace
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-        return
-    os.closerange(3, 1 << 16)  # the shell holds no pipe of the worker's open
-    try:  # the fork server's children keep it alive, so watch the trainer itself
-        watched = [os.pidfd_open(trainer_pid), os.pidfd_open(worker)]
-        import select
-
-        if watched[0] in select.select(watched, [], [])[0]:
-            os.kill(worker, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    code = os.waitstatus_to_exitcode(os.waitpid(worker, 0)[1])
-    os._exit(code if code >= 0 else 128 - code)
-
-
 def _one_torch_thread() -> None:
     """If torch is loaded in this worker (never imported here), keep it to one thread."""
     torch = sys.modules.get("torch")
@@ -343,7 +302,7 @@ def _worker_main(
     per item, in order (``status`` is ``"ok"`` with a float or ``"err"`` with a reason).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    _take_descendants_along(trainer_pid)
+    take_descendants_along(trainer_pid)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     files = dict(module_files)
     try:

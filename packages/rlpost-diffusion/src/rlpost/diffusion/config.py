@@ -109,7 +109,7 @@ def read_prompt_file(path: str | Path) -> list[str]:
     """The prompts of a ``.txt``, ``.jsonl`` or ``.json`` file (see ``prompts.path``)."""
     import json
 
-    from rlpost.core.io.rows import check_json_lines, text_lines
+    from rlpost.core.io.rows import json_rows, text_lines
 
     p = Path(path)
     if not p.is_file():
@@ -119,9 +119,7 @@ def read_prompt_file(path: str | Path) -> list[str]:
     field = "prompts.path"  # each line read on its own, bounded; problems named by line
     try:
         if p.suffix == ".jsonl":
-            check_json_lines(p, field=field)
-            rows = [json.loads(t) for _, t in text_lines(p, field=field) if t.strip()]
-            prompts = [r["prompt"] if isinstance(r, dict) else r for r in rows]
+            prompts = [r["prompt"] for r in json_rows(p, field=field)]
         elif p.suffix == ".json":
             prompts = json.loads("".join(t for _, t in text_lines(p, field=field)))
         else:

@@ -53,12 +53,12 @@ def text_lines(
             yield lineno, text
 
 
-def check_json_lines(
+def json_rows(
     path: str | Path, *, max_row_mb: float = 64.0, field: str = "data.path"
-) -> int:
-    """Read ``path`` line by line (:func:`text_lines`); every non-blank line must be a
-    JSON object. Returns the number of rows. Raises :class:`ConfigError` (one line:
-    ``field: file:line: what``) at the first problem, or for a file with no rows."""
+) -> Iterator[dict]:
+    """The JSON object of each non-blank line of ``path`` (:func:`text_lines`), one at a
+    time; :class:`ConfigError` (one line: ``field: file:line: what``) at the first line
+    that is not one, or for a file with no rows."""
     rows = 0
     for lineno, text in text_lines(path, max_row_mb=max_row_mb, field=field):
         if not text.strip():
@@ -75,9 +75,17 @@ def check_json_lines(
         if not isinstance(row, dict):
             raise ConfigError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
         rows += 1
+        yield row
     if not rows:
         raise ConfigError(f"{field}: {path} holds no rows")
-    return rows
 
 
-__all__ = ["check_json_lines", "is_json_lines", "text_lines"]
+def check_json_lines(
+    path: str | Path, *, max_row_mb: float = 64.0, field: str = "data.path"
+) -> int:
+    """Check every row of ``path`` (:func:`json_rows`) without keeping any; returns how
+    many there are."""
+    return sum(1 for _ in json_rows(path, max_row_mb=max_row_mb, field=field))
+
+
+__all__ = ["check_json_lines", "is_json_lines", "json_rows", "text_lines"]

@@ -101,20 +101,20 @@ def run_sandboxed(
     if not sys.platform.startswith("linux"):
         raise SandboxError("the sandbox needs Linux (namespaces, mount, prctl)")
     work = Path(tempfile.mkdtemp(prefix="rlpost-sandbox-")).resolve()
+    args = (
+        code,
+        files or {},
+        work,
+        timeout_s,
+        cpu_s,
+        memory_mb,
+        file_mb,
+        processes,
+        network,
+        python,
+    )
     try:
-        res = _run(
-            code,
-            files or {},
-            work,
-            timeout_s,
-            cpu_s,
-            memory_mb,
-            file_mb,
-            processes,
-            network,
-            python,
-            weak=bool(_WEAK),
-        )
+        res = _run(*args, weak=bool(_WEAK))
     except SandboxError as exc:
         if _WEAK or os.environ.get(OPT_IN) != "limits-only":
             _remove(work)
@@ -129,19 +129,7 @@ def run_sandboxed(
             exc,
             OPT_IN,
         )
-        res = _run(
-            code,
-            files or {},
-            work,
-            timeout_s,
-            cpu_s,
-            memory_mb,
-            file_mb,
-            processes,
-            network,
-            python,
-            weak=True,
-        )
+        res = _run(*args, weak=True)
     except BaseException:
         _remove(work)
         raise

@@ -110,8 +110,9 @@ class RolloutSource:
     @classmethod
     def from_option(cls, value: Any, current: Any) -> Any:
         """The ``Choice`` (or ``None``: off) that ``algo.<option>: value`` makes of the
-        preset's ``current`` choice of this source (``None`` when it has none)."""
-        raise NotImplementedError
+        preset's ``current`` choice of this source (``None`` when it has none). A source
+        that sets ``option`` defines it."""
+        raise NotImplementedError(f"rollout source {cls.name!r} has no algo option to read")
 
     @classmethod
     def rows_per_group(cls, params: Any, group_size: int) -> int:

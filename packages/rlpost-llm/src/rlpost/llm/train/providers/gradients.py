@@ -24,7 +24,8 @@ class GradientProvider(InputProvider):
     order = 70
 
     def gradient_input(self, epoch: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """The ``GradientInput`` fields this provider fills for ``epoch`` (each subclass)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what it provides")
 
 
 @INPUT_PROVIDERS.register
