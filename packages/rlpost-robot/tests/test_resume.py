@@ -215,6 +215,19 @@ def test_a_learning_rate_of_1e30_stops_in_one_line_with_exit_3(tmp_path, cache, 
     assert not list((run / "checkpoints").glob("step-*"))  # nothing diverged was kept
 
 
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_a_bad_data_set_is_named_in_one_line_before_the_run_directory(tmp_path, capsys, content):
+    """Before: the one-line error came after ``config.yaml`` and the lock were written."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    if content is not None:
+        (data / "meta").mkdir(parents=True)
+        (data / "meta" / "info.json").write_text(content)
+    assert main(["train", *OTQL, f"data.path={data}", f"run.dir={run}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(data) in err
+    assert not run.exists()
+
+
 def test_an_error_from_a_bug_mid_update_keeps_its_traceback():
     class Buggy:
         policy = torch.nn.Linear(2, 2)

@@ -47,13 +47,14 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    out = open_run_dir(cfg.run.dir, cfg, resume=resume, overwrite=overwrite)
-    ckpt = resume_checkpoint(out) if resume else None
-    saved = checkpoint_state(ckpt) if ckpt is not None else None
+    # the data set is read (and its errors named) before the run directory is touched
     t0 = time.perf_counter()
     policy = initial_policy(cfg)
     demos = demo_episodes(cfg)
     t_build = time.perf_counter() - t0
+    out = open_run_dir(cfg.run.dir, cfg, resume=resume, overwrite=overwrite)
+    ckpt = resume_checkpoint(out) if resume else None
+    saved = checkpoint_state(ckpt) if ckpt is not None else None
     steps = evaluation_steps(cfg)
 
     def evaluate() -> dict[str, dict[str, float]]:
