@@ -1,10 +1,13 @@
 """DORA's multi-version streaming (train.pipeline dora): every trajectory comes from one
 weights version, the staleness bound holds, chunks are taken in order and split exactly."""
 
+import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from rlpost.llm.config import load_config
 from rlpost.llm.rollout.stream import ChunkStream
@@ -29,13 +32,14 @@ class Chunks:
         return (self.serial, self.version, list(range(self.groups)))
 
 
-def _stream(src: Chunks, capacity: int = 2) -> ChunkStream:
+def _stream(src: Chunks, capacity: int = 2, start: list | None = None) -> ChunkStream:
     return ChunkStream(
         src,
         size=lambda c: len(c[2]),
         version=lambda c: c[1],
         split=lambda c, k: ((c[0], c[1], c[2][:k]), (c[0], c[1], c[2][k:])),
         capacity=capacity,
+        start=start,
     )
 
 
@@ -80,6 +84,28 @@ def test_a_producer_error_reaches_the_consumer():
     with pytest.raises(ValueError, match="generation failed"):
         s.take(1, 0, 0)
     s.close()
+
+
+def test_a_snapshot_restored_into_a_new_stream_loses_and_repeats_no_chunk():
+    """Before: a stream had no state; a resumed DORA run lost every chunk queued, split or
+    in hand at the checkpoint (their prompts already drawn) and generated new ones."""
+    src = Chunks(groups=2)
+    s = _stream(src, capacity=1)
+    parts, _ = s.take(3, version=0, max_stale=9)  # chunk 2 split: one group carried
+    time.sleep(0.2)  # one chunk queued, one produced and waiting for room
+    with s.exclusive():
+        saved = s.snapshot()
+    s.close()
+    assert [c[0] for c in saved] == [2, 3, 4] and saved[0][2] == [1]  # carry, queue, hand
+    with pytest.raises(RuntimeError, match="outside exclusive"):
+        s.snapshot()
+    resumed = _stream(src, capacity=1, start=saved)  # the producer continues where it was
+    try:
+        later, _ = resumed.take(7, version=0, max_stale=9)
+    finally:
+        resumed.close()
+    groups = [(c[0], g) for c in [*parts, *later] for g in c[2]]
+    assert groups == [(i // 2 + 1, i % 2) for i in range(10)]  # every group once, in order
 
 
 class RecordingEngine:
@@ -139,6 +165,51 @@ def test_dora_trajectories_are_single_version_and_staleness_is_bounded(fast_cfg)
     assert max(result["staleness_histogram"]) <= 1
     # rows of a group share one version (a chunk is whole groups)
     assert all(bool((g == g[0]).all()) for _, rows in seen for g in rows.view(4, 4))
+
+
+def test_a_resumed_dora_run_trains_first_on_the_chunks_its_checkpoint_holds(fast_cfg):
+    """Before: the chunks produced ahead at a checkpoint were lost (their prompts already
+    drawn: the resumed run skipped them) and the data position and RNG were read while the
+    next chunk was being generated. Later chunks' versions follow thread timing, as in any
+    DORA run, so the test compares what the checkpoint fixes: the step after it trains on
+    the saved chunks first, then on the prompts the uninterrupted run drew next."""
+    import json
+
+    from rlpost.core.io.checkpoint import load_tensors
+    from rlpost.llm.rollout.collected import Collected, CollectedBuffer
+
+    args = ["train.pipeline=dora", "train.stream_prompts=1", "train.max_staleness=8",
+            "train.steps=3", "run.save_every=2"]  # fmt: skip
+
+    def run(resume: bool) -> dict:
+        tr = Trainer(fast_cfg(*args), reward_fn=parity, resume=resume)
+        seen, update = {}, tr.update
+
+        def recording(col):
+            seen[tr.step] = col
+            return update(col)
+
+        tr.update = recording
+        tr.train()
+        return seen
+
+    uninterrupted = run(False)
+    ckpt = fast_cfg().run.dir + "/checkpoints/step-000002"
+    buffer = CollectedBuffer("stream")
+    buffer.load(
+        load_tensors(Path(ckpt)), json.loads((Path(ckpt) / "state.json").read_text())["stream"]
+    )
+    assert buffer.items, "the producer had run ahead by the checkpoint"
+    saved = Collected.concat(buffer.items)
+    shutil.rmtree(Path(ckpt).parent / "step-000003")
+    resumed = run(True)
+    assert list(resumed) == [2]  # (tr.step before the update: the third step)
+    first = resumed[2]
+    n = min(len(saved.batch), len(first.batch))
+    assert torch.equal(first.batch.completion_ids[:n], saved.batch.completion_ids[:n])
+    assert torch.equal(first.batch.row_versions[:n], saved.batch.row_versions[:n])
+    prompts = [[e.prompt for e in c.examples] for c in (uninterrupted[2], first)]
+    assert prompts[0] == prompts[1]  # nothing skipped, nothing drawn twice
 
 
 @pytest.mark.parametrize(

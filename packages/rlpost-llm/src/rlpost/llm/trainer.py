@@ -304,7 +304,8 @@ class Trainer:
                 metrics.update(self.eval_metrics())
         self.logger.log(self.step, metrics)
         if due(self.cfg.run.save_every, self.step, total):
-            self.save()
+            with self.rollouts.paused():  # DORA: its chunks, data position and RNG agree
+                self.save()
 
     def _bar(self):
         if not (self.main and self.cfg.run.progress):

@@ -37,11 +37,14 @@ class ChunkStream[T]:
         version: Callable[[T], int],
         split: Callable[[T, int], tuple[T, T]],
         capacity: int,
+        start: list[T] | None = None,
     ):
         self.produce, self.size, self.version, self.split = produce, size, version, split
-        self.lock = threading.Lock()  # held while one chunk is produced
+        self.lock = threading.Lock()  # held while one chunk is produced or queued
         self._queue: queue.Queue[T] = queue.Queue(maxsize=max(1, capacity))
-        self._carry: list[T] = []  # the surplus groups of a chunk split across steps
+        # the surplus groups of a chunk split across steps (first: a restored snapshot's)
+        self._carry: list[T] = list(start or [])
+        self._hand: T | None = None  # produced, waiting for room in the queue
         self._yield = threading.Event()  # the trainer waits for the lock
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -58,16 +61,33 @@ class ChunkStream[T]:
                     if self._stop.is_set():
                         return
                     t0 = time.perf_counter()
-                    item = self.produce()
+                    self._hand = self.produce()
                     self.busy.append((t0, time.perf_counter()))
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
+                while not self._stop.is_set() and not self._queued():
+                    time.sleep(0.005)  # the lock is free meanwhile (weight loads, snapshots)
         except BaseException as exc:  # re-raised in the trainer's thread by take()
             self._error = exc
+
+    def _queued(self) -> bool:
+        """Move the chunk in hand into the queue if there is room (under the lock, so a
+        :meth:`snapshot` sees it in exactly one of the two places)."""
+        with self.lock:
+            try:
+                self._queue.put_nowait(self._hand)
+            except queue.Full:
+                return False
+            self._hand = None
+            return True
+
+    def snapshot(self) -> list[T]:
+        """Every chunk produced and not yet taken, in arrival order; called inside
+        :meth:`exclusive` (nothing is being produced or queued meanwhile). A stream built
+        with ``start=`` this list hands them out first, as this one would have."""
+        if not self.lock.locked():
+            raise RuntimeError("ChunkStream.snapshot() outside exclusive()")
+        with self._queue.mutex:
+            queued = list(self._queue.queue)
+        return [*self._carry, *queued, *([self._hand] if self._hand is not None else [])]
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
