@@ -126,3 +126,27 @@ def test_the_training_loop_marks_bugs_but_not_input_errors():
     with pytest.raises(RunStopped) as err, training_loop():  # not a ValueError: untouched
         raise RunStopped("3 steps in a row skipped")
     assert not getattr(err.value, "during_training", False)
+
+
+def test_failing_rewards_stops_only_on_a_function_failing_everywhere_in_a_row(capsys):
+    from rlpost.core.guard import FailingRewards, RewardFunctionFailing
+
+    f = FailingRewards(["a", "b"], limit=2, setting="reward.stop_after_failing")
+    every_a = torch.tensor([[True, False], [True, False]])
+    why = [(0, "a", "error", "KeyError: 'x'\nmore"), (1, "a", "error", "KeyError: 'x'")]
+    f.record(every_a, why)
+    assert (
+        "reward function 'a' failed on all 2 completions (KeyError: 'x')" in capsys.readouterr().err
+    )
+    f.record(torch.tensor([[True, True], [False, True]]), [])  # a passed once: streak reset
+    f.record(every_a, why)  # b failed everywhere only once in a row
+    with pytest.raises(RewardFunctionFailing, match=r"'a' .*2 scoring rounds in a row; fix") as e:
+        f.record(every_a, why)
+    assert e.value.exit_code == 2 and e.value.one_line
+    timeouts = FailingRewards(["slow"], limit=1, setting="s")
+    with pytest.raises(RewardFunctionFailing, match=r"exceeded .*raise reward.timeout_s"):
+        timeouts.record(torch.ones(3, 1, dtype=torch.bool), [(0, "slow", "timeout", "exceeded 5s")])
+    never = FailingRewards(["a"], limit=None, setting="s")
+    for _ in range(5):
+        never.record(torch.ones(2, 1, dtype=torch.bool), [])
+    never.record(torch.zeros(0, 1, dtype=torch.bool), [])  # no completions: nothing to judge

@@ -3,6 +3,7 @@ checkpoints, a group size that trains nothing, a reward that cannot be imported.
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,48 @@ def test_an_unimportable_reward_fails_at_load(fast_cfg):
         fast_cfg("reward.funcs=[{name: 'no_such_pkg.mod:fn'}]")
     with pytest.raises(ConfigError, match=r"module 'math' has no 'nope'"):
         fast_cfg("reward.funcs=[{name: 'math:nope'}]")
+
+
+def test_a_reward_function_with_the_wrong_signature_is_refused_before_the_first_rollout(
+    fast_cfg,
+):
+    """Before: it raised on every call, every completion scored 0, and the run ended rc 0."""
+    with pytest.raises(ConfigError, match=r"operator:truth: cannot be called as fn\(completion"):
+        fast_cfg("reward.funcs=[{name: 'operator:truth'}]")  # truth(a): one argument
+
+    def lengthy(completion):
+        return len(completion)
+
+    def trl_style(completions):  # TRL passes prompts= too: needs **kwargs or a parameter
+        return [1.0] * len(completions)
+
+    for fn, form in [(lengthy, "fn(completion, example)"), (trl_style, "fn(prompts=")]:
+        with pytest.raises(ValueError, match=rf"reward_funcs: {fn.__name__}: .*{re.escape(form)}"):
+            Trainer(fast_cfg(), reward_funcs=[fn])
+    with pytest.raises(ValueError, match=r"reward_fn: cannot be called as fn\(completion"):
+        Trainer(fast_cfg(), reward_fn=lengthy)
+
+
+def test_a_reward_function_failing_on_every_completion_stops_the_run_in_one_line(
+    fast_overrides, tmp_path, capsys
+):
+    """Before: a reward raising on every call (here operator.getitem(completion, example):
+    a TypeError) left every reward 0 and the run ended with exit code 0."""
+    from rlpost.apps.llm.cli import main as cli
+
+    args = ["train", *fast_overrides, "reward.funcs=[{name: 'operator:getitem'}]",
+            "train.steps=6", "run.eval_every=0"]  # fmt: skip
+    assert cli([*args, f"run.dir={tmp_path / 'a'}", "reward.stop_after_failing=2"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert "Traceback" not in "\n".join(err)
+    assert "reward function 'operator:getitem' failed on all" in err[-1]
+    assert "(TypeError: string indices must be integers" in err[-1]
+    assert "2 scoring rounds in a row; fix the function" in err[-1]
+    assert any("the run stops if it keeps failing" in x for x in err[:-1])  # said at once
+    assert len(_rows(tmp_path / "a")) == 1  # stopped in the second step
+    # null: never stop (failed evaluations score 0 and are counted, as before)
+    assert cli([*args, f"run.dir={tmp_path / 'b'}", "reward.stop_after_failing=null"]) == 0
+    assert all(r["reward/errors"] > 0 for r in _rows(tmp_path / "b"))
 
 
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:

@@ -16,6 +16,9 @@ training on garbage or dying later with an unrelated traceback.
 * :meth:`UpdateGuard.record` counts consecutive bad steps and raises :class:`RunStopped`
   after ``max_consecutive`` of them, naming the reason.
 
+:class:`FailingRewards` stops a run whose reward function fails on every completion,
+round after round (:class:`RewardFunctionFailing`, exit 2).
+
 :class:`RunStopped` and :class:`NonFiniteError` carry ``one_line = True``: the command-line
 apps print them as one line and exit 3 instead of a traceback.
 """
@@ -280,3 +283,58 @@ def finite_or_nan(values: Tensor) -> tuple[Tensor, int]:
     out = v.to(torch.float32)
     out[bad] = math.nan
     return out, int(bad.sum())
+
+
+class RewardFunctionFailing(RuntimeError):
+    """A reward function failed on every completion of several scoring rounds in a row
+    (a wrong signature, a typo, a missing dependency): an input error, one line, exit 2."""
+
+    one_line = True
+    exit_code = 2
+
+
+_FIX = {
+    "error": (
+        "fix the function (a verifier is called as fn(completion, example), a TRL-style "
+        "one as fn(prompts=[...], completions=[...], **columns))"
+    ),
+    "timeout": "make it faster or raise reward.timeout_s",
+    "oom": "make it leaner or raise reward.memory_mb",
+}
+
+
+class FailingRewards:
+    """Counts, per reward function, the scoring rounds in a row on which every one of its
+    evaluations failed (raised, timed out or ran out of memory), and stops the run after
+    ``limit`` of them (None: never) instead of training on rewards of 0.
+
+    The first such round is reported at once (one line on stderr), with the reason."""
+
+    def __init__(self, names: Sequence[str], limit: int | None, setting: str):
+        self.names, self.limit, self.setting = list(names), limit, setting
+        self.streak = dict.fromkeys(self.names, 0)
+
+    def record(self, failed: Tensor, failures: Sequence[tuple[int, str, str, str]]) -> None:
+        """``failed``: ``[N, K]`` bool, True where function ``k`` failed on completion ``n``;
+        ``failures``: ``(row, name, kind, reason)`` of each failed evaluation."""
+        from rlpost.core.io.notice import notice
+
+        if failed.shape[0] == 0:
+            return
+        for j, name in enumerate(self.names):
+            if not bool(failed[:, j].all()):
+                self.streak[name] = 0
+                continue
+            self.streak[name] += 1
+            kind, reason = next(((k, r) for _, n, k, r in failures if n == name), ("error", ""))
+            reason = (reason.strip().splitlines() or [kind])[0][:200]
+            what = (
+                f"reward function {name!r} failed on all {failed.shape[0]} completions ({reason})"
+            )
+            if self.limit is not None and self.streak[name] >= self.limit:
+                raise RewardFunctionFailing(
+                    f"{what}, {self.streak[name]} scoring rounds in a row; "
+                    f"{_FIX.get(kind, _FIX['error'])}, or set {self.setting} higher (null: never stop)"
+                )
+            if self.streak[name] == 1:
+                notice(f"{what}; the run stops if it keeps failing")

@@ -98,6 +98,10 @@ class RewardConfig(_Strict):
     memory_mb: float | None = Field(1024.0, gt=0)
     """How much memory one evaluation may allocate in its worker (``RLIMIT_AS`` above the
     worker's size when ready); past it the item scores 0 (``reward/oom``). None: no cap."""
+    stop_after_failing: int | None = Field(3, ge=1)
+    """Scoring rounds in a row on which one reward function fails on every completion
+    (raises, times out or runs out of memory) before the run stops, in one line naming
+    the function and its error (exit 2); null: never (failed evaluations score 0)."""
     funcs: list[RewardFunction] = [RewardFunction(name="correct")]
     weights: list[float] | None = None
     """TRL's ``reward_weights``: one weight per function of ``funcs`` (replacing theirs)."""
@@ -123,8 +127,10 @@ class RewardConfig(_Strict):
                     f"reward.funcs: unknown reward {n!r}; use 'correct', 'format' or "
                     "'package.module:function'"
                 )
-            if ":" in n:  # imported now: a bad name fails at load, not after the model
-                import_object(n, "reward.funcs")
+            if ":" in n:  # imported and checked now: fails at load, not after the model
+                from rlpost.llm.rollout.rewards import check_reward_signature
+
+                check_reward_signature(import_object(n, "reward.funcs"), f"reward.funcs: {n}")
         return self
 
     def weight_of(self) -> dict[str, float]:

@@ -25,6 +25,7 @@ __all__ = [
     "TRLReward",
     "Verifier",
     "as_verifier",
+    "check_reward_signature",
     "math_verify_reward",
 ]
 
@@ -78,3 +79,31 @@ class TRLReward:
 def as_verifier(fn: Any) -> Any:
     """``fn`` as a verifier: TRL-style batched functions wrapped in :class:`TRLReward`."""
     return TRLReward(fn) if _takes_batches(fn) else fn
+
+
+def check_reward_signature(fn: Any, name: str) -> None:
+    """A ``ValueError`` naming ``name`` when ``fn`` cannot be called the way rewards are:
+    ``fn(completion, example)``, or TRL's ``fn(prompts=..., completions=..., **columns)``
+    (checked before the first rollout, instead of failing on every completion)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # (some builtins have none: cannot tell)
+        return
+    try:
+        if _takes_batches(fn):
+            sig.bind_partial(prompts=[], completions=[])
+        else:
+            sig.bind(None, None)
+    except TypeError as exc:
+        form = (
+            "fn(prompts=..., completions=..., **columns)"
+            if _takes_batches(fn)
+            else ("fn(completion, example)")
+        )
+        raise ValueError(
+            f"{name}: cannot be called as {form} ({exc}); a reward function takes the "
+            "completion and the example (its .prompt, .answer, .meta), or is TRL-style, "
+            "fn(prompts, completions, **kwargs) returning one value per completion"
+        ) from None

@@ -5,6 +5,8 @@
 their weighted sum, each component is kept (vector estimators, ``reward/<name>/mean``),
 and the verifier's verdict (the ``correct`` component, else the first, at 1) is the
 accuracy. An environment scores its own episodes, in process: then there is no pool.
+A function that fails on every completion, ``reward.stop_after_failing`` rounds in a row,
+stops the run (:class:`~rlpost.core.guard.FailingRewards`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Any
 
 from torch import Tensor
 
+from rlpost.core.guard import FailingRewards
 from rlpost.core.io.config import import_object
 from rlpost.llm.data.tasks import Example, format_reward
 from rlpost.llm.rollout.engines.base import RolloutBatch
-from rlpost.llm.rollout.rewards import RewardPool, as_verifier
+from rlpost.llm.rollout.rewards import RewardPool, as_verifier, check_reward_signature
 
 
 def named(funcs) -> dict:
@@ -72,6 +75,8 @@ class Scorer:
         self.pool = None
         fns = None  # an environment scores its episodes itself, in process
         if given is not None:
+            for name, fn in given.items():
+                check_reward_signature(fn, f"reward_funcs: {name}")
             fns = {name: as_verifier(fn) for name, fn in given.items()}
         elif cfg.data.env is None:
             fns = {n: self._function(n, prompts, reward_fn) for n in self.names}
@@ -81,6 +86,9 @@ class Scorer:
                 fns, workers=r.workers, timeout_s=r.timeout_s, memory_mb=r.memory_mb,
                 weights=self.weights,
             )  # fmt: skip
+        self.failing = FailingRewards(
+            self.names, cfg.reward.stop_after_failing, "reward.stop_after_failing"
+        )
 
     @staticmethod
     def needs_answer(cfg: Any, reward_fn=None, reward_funcs=None) -> bool:
@@ -92,6 +100,8 @@ class Scorer:
     @staticmethod
     def _function(name: str, prompts: Any, override=None):
         if name == "correct":
+            if override is not None:
+                check_reward_signature(override, "reward_fn")
             return override if override is not None else prompts.verifier()
         if name == "format":
             return format_reward
@@ -100,7 +110,10 @@ class Scorer:
     def score(self, batch: RolloutBatch, examples: list[Example]):
         """Every row of ``batch`` (row ``i`` answers ``examples[batch.group[i]]``)."""
         rows = [examples[g] for g in batch.group.tolist()]
-        return self.pool.score(batch.texts(self.tok), rows)
+        result = self.pool.score(batch.texts(self.tok), rows)
+        if result.failed is not None:  # a function failing on everything stops the run
+            self.failing.record(result.failed, self.pool.last_failures)
+        return result
 
     def accuracy(self, components: Tensor) -> Tensor:
         """The verifier's verdict: the "correct" component (else the first) at 1."""
