@@ -65,6 +65,7 @@ def test_every_domain_has_a_page():
     }
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem.removeprefix("bring-your-own-"))
 def test_page_runs_as_written(page, tmp_path):
     env = {

@@ -148,6 +148,7 @@ def installed_dists(bin_dir: Path) -> dict[str, str]:
     return dists
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_core_alone_in_fresh_env_passes_its_tests(wheels, tmp_path):
     """Install the rlpost-core wheel (+ pytest) into a new venv, pinned to the versions of
     the development environment so nothing new is downloaded; no domain engine arrives and
@@ -288,6 +289,7 @@ def test_readme_install_sentence_names_each_domain_app():
         assert f"`pip install {req}`" in text or f"`pip install '{req}'`" in text, req
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 @pytest.mark.parametrize("domain", sorted(DOMAIN_APPS))
 def test_domain_app_alone_in_fresh_env_trains_one_step(wheels, tmp_path, domain):
     """``pip install rlpost-app-<domain>`` alone into a new venv gives the ``rlpost-<domain>``

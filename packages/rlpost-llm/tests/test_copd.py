@@ -32,6 +32,7 @@ def test_copd_config_errors_name_the_problem(fast_cfg):
         fast_cfg("algo.preset=copd", MIX, "copd.rounds=3")
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_a_killed_expert_restarts_from_its_checkpoint_and_the_run_completes(fast_cfg, tmp_path):
     """Two experts, two rounds of one step; the arithmetic expert's actor is killed after
     round 1. Ray restarts it, it resumes from its round-1 checkpoint, gets its peer's

@@ -88,6 +88,7 @@ def test_learner_gradient_equals_the_full_batch_gradient(tmp_path, share):
         torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-5, msg=n)
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_fsdp2_resumes_to_the_uninterrupted_run(tmp_path, fast_overrides):
     """Two FSDP2 ranks train 2 steps and stop; relaunched with --resume they load the whole
     weights and Adam state into their shards and train step 3: the checkpoint equals a

@@ -54,6 +54,7 @@ def test_a_synchronous_federated_run_trains_and_saves_a_loadable_server_model(fa
         run_federated(cfg, progress=False)  # one run per run directory
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_asynchronous_updates_from_ray_actors_are_applied_as_they_arrive(fast_cfg, tmp_path):
     cfg = fast_cfg(
         "federated.clients=2", "federated.rounds=2", "federated.backend=ray",

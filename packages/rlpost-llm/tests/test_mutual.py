@@ -208,6 +208,7 @@ def test_mutual_config_errors_name_the_problem(fast_cfg, bpe_policy):
         fast_cfg("algo.preset=sgt", "mutual.policies=[{name: a}, {name: a}]")
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_two_tokenizers_train_together_on_ray(fast_cfg, bpe_policy, tmp_path):
     """The character Qwen2 and the BPE Llama run as Ray actors for two steps, each
     receiving the other's responses every step; the run directory is one run."""

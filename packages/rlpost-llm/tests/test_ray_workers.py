@@ -85,6 +85,7 @@ def parity(completion: str, example) -> float:
     return float(len(completion) % 2 == 0)
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_the_trainer_trains_on_ray_workers_through_a_kill(local_ray, fast_cfg):
     from rlpost.llm.trainer import Trainer
 

@@ -108,7 +108,6 @@ def reward(completion, example):
 def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guarded):
     import subprocess
     import sys
-    import time
 
     from .conftest import FAST
 
@@ -118,15 +117,16 @@ def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guard
     if guarded:
         text = text.replace("\n    cfg", '\nif __name__ == "__main__":\n    cfg', 1)
     (tmp_path / "train.py").write_text(text)
-    t0 = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    out = subprocess.run(  # (the timeout only guards against a hang)
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     if guarded:
         assert out.returncode == 0 and "TRAINED" in out.stdout, out.stderr[-2000:]
-    else:
-        assert out.returncode != 0 and time.monotonic() - t0 < 60
+    else:  # "fast": before any step, measured by what ran rather than by the clock
+        assert out.returncode != 0 and "TRAINED" not in out.stdout
         assert 'under  if __name__ == "__main__":' in out.stderr.splitlines()[-1]
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        assert not metrics.exists() or not metrics.read_text().strip()
 
 
 TRL_REWARDS = '''

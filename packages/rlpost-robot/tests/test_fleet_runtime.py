@@ -93,6 +93,7 @@ def killed_run(local_ray, tmp_path_factory):
     return run, result, seen
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_a_robot_killed_mid_episode_is_replaced_and_loses_nothing(killed_run):
     run, result, seen = killed_run
     killed = seen["robot"]
@@ -112,6 +113,7 @@ def test_a_robot_killed_mid_episode_is_replaced_and_loses_nothing(killed_run):
     assert [e.episode_id for e in load_lerobot_dataset(store.current)] == ids
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_a_killed_learner_resumes_from_its_checkpoint_and_the_store(killed_run):
     run, result, seen = killed_run
     assert result["learner_restarts"] == 1
