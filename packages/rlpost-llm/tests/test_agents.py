@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import ClassVar
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ class SlowEnv:
     """A one-turn environment whose step takes 0.2 s (a slow tool)."""
 
     name = "slow"
-    spans: list[tuple[float, float]] = []  # (start, end) of every step taken
+    spans: ClassVar[list[tuple[float, float]]] = []  # (start, end) of every step taken
 
     def reset(self, seed: int) -> str:
         return "1>"
