@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
