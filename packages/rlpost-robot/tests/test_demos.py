@@ -181,7 +181,7 @@ ARM = {"x.pos": "shoulder_pan.pos", "y.pos": "shoulder_lift.pos", "z.pos": "elbo
        "contact_force": "wrist.force"}  # fmt: skip
 
 
-def _foreign_dataset(root, demos, reward=True):
+def _foreign_dataset(root, demos, reward=True, act_suffix=""):
     """A data set as someone else's recorder writes it: every float in one
     ``observation.state`` in its own order and names, actions named like an arm's in
     another order, robot_type an arm's, no ``next.observation`` / ``quality``."""
@@ -192,7 +192,7 @@ def _foreign_dataset(root, demos, reward=True):
     spec = TASKS["contour"]
     names = [ARM.get(n, n) for n in spec.obs_names][::-1]
     perm = [spec.obs_names.index({v: k for k, v in ARM.items()}.get(n, n)) for n in names]
-    act = [ARM[n] for n in spec.act_names][::-1]
+    act = [ARM[n] + act_suffix for n in spec.act_names][::-1]
     features = {
         "observation.state": {"dtype": "float32", "shape": (len(names),), "names": names},
         "action": {"dtype": "float32", "shape": (3,), "names": act},
@@ -243,3 +243,27 @@ def test_any_robot_type_and_layout_maps_onto_the_task_by_name(tmp_path):
         load_lerobot_dataset(no_reward, task="contour", rename=rename)
     with pytest.raises(FileNotFoundError, match="not a LeRobotDataset"):
         load_lerobot_dataset(tmp_path / "nothing", task="contour")
+
+
+def test_the_policy_keeps_each_sides_data_names_when_both_map_to_one_task_name(tmp_path):
+    """``shoulder_pan.pos`` (observed) and ``shoulder_pan.pos.goal`` (commanded) both map
+    to the task's ``x.pos``. Before: the inverse mapping kept the last, so
+    ``policy/features.json`` told a deployed policy to read the commanded value."""
+    pytest.importorskip("lerobot")
+    from rlpost.robot.config import load_config, recipe_path
+    from rlpost.robot.train import policy_features
+
+    demos = collect_demos("contour", n_good=1, n_poor=0, seed=1)
+    root = _foreign_dataset(tmp_path / "arm", demos, act_suffix=".goal")
+    rename = {v: k for k, v in ARM.items()} | {
+        ARM[n] + ".goal": n for n in ("x.pos", "y.pos", "z.pos")
+    }
+    assert len(load_lerobot_dataset(root, task="contour", rename=rename)) == 1
+    pairs = ", ".join(f"{k}: {v}" for k, v in rename.items())
+    cfg = load_config(
+        recipe_path("pac_act_contour"), [f"data.path={root}", f"data.rename={{{pairs}}}"]
+    )
+    fm = policy_features(cfg)
+    spec = TASKS["contour"]
+    assert fm.observation == tuple(ARM.get(n, n) for n in spec.obs_names)
+    assert fm.action == tuple(ARM[n] + ".goal" for n in spec.act_names)

@@ -16,7 +16,7 @@ side lacks is an error naming it, before the first step.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,31 @@ class FeatureMap:
             None if self.image is None else (rename.get(self.image[0], self.image[0]),
                                              self.image[1]),
         )  # fmt: skip
+
+    def in_data(self, names: Mapping[str, Sequence[str]], rename: Mapping[str, str]) -> FeatureMap:
+        """This (task) map in a data set's own names: ``names`` are the data set's entry
+        names per feature (``observation.*``, ``action``), ``rename`` the run's ``{data
+        name: task name}``. Each side is inverted on its own, and the first data name of a
+        side wins as the loader locates it, so a task name reached from an observation
+        name and from an action name maps back to each."""
+
+        def back(side: Callable[[str], bool]) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for key, entries in names.items():
+                if side(key):
+                    for n in entries:
+                        out.setdefault(rename.get(n, n), n)
+            return out
+
+        obs, act = back(lambda k: k.startswith("observation.")), back(lambda k: k == "action")
+        image = self.image
+        if image is not None:  # (a camera is a feature, not a named entry)
+            image = (next((d for d, t in rename.items() if t == image[0]), image[0]), image[1])
+        return FeatureMap(
+            tuple(obs.get(n, n) for n in self.observation),
+            tuple(act.get(n, n) for n in self.action),
+            image,
+        )
 
     # ---------------------------------------------------------------- checks
 

@@ -43,7 +43,6 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
     from rlpost.robot.algos import ALGORITHMS
     from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
-    from rlpost.robot.features import FeatureMap
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -98,9 +97,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     policy.eval()
     after = evaluate()
     policy.save(out / "policy")
-    # the data set's names: the policy deploys on the robot that recorded the data
-    back = {task_name: name for name, task_name in cfg.data.rename.items()}
-    FeatureMap.for_task(cfg.task).renamed(back).save(out / "policy")
+    policy_features(cfg).save(out / "policy")
     result = {
         "task": cfg.task,
         "algo": cfg.algo.name,
@@ -132,6 +129,19 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         algo=cfg.algo.name, policy=cfg.policy.kind, task=cfg.task,
     )  # fmt: skip
     return result
+
+
+def policy_features(cfg: Any) -> Any:
+    """The names the trained policy reads and writes (``policy/features.json``): the data
+    set's own, so that it deploys on the robot that recorded the data (the task's when
+    there is no data set or no ``data.rename``)."""
+    from rlpost.robot.demos import dataset_names
+    from rlpost.robot.features import FeatureMap
+
+    task = FeatureMap.for_task(cfg.task)
+    if not (cfg.data.given and cfg.data.rename):
+        return task
+    return task.in_data(dataset_names(cfg.demo_source().open()), cfg.data.rename)
 
 
 def evaluation_steps(cfg: Any) -> tuple[int, ...]:
