@@ -31,7 +31,9 @@ def test_load_validated_merges_defaults_yaml_and_overrides(tmp_path):
     [
         (["inner.lr=-1"], "inner.lr"),
         (["inner.kind=c"], "must be one of 'a' or 'b', got 'c'"),
-        (["inner.nope=1"], "inner.nope: unknown field"),
+        (["inner.nope=1"], "inner.nope: unknown field\n"),  # nothing close: no guess
+        (["inner.lrr=1"], "inner.lrr: unknown field; did you mean inner.lr?"),
+        (["step=1"], "step: unknown field; did you mean steps?"),
         (["steps"], "key.sub=value"),
         (["inner=[1, 2]"], "override 'inner=[1, 2]': inner: Cannot merge"),
     ],
@@ -39,7 +41,7 @@ def test_load_validated_merges_defaults_yaml_and_overrides(tmp_path):
 def test_bad_config_names_the_field(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_validated(_Cfg, None, overrides)
-    assert message in str(err.value)
+    assert message in str(err.value) + "\n"
 
 
 def test_a_list_for_a_mapping_in_yaml_is_a_config_error(tmp_path):
@@ -195,3 +197,21 @@ def test_a_non_finite_number_is_refused_at_load(value):
 
     with pytest.raises(ConfigError, match="lr: Input should be a finite number"):
         load_validated(Run, None, [f"lr={value}"])
+
+
+def test_a_reward_file_that_does_not_import_is_one_line_naming_where(tmp_path):
+    """Before: a 40-line traceback through importlib for a syntax error in the user's file."""
+    from rlpost.core.io.config import import_object
+
+    bad = tmp_path / "syntax_slip.py"
+    bad.write_text("def f(completion, example):\n    return 1.0 +\n")
+    with pytest.raises(ConfigError, match=rf"^reward.funcs: {bad}:2: invalid syntax"):
+        import_object(f"{bad}:f", "reward.funcs")
+    top = tmp_path / "top_level_slip.py"
+    top.write_text("X = 1 / 0\n\ndef f(completion, example):\n    return 1.0\n")
+    with pytest.raises(
+        ConfigError, match=rf"raised ZeroDivisionError: division by zero \({top}:1\)"
+    ):
+        import_object(f"{top}:f", "reward.funcs")
+    top.write_text("def f(completion, example):\n    return 1.0\n")  # fixed: imported afresh
+    assert import_object(f"{top}:f", "reward.funcs")("x", None) == 1.0

@@ -223,3 +223,17 @@ def test_a_bad_prompt_file_names_its_line_at_load(tmp_path, name, content, messa
     with pytest.raises(ConfigError, match=r"prompts\.path") as err:
         load_config(recipe_path("flow_grpo_digits"), [f"prompts.path={tmp_path / name}"])
     assert message in str(err.value)
+
+
+def test_a_mistyped_model_path_is_one_line(tmp_path, monkeypatch):
+    """Before: a 99-line traceback about the Hub for a typo in a local folder's name."""
+    from rlpost.core.io.config import ConfigError
+    from rlpost.diffusion.config import load_config
+    from rlpost.diffusion.models.sd3 import SD3Policy
+
+    with pytest.raises(ConfigError, match=r"model.path: no folder './models/sd3-medum'"):
+        load_config(None, ["model.name=sd3", "model.path=./models/sd3-medum"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache
+    with pytest.raises(ConfigError, match=r"^model.path: 'models/sd3-medum' is not a local folder"):
+        SD3Policy.from_pretrained("models/sd3-medum", local_files_only=True)

@@ -17,14 +17,33 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field."""
 
 
-def format_validation_error(err: Any) -> str:
-    """A pydantic ``ValidationError`` as one line per field: ``  a.b: what is wrong``."""
+def _close_field(model: Any, loc: tuple) -> str | None:
+    """The field of ``model`` at ``loc[:-1]`` whose name is closest to ``loc[-1]``."""
+    import difflib
+
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return None
+        model = field.annotation
+    names = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def format_validation_error(err: Any, model: Any = None) -> str:
+    """A pydantic ``ValidationError`` as one line per field: ``  a.b: what is wrong`` (an
+    unknown field of ``model`` with the closest known one: ``did you mean ...?``)."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
+            close = _close_field(model, tuple(e["loc"])) if model is not None else None
+            if close is not None:
+                path = ".".join([*(str(x) for x in e["loc"][:-1]), close])
+                msg += f"; did you mean {path}?"
         elif e["type"] == "literal_error":
             msg = f"must be one of {e.get('ctx', {}).get('expected', '')}, got {e.get('input')!r}"
         msg = msg.removeprefix("Value error, ")
@@ -82,7 +101,7 @@ def load_validated[T](
     try:
         return model.model_validate(data)  # type: ignore[attr-defined]
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err, model)) from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -156,7 +175,11 @@ def _import_file(path: str, at: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # picklable by name; reward workers load it from its file
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)  # a fixed file is imported afresh next time
+        raise
     return module
 
 
@@ -181,6 +204,17 @@ def import_object(spec: str, field: str | None = None) -> Any:
         raise ConfigError(f"{at}cannot import {module_name!r} ({exc})") from None
     except AttributeError:
         raise ConfigError(f"{at}module {module_name!r} has no {attr!r}") from None
+    except SyntaxError as exc:  # the user's file: where, not a traceback through importlib
+        where = f"{exc.filename}:{exc.lineno}" if exc.lineno else str(exc.filename)
+        raise ConfigError(f"{at}{where}: {exc.msg} (importing {module_name!r})") from None
+    except Exception as exc:  # raised by the module's own top-level code
+        import traceback
+
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ConfigError(
+            f"{at}importing {module_name!r} raised {type(exc).__name__}: {exc} "
+            f"({frame.filename}:{frame.lineno})"
+        ) from None
     if not callable(obj):
         raise ConfigError(f"{at}{spec!r} is not callable")
     return obj

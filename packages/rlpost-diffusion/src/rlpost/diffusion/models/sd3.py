@@ -204,7 +204,20 @@ class SD3Policy:
         from diffusers import StableDiffusion3Pipeline
 
         pipeline_kwargs[_dtype_kwarg()] = _torch_dtype(dtype)
-        pipe = StableDiffusion3Pipeline.from_pretrained(path_or_id, **pipeline_kwargs)
+        try:
+            pipe = StableDiffusion3Pipeline.from_pretrained(path_or_id, **pipeline_kwargs)
+        except OSError as exc:  # (EnvironmentError) a local folder mistyped, an unreachable Hub
+            from pathlib import Path
+
+            from rlpost.core.io.config import ConfigError
+
+            if Path(path_or_id).expanduser().is_dir():
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"model.path: {path_or_id!r} is not a local folder, and as a Hub id it could "
+                f"not be loaded ({first[:200]})"
+            ) from None
         pipe.set_progress_bar_config(disable=True)
         if device is not None:
             pipe.to(device)
