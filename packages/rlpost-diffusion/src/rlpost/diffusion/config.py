@@ -49,9 +49,9 @@ class ModelConfig(_Strict):
     def _check(self) -> ModelConfig:
         if self.name == "sd3" and not self.path:
             raise ValueError("model.path: required for model.name=sd3 (a local folder or hub id)")
-        if self.path and self.path.startswith(("/", ".", "~")):  # a local path, not a hub id
-            if not Path(self.path).expanduser().is_dir():
-                raise ValueError(f"model.path: no folder {self.path!r}")
+        local = self.path is not None and self.path.startswith(("/", ".", "~"))  # not a hub id
+        if local and not Path(self.path).expanduser().is_dir():
+            raise ValueError(f"model.path: no folder {self.path!r}")
         return self
 
 
