@@ -96,3 +96,49 @@ def test_a_run_that_stops_on_purpose_is_one_line_and_exit_3(capsys):
     app.sub.choices["train"].set_defaults(fn=bug)
     with pytest.raises(RuntimeError, match="a bug"):
         app.main(["train"])
+
+
+def test_a_run_reports_its_whole_time_not_only_the_training_loop(capsys):
+    """Before: '2 steps in 1 s' closed a 23-53 s command (set-up and evaluation uncounted)."""
+    import time
+
+    from rlpost.apps.llm.cli import build_app
+
+    app = build_app()
+
+    def slow_setup(_):
+        time.sleep(1.6)  # model, data, workers: not in the training loop's own count
+        print("2 steps in 0 s of training")
+        return 0
+
+    app.sub.choices["train"].set_defaults(fn=slow_setup)
+    t0 = time.perf_counter()
+    assert app.main(["train"]) == 0
+    took = time.perf_counter() - t0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("rlpost-llm train: ") and last.endswith(
+        " s in all (set-up, training, evaluation, plots)"
+    )
+    said = int(last.split(": ")[1].split(" s")[0])
+    assert round(took) - 1 <= said <= round(took)  # whole, and never more than it took
+
+
+@pytest.mark.parametrize("domain", ["llm", "diffusion", "robot"])
+def test_help_imports_no_torch_and_config_lists_the_keys(domain):
+    """Before: --help took 8-10 s (torch, transformers imported at start) and train --help
+    named no config key."""
+    code = (
+        f"import sys; from rlpost.apps.{domain}.cli import build_app\n"
+        "app = build_app()\n"
+        "try:\n    app.main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported by --help'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"rlpost-{domain} config train" in out.stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", f"rlpost.apps.{domain}.cli", "config", "--section", "run"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert listing.returncode == 0, listing.stderr
+    assert "run.dir = " in listing.stdout and "run.seed = 0" in listing.stdout

@@ -106,3 +106,31 @@ def test_a_model_path_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
         ConfigError, match=r"holds its weights only as pickles \(pytorch_model.bin\)"
     ):
         load_config(recipe_path("grpo_pde"), over)
+
+
+def test_the_plot_title_names_the_users_data_not_the_default_task(tmp_path):
+    """Before: a run on the user's own file was plotted as 'grpo on arithmetic'."""
+    rows = tmp_path / "chat.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert load_config(None, [f"data.path={rows}"]).data.describe() == "chat.jsonl"
+    assert load_config(None, []).data.describe() == "arithmetic"
+    mix = "data.mixture=[{task: arithmetic}, {task: countdown}]"
+    assert load_config(None, [mix]).data.describe() == "arithmetic + countdown"
+
+
+def test_a_lora_policy_is_built_without_a_deprecation_warning():
+    """Before: every LoRA run printed transformers' FutureWarning (peft reading
+    ``is_gradient_checkpointing``)."""
+    import warnings
+
+    from rlpost.llm.model import tiny
+    from rlpost.llm.model.policy import apply_lora
+
+    from transformers import AutoModelForCausalLM
+
+    lc = load_config(None, ["model.lora={r: 4}"]).model.lora
+    tok = tiny.build_tokenizer()
+    model = tiny.init_model(AutoModelForCausalLM.from_config, tiny.tiny_config(tok), tok, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        apply_lora(model, lc)

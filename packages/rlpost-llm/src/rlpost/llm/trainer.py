@@ -92,6 +92,7 @@ class Trainer:
         self.cfg = cfg
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        self._t_created = time.perf_counter()  # (the closing line counts the set-up too)
         self.dist = Ranks(cfg.run.device)
         self.main = self.dist.main
         self.preset = cfg.preset()
@@ -363,11 +364,12 @@ class Trainer:
 
     def _result(self, t_start: float, finished: bool) -> dict[str, Any]:
         result: dict[str, Any] = {"steps": self.step, "seconds": time.perf_counter() - t_start}
+        result["seconds_setup"] = t_start - self._t_created  # model, data, engine, workers
         result["staleness_histogram"] = dict(sorted(self.staleness_counts.items()))
         if self.main and finished:
             rows = read_metrics(self.run_dir)
-            data = " + ".join(d.task for d in self.cfg.data.mixture) or self.cfg.data.task
-            result["plot"] = str(plot_curves(self.run_dir, f"{self.preset.name} on {data}"))
+            title = f"{self.preset.name} on {self.cfg.data.describe()}"
+            result["plot"] = str(plot_curves(self.run_dir, title))
             result["summary"] = summary_table(rows)
             ev = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
             if ev:

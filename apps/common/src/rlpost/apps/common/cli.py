@@ -17,13 +17,25 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 Handler = Callable[[argparse.Namespace], int]
 
 #: Errors that mean "the input is wrong": a config that fails validation (ConfigError is
 #: a ValueError), a missing file, a bad value.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError)
+
+
+def _took(seconds: float) -> str:
+    """``53 s``, ``4 min 12 s``, ``1 h 3 min``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 class App:
@@ -50,6 +62,8 @@ class App:
         )
         self.sub = self.parser.add_subparsers(dest="command", required=True)
         self._report = report
+        #: command -> (its config model class, a loader of ``args`` -> the loaded config)
+        self._schemas: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {}
 
     def command(
         self,
@@ -59,12 +73,22 @@ class App:
         config: str | None = None,
         config_required: bool = False,
         run: bool = False,
+        schema: tuple[Callable[[], Any], Callable[[Any], Any]] | None = None,
     ) -> argparse.ArgumentParser:
         """Add subcommand ``name`` running ``fn(args)``. ``config`` (an example recipe name)
         adds ``--config <recipe name or YAML path>`` and the ``key.sub=value`` overrides
         (accepted anywhere on the line, between flags too). ``run``: the command writes a
-        run directory, so it takes ``--resume`` and ``--overwrite``."""
-        sp = self.sub.add_parser(name, help=help)
+        run directory, so it takes ``--resume`` and ``--overwrite``. ``schema``: (the
+        config's model class, ``args`` -> the loaded config), for ``config NAME``."""
+        epilog = None
+        if schema is not None:
+            self._schemas[name] = schema
+            epilog = (
+                f"config keys: '{self.prog} config {name}' lists every key with its default "
+                f"and what it does ('--section optim' one section, '--config X' a recipe's "
+                "values)"
+            )
+        sp = self.sub.add_parser(name, help=help, epilog=epilog)
         if config is not None:
             sp.add_argument(
                 "--config",
@@ -91,7 +115,24 @@ class App:
             print(f"{name:<14} {version}")
         return 0
 
+    def _config(self, args: argparse.Namespace) -> int:
+        from rlpost.core.io.config import describe
+
+        model, load = self._schemas[args.of]
+        values = load(args) if args.config or args.overrides else None
+        print(describe(model(), values, args.section))
+        return 0
+
     def main(self, argv: Sequence[str] | None = None) -> int:
+        if self._schemas and "config" not in self.sub.choices:
+            c = self.command(
+                "config", self._config, "list the config keys, their defaults and docs"
+            )
+            c.add_argument("of", nargs="?", choices=list(self._schemas),
+                           default=next(iter(self._schemas)), help="whose config")  # fmt: skip
+            c.add_argument("--section", default=None, help="only the keys under it (optim)")
+            c.add_argument("--config", default=None, help="show a recipe's values (name or YAML)")
+            c.set_defaults(overrides=[])
         if "doctor" not in self.sub.choices:  # listed after the domain's own commands
             self.command("doctor", self._doctor, "print the versions of the engines it uses")
         args, extra = self.parser.parse_known_args(argv)
@@ -108,7 +149,12 @@ class App:
                     importlib.import_module(module)
                 except ImportError as exc:
                     raise ValueError(f"--import {module}: {exc}") from exc
-            return args.fn(args)
+            t0 = time.perf_counter()
+            code = args.fn(args)
+            if getattr(args, "resume", None) is not None:  # a run: its whole time, honestly
+                print(f"{self.prog} {args.command}: {_took(time.perf_counter() - t0)} in all "
+                      "(set-up, training, evaluation, plots)")  # fmt: skip
+            return code
         except USER_ERRORS as exc:
             # a bug raising ValueError mid-training (rlpost.core.guard.training_loop) is
             # not an input error: its traceback is what the user needs

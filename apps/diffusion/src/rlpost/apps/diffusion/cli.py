@@ -15,12 +15,22 @@ import sys
 
 import rlpost.diffusion as domain
 from rlpost.apps.common import App
-from rlpost.diffusion.config import load_config
-from rlpost.diffusion.recipes import recipe_names, recipe_path
+
+# (torch and the config's registries are imported by the command that needs them, not by
+# ``--help``)
 
 
 def _config(args: argparse.Namespace):
+    from rlpost.diffusion.config import load_config
+    from rlpost.diffusion.recipes import recipe_path
+
     return load_config(recipe_path(args.config) if args.config else None, args.overrides)
+
+
+def _schema():
+    from rlpost.diffusion.config import Config
+
+    return Config
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -63,6 +73,8 @@ def _build_base(args: argparse.Namespace) -> int:
 
 
 def _recipes(_: argparse.Namespace) -> int:
+    from rlpost.diffusion.recipes import recipe_names, recipe_path
+
     for name in recipe_names():
         first = recipe_path(name).read_text().splitlines()[0].lstrip("# ")
         print(f"{name:<20} {first}")
@@ -78,7 +90,10 @@ def _methods(_: argparse.Namespace) -> int:
 
 def build_app() -> App:
     app = App("rlpost-diffusion", __doc__, domain.__version__, domain.environment_report)
-    app.command("train", _train, "train with a recipe", config="ram_digits", run=True)
+    app.command(
+        "train", _train, "train with a recipe", config="ram_digits", run=True,
+        schema=(_schema, _config),
+    )  # fmt: skip
     d = app.command("demo", _demo, "RAM vs Flow-GRPO on the embedded digits model")
     d.add_argument("--out", default="runs/diffusion-demo")
     d.add_argument(

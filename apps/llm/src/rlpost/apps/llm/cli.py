@@ -25,14 +25,23 @@ import sys
 
 import rlpost.llm as llm
 from rlpost.apps.common import App
-from rlpost.llm.config import load_config
-from rlpost.llm.recipes import recipe_path
-from rlpost.llm.tools.presets import preset_table
+
+# (torch, transformers and the config's registries are imported by the command that needs
+# them, not by ``--help``)
 
 
 def _config(args: argparse.Namespace):
+    from rlpost.llm.config import load_config
+    from rlpost.llm.recipes import recipe_path
+
     path = recipe_path(args.config) if args.config else None
     return load_config(path, args.overrides)
+
+
+def _train_schema():
+    from rlpost.llm.config import Config
+
+    return Config
 
 
 def _say(report: str) -> None:
@@ -51,6 +60,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from rlpost.llm.config import load_config
+    from rlpost.llm.recipes import recipe_path
     from rlpost.llm.runtimes.base import RUNTIMES
 
     overrides = [f"run.dir={args.out}", *args.overrides]
@@ -66,12 +77,26 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _own_config_runtime(name: str, args: argparse.Namespace) -> int:
     """A runtime with a config of its own (``dpo``: the preference trainer; ``dlr``)."""
+    from rlpost.llm.recipes import recipe_path
     from rlpost.llm.runtimes.base import RUNTIMES
 
     rt = RUNTIMES.get(name)
     cfg = rt.load(recipe_path(args.config) if args.config else None, args.overrides)
     _say(rt.run(cfg, resume=args.resume, overwrite=args.overwrite))
     return 0
+
+
+def _own_config(name: str) -> tuple:
+    """(the model class, ``args`` -> the loaded config) of a runtime with its own config."""
+
+    def load(args: argparse.Namespace):
+        from rlpost.llm.recipes import recipe_path
+        from rlpost.llm.runtimes.base import RUNTIMES
+
+        return RUNTIMES.get(name).load(recipe_path(args.config) if args.config else None,
+                                       args.overrides)  # fmt: skip
+
+    return (lambda: type(load(argparse.Namespace(config=None, overrides=[]))), load)
 
 
 def _dpo(args: argparse.Namespace) -> int:
@@ -148,13 +173,18 @@ def _build_base(args: argparse.Namespace) -> int:
 
 
 def _presets(_: argparse.Namespace) -> int:
+    from rlpost.llm.tools.presets import preset_table
+
     print(preset_table())
     return 0
 
 
 def build_app() -> App:
     app = App("rlpost-llm", __doc__, llm.__version__, llm.environment_report)
-    app.command("train", _train, "train with a recipe", config="grpo_arithmetic", run=True)
+    app.command(
+        "train", _train, "train with a recipe", config="grpo_arithmetic", run=True,
+        schema=(_train_schema, _config),
+    )  # fmt: skip
     d = app.command("demo", _demo, "GRPO on the embedded tiny model; before/after accuracy")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--steps", type=int, default=None)
@@ -165,6 +195,7 @@ def build_app() -> App:
         "preference training with any preference loss (loss.name=...)",
         config="dpo_arithmetic",
         run=True,
+        schema=_own_config("preference"),
     )
     app.command(
         "dlr",
@@ -172,6 +203,7 @@ def build_app() -> App:
         "Dynamic Latent Routing: discrete codes + router by search-select-update (0 codes: SFT)",
         config="dlr_arithmetic",
         run=True,
+        schema=_own_config("dlr"),
     )
     e = app.command(
         "eval", _eval, "held-out accuracy of a policy / checkpoint", config="grpo_arithmetic"

@@ -57,6 +57,35 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_config(args: argparse.Namespace):
+    from rlpost.robot.config import load_config, recipe_path
+
+    return load_config(recipe_path(args.config) if args.config else None, args.overrides)
+
+
+def _train_schema():
+    from rlpost.robot.config import Config
+
+    return Config
+
+
+def _job_schema(name: str) -> tuple:
+    """(the job's config class, ``args`` -> its loaded config)."""
+
+    def model():
+        from rlpost.robot.config import JOBS
+
+        return JOBS[name]
+
+    def load(args: argparse.Namespace):
+        from rlpost.robot.config import load_job, recipe_path
+
+        path = recipe_path(args.config, name) if args.config else None
+        return load_job(name, path, args.overrides)
+
+    return model, load
+
+
 def _job(args: argparse.Namespace) -> int:
     from rlpost.robot import jobs
     from rlpost.robot.config import load_job, recipe_path
@@ -149,6 +178,10 @@ def _build_base(args: argparse.Namespace) -> int:
 
     if args.task not in TASKS:
         raise ValueError(f"unknown task {args.task!r}; tasks: {sorted(TASKS)}")
+    if args.kind not in POLICY_KINDS:
+        raise ValueError(
+            f"--kind: unknown policy kind {args.kind!r}; kinds: {sorted(POLICY_KINDS)}"
+        )
     demos = DemoConfig().model_dump()
     print(build_demo_dataset(args.task, force=args.force, **demos))
     policy = PolicyConfig(kind=args.kind)
@@ -170,12 +203,6 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy_kinds() -> list[str]:
-    from rlpost.robot.pretrain import POLICY_KINDS
-
-    return sorted(POLICY_KINDS)
-
-
 def build_app() -> App:
     app = App("rlpost-robot", __doc__, domain.__version__, domain.environment_report)
     d = app.command("demo", _demo, "OTQL on a BC flow policy; success before/after, vs steps")
@@ -191,6 +218,7 @@ def build_app() -> App:
         config="otql_reacher",
         config_required=True,
         run=True,
+        schema=(_train_schema, _train_config),
     )
     for name, help_, example in (
         (
@@ -206,7 +234,9 @@ def build_app() -> App:
             "pair_grpo_half_cheetah",
         ),
     ):
-        j = app.command(name, _job, help_, config=example, config_required=True)
+        j = app.command(
+            name, _job, help_, config=example, config_required=True, schema=_job_schema(name)
+        )
         j.add_argument(
             "--overwrite", action="store_true", help="replace the run in run.dir (its metrics)"
         )
@@ -216,6 +246,7 @@ def build_app() -> App:
         "LWD: a fleet of simulated robots on Ray, one learner, a crash-safe store",
         config="lwd_multimodal_reach",
         run=True,
+        schema=_job_schema("fleet"),
     )
     f.add_argument("--robots", type=int, default=None, help="robots in the fleet (fleet.robots)")
     f.add_argument("--minutes", type=float, default=None, help="wall-clock budget (fleet.minutes)")
@@ -230,7 +261,7 @@ def build_app() -> App:
     app.command("algorithms", _algorithms, "list the registered algorithms")
     b = app.command("build-base", _build_base, "build (or find) the demo set and BC policy")
     b.add_argument("--task", default="multimodal_reach")
-    b.add_argument("--kind", choices=_policy_kinds(), default="flow")
+    b.add_argument("--kind", default="flow", help="a policy kind (flow, act, ...)")
     b.add_argument("--force", action="store_true")
     t = app.command("tasks", _tasks, "list the tasks")
     t.add_argument("--names", action="store_true", help="their feature names (data.rename)")

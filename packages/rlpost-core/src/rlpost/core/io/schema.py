@@ -25,7 +25,9 @@ class Strict(BaseModel):
     """Frozen; an unknown field is an error that names it, and so is an infinite or NaN
     number (``optim.lr=inf`` would train nothing and checkpoint non-finite weights)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )  # (the docstring under a field is its description: ``rlpost-<domain> config``)
 
     def to_yaml(self) -> str:
         """The config as YAML, in field order (what a run writes to ``config.yaml``)."""

@@ -126,6 +126,18 @@ class DataConfig(_Strict):
             check_task_params(d.task, d.task_params, f"data.{kind}[{d.task}].task_params")
         return self
 
+    def describe(self) -> str:
+        """What the run trains on, in a few words (plot titles): the file's name, the
+        environment, the mixture's or curriculum's tasks, else the task."""
+        from pathlib import Path
+
+        if self.path is not None:
+            return Path(self.path).name
+        if self.env is not None:
+            return f"env {self.env.name}"
+        parts = self.mixture or self.curriculum
+        return " + ".join(d.task for d in parts) if parts else self.task
+
 
 class AuxDataConfig(_Strict):
     """Supervised examples (prompt + reference answer) of an auxiliary data set: GAC's SFT

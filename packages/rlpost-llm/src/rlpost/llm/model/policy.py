@@ -106,17 +106,19 @@ def export_merged(model: torch.nn.Module, tokenizer, out: Path) -> Path:
 
 def apply_lora(model: torch.nn.Module, lc) -> torch.nn.Module:
     """``model`` wrapped with PEFT LoRA adapters of a ``LoraConfig`` section."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(
-        model,
-        LoraConfig(
-            r=lc.r,
-            lora_alpha=lc.alpha,
-            lora_dropout=lc.dropout,
-            target_modules=list(lc.target_modules),
-        ),
-    )
+    config = LoraConfig(
+        r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+        target_modules=list(lc.target_modules),
+    )  # fmt: skip
+    with warnings.catch_warnings():  # peft reads transformers' deprecated alias: not ours
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(model, config)
 
 
 class Reference:

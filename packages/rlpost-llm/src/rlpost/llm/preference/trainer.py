@@ -642,6 +642,6 @@ def run(cfg: PreferenceConfig, *, resume: bool = False, overwrite: bool = False)
             f"{result['pref_acc_before']:.3f} -> {result['pref_acc_after']:.3f}"
         )
     lines.append(
-        f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}"
+        f"{result['steps']} steps in {result['seconds']:.0f} s of training; curves: {result.get('plot')}"
     )
     return "\n".join(lines)

@@ -16,8 +16,11 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"held-out greedy accuracy: {result['eval_before']:.3f} -> {result['eval_after']:.3f}"
         )
+    setup = result.get("seconds_setup")
     lines.append(
-        f"{result['steps']} steps in {result['seconds']:.0f}s; curves: {result.get('plot')}"
+        f"{result['steps']} steps in {result['seconds']:.0f} s of training"
+        + (f" after {setup:.0f} s of set-up (model, data, workers)" if setup is not None else "")
+        + f"; curves: {result.get('plot')}"
     )
     return "\n".join(lines)
 
