@@ -123,10 +123,10 @@ def test_a_lora_policy_is_built_without_a_deprecation_warning():
     ``is_gradient_checkpointing``)."""
     import warnings
 
+    from transformers import AutoModelForCausalLM
+
     from rlpost.llm.model import tiny
     from rlpost.llm.model.policy import apply_lora
-
-    from transformers import AutoModelForCausalLM
 
     lc = load_config(None, ["model.lora={r: 4}"]).model.lora
     tok = tiny.build_tokenizer()
