@@ -278,3 +278,43 @@ def test_cli_dpo_runs_the_shipped_recipe_end_to_end(tmp_path, capsys):
         recipe_path("dpo_arithmetic"), args
     )
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_small_file_trains_without_setting_eval_size(tmp_path, capsys):
+    """Before: a 64-row file was refused (eval_size=256 by default) until set by hand."""
+    rows = [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 2)} for i in range(64)]
+    path = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    over = [o for o in PFAST if not o.startswith("data.eval_size")]
+    tr = PreferenceTrainer(load_preference_config(None, [*over, f"data.path={path}",
+                                                         f"run.dir={tmp_path / 'run'}"]))  # fmt: skip
+    assert (len(tr.train_pairs), len(tr.eval_pairs)) == (58, 6)  # a tenth held out
+    assert "64 rows <= data.eval_size=256; holding out 6" in capsys.readouterr().err
+
+
+def test_trls_conversational_preference_format_goes_through_the_chat_template(tmp_path):
+    """Before: refused ('the conversational format is not supported')."""
+    from rlpost.llm.model.policy import load_policy
+
+    user = lambda i: [{"role": "user", "content": f"{i}+1="}]  # noqa: E731
+    said = lambda x: [{"role": "assistant", "content": x}]  # noqa: E731
+    rows = [{"prompt": user(i), "chosen": said(str(i + 1)), "rejected": said(str(i + 2))}
+            for i in range(12)]  # fmt: skip
+    path = _write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = cfg_of(tmp_path / "run", f"data.path={path}", "data.eval_size=4")
+    model, tok = load_policy(cfg, progress=False)
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}>{{ m['content'] }}"
+        "{% else %}:{{ m['content'] }})){% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}:{% endif %}"
+    )
+    tr = PreferenceTrainer(cfg, model=model, tokenizer=tok)
+    # pair 8 (the first held out): prompt rendered with the generation prompt, completions
+    # what the template appends after it, then EOS
+    assert tok.decode(tr.eval_pairs.prompt_ids[0]) == ">8+1=:"
+    assert tok.decode(tr.eval_pairs.chosen_ids[0], skip_special_tokens=True) == "9))"
+    assert tok.decode(tr.eval_pairs.rejected_ids[0], skip_special_tokens=True) == "10))"
+    assert tr.eval_pairs.chosen_ids[0][-1] == tok.eos_token_id
+    assert tr.train()["steps"] == 2
+    mixed = _write_jsonl(tmp_path / "mixed.jsonl", [{**rows[0], "chosen": "1"}] * 12)
+    with pytest.raises(ConfigError, match=r"row 0: .* must all be plain strings or all lists"):
+        PreferenceTrainer(cfg_of(tmp_path / "mixed", f"data.path={mixed}", "data.eval_size=4"))

@@ -7,11 +7,15 @@
   which are :class:`rlpost.llm.data.prompts.PromptSource`'s (``random.Random(10_000 + seed)``, the
   GRPO trainer's held-out set).
 * file-backed: a local JSONL / parquet with TRL's ``prompt``, ``chosen``, ``rejected``
-  string columns, loaded with ``datasets``; the last ``eval_size`` rows are held out.
+  columns, loaded with ``datasets``: plain text, or TRL's conversational format (the
+  prompt a list of messages, chosen and rejected the assistant's messages), rendered with
+  the tokenizer's chat template as TRL does (the prompt with the generation prompt, each
+  completion the rest of the rendered conversation). The last ``eval_size`` rows are held
+  out (a tenth of a smaller file).
 
 Completions are tokenized without special tokens and end with the tokenizer's EOS (the
-embedded model is trained on ``prompt + answer + <eos>``). Left out: TRL's conversational
-format (lists of messages) and truncation to a maximum length.
+embedded model is trained on ``prompt + answer + <eos>``). Left out: TRL's implicit-prompt
+format (no ``prompt`` column) and truncation to a maximum length.
 """
 
 from __future__ import annotations
@@ -34,10 +38,35 @@ class PreferencePair:
     """One comparison: ``chosen`` is preferred to ``rejected`` as a completion of ``prompt``;
     ``example`` is the task instance when the pair comes from a task."""
 
-    prompt: str
-    chosen: str
-    rejected: str
+    prompt: str | list[dict]
+    chosen: str | list[dict]
+    rejected: str | list[dict]
     example: Example | None = None
+
+    def texts(self, tokenizer) -> tuple[str, str, str]:
+        """(prompt, chosen, rejected) as text: as they are, or a conversation rendered with
+        ``tokenizer``'s chat template (the completions: what the template adds after the
+        prompt and its generation prompt)."""
+        if isinstance(self.prompt, str):
+            return self.prompt, self.chosen, self.rejected  # type: ignore[return-value]
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "data.path: conversational pairs (lists of messages) but the model's "
+                "tokenizer has no chat template: use plain-text pairs or a chat model"
+            )
+        render = tokenizer.apply_chat_template
+        prompt = render(self.prompt, tokenize=False, add_generation_prompt=True)
+
+        def completion(messages: list[dict]) -> str:
+            full = render([*self.prompt, *messages], tokenize=False)
+            if not full.startswith(prompt):
+                raise ConfigError(
+                    "data.path: the chat template renders a conversation that does not "
+                    "start with its prompt; preference pairs need a template that appends"
+                )
+            return full[len(prompt) :]
+
+        return prompt, completion(self.chosen), completion(self.rejected)
 
 
 def perturb_answer(task: Task, example: Example, rng: random.Random, tries: int = 32) -> str:
@@ -123,13 +152,18 @@ def load_pair_file(
             f"data.path: {path} is missing column(s) {missing}; preference data needs "
             f"{list(COLUMNS)}, found {ds.column_names}"
         )
+    from rlpost.llm.data.tasks import is_conversational
+
     pairs = []
     for i, row in enumerate(ds):
-        bad = [c for c in COLUMNS if not isinstance(row[c], str)]
-        if bad:
+        kinds = {
+            "text" if isinstance(row[c], str) else "chat" if is_conversational(row[c]) else "?"
+            for c in COLUMNS
+        }
+        if len(kinds) > 1 or "?" in kinds:
             raise ConfigError(
-                f"data.path: {path} row {i}: {bad} must be plain strings "
-                "(the conversational format is not supported)"
+                f"data.path: {path} row {i}: {list(COLUMNS)} must all be plain strings or "
+                "all lists of {'role', 'content'} messages (TRL's conversational format)"
             )
         pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
     return pairs
@@ -158,9 +192,14 @@ class TokenPairs:
                 return []
             return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-        prompts = enc([p.prompt for p in pairs])
-        chosen = [ids + tail for ids in enc([p.chosen for p in pairs])]
-        rejected = [ids + tail for ids in enc([p.rejected for p in pairs])]
+        texts = [p.texts(tokenizer) for p in pairs]
+        prompts = enc([t[0] for t in texts])
+
+        def ended(ids: list[int]) -> list[int]:  # (a chat template may end with EOS itself)
+            return ids if ids and tail and ids[-1] == tail[0] else ids + tail
+
+        chosen = [ended(ids) for ids in enc([t[1] for t in texts])]
+        rejected = [ended(ids) for ids in enc([t[2] for t in texts])]
         for i, (c, r) in enumerate(zip(chosen, rejected, strict=True)):
             if not prompts[i] or not c or not r:
                 raise ConfigError(f"pair {i}: empty prompt or completion after tokenization")

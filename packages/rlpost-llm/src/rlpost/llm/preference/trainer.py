@@ -51,7 +51,7 @@ from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
 from rlpost.core.preference import PreferenceInput
-from rlpost.llm.data.prompts import PromptSource, make_prompt_source
+from rlpost.llm.data.prompts import PromptSource, make_prompt_source, split_eval
 from rlpost.llm.model.policy import (
     Reference,
     completion_logprobs,
@@ -105,12 +105,11 @@ def make_pair_data(cfg: PreferenceConfig) -> PairData:
     d = cfg.data
     if d.path is not None:
         rows = load_pair_file(d.path, progress=cfg.run.progress, max_row_mb=d.max_row_mb)
-        if len(rows) <= d.eval_size:
-            raise ConfigError(
-                f"data.path: {d.path} has {len(rows)} rows, need more than data.eval_size="
-                f"{d.eval_size}"
-            )
-        return PairData(rows[: -d.eval_size], rows[-d.eval_size :], None)
+        try:  # (a file with no more rows than eval_size: a tenth held out, with a notice)
+            train, held = split_eval(rows, d.eval_size, f"data.path: {d.path}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return PairData(train, held, None)
     source = make_prompt_source(d.task, dict(d.task_params), None, d.eval_size, d.seed)
     held = source.eval_examples
     train: list[PreferencePair] = []
