@@ -267,3 +267,19 @@ def test_the_policy_keeps_each_sides_data_names_when_both_map_to_one_task_name(t
     spec = TASKS["contour"]
     assert fm.observation == tuple(ARM.get(n, n) for n in spec.obs_names)
     assert fm.action == tuple(ARM[n] + ".goal" for n in spec.act_names)
+
+
+def test_a_data_set_without_next_success_reports_success_as_unknown_not_0(tmp_path):
+    """Before: every episode of a data set recorded without ``next.success`` counted as
+    failed, and the train command printed 'data demonstrations succeed 0%'."""
+    pytest.importorskip("lerobot")
+    from rlpost.robot.demos import success_rate
+    from rlpost.robot.train import _share
+
+    demos = collect_demos("contour", n_good=2, n_poor=0, seed=1)
+    rename = {v: k for k, v in ARM.items()}
+    back = load_lerobot_dataset(_foreign_dataset(tmp_path / "arm", demos), "contour", rename=rename)
+    assert success_rate(back) is None and all(e.metrics["success"] is None for e in back)
+    assert _share(success_rate(back)).startswith("unknown")
+    assert success_rate(demos) == sum(d.success for d in demos) / 2  # recorded: as before
+    assert _share(0.5) == "50%"

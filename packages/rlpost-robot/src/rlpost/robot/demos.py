@@ -409,6 +409,13 @@ class _Recorder:
         )
 
 
+def success_rate(episodes: list[Episode]) -> float | None:
+    """The fraction of ``episodes`` that succeeded, over those whose success is known
+    (a data set without ``next.success`` records none: ``None``, never 0)."""
+    known = [e.success for e in episodes if e.metrics.get("success", e.success) is not None]
+    return sum(known) / len(known) if known else None
+
+
 def _reset_takes_ids(policy: Any) -> bool:
     try:
         return len(inspect.signature(policy.reset).parameters) > 0
@@ -818,11 +825,12 @@ def load_lerobot_dataset(
             f = forces[sel].astype(np.float32)
         r = rewards[sel].astype(np.float32)
         s = success[sel] if success is not None else np.zeros(len(sel), bool)
+        known = success is not None  # no next.success column: unknown, not failed
         metrics = {
             "return": float(r.sum()),
             "length": len(sel),
-            "success": bool(s[-1]),
-            "ever_success": bool(s.any()),
+            "success": bool(s[-1]) if known else None,
+            "ever_success": bool(s.any()) if known else None,
             "peak_force": float(f.max()) if f is not None else None,
             "frac_force_above": float(np.mean(f > spec.force_threshold)) if f is not None else None,
         }
@@ -834,7 +842,7 @@ def load_lerobot_dataset(
                 success=bool(s[-1]),
                 metrics=metrics,
                 terminated=bool(terminated[sel[-1]]),
-                step_success=s,
+                step_success=s if known else None,
                 contact_force=f,
                 quality=codes.get(int(quality[sel[0]]), ""),
                 task=task,

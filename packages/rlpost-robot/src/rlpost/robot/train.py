@@ -43,6 +43,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
     from rlpost.robot.algos import ALGORITHMS
     from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
+    from rlpost.robot.demos import success_rate
 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -108,7 +109,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         "episodes": getattr(cfg.algorithm_config(), algo.episodes_field),
         "eval_episodes": cfg.run.eval_episodes,
         "steps": list(steps),
-        "demo_success": sum(d.success for d in demos) / len(demos),
+        "demo_success": success_rate(demos),  # None: the data set records no success
         "before": {k: v["success"] for k, v in before.items()},
         "after": {k: v["success"] for k, v in after.items()},
         "before_metrics": before,
@@ -209,11 +210,15 @@ def initial_policy(cfg: Any) -> Any:
 # ------------------------------------------------------------------------ report
 
 
+def _share(rate: float | None) -> str:
+    return "unknown (the data records no next.success)" if rate is None else f"{rate:.0%}"
+
+
 def format_table(result: dict[str, Any]) -> str:
     name = result["algo_title"]
     lines = [
         f"task {result['task']}: {result.get('demos', 'scripted')} demonstrations succeed "
-        f"{result['demo_success']:.0%}; "
+        f"{_share(result['demo_success'])}; "
         f"{name} budget {result['episodes']} episodes; success over {result['eval_episodes']} episodes",
     ]
     if len(result["steps"]) > 1:  # a kind that integrates: by steps
