@@ -14,6 +14,11 @@ from rlpost.llm.model import tiny
 from rlpost.llm.rollout.engines import HFEngine, SamplingParams
 from rlpost.llm.rollout.engines.ray_workers import RayRolloutEngine
 
+# the slow tier (uv run pytest -m slow): starting Ray and two worker actors costs 40 s idle
+# and 2 min on a loaded 2-core machine; Ray itself stays in the default suite through
+# test_ray_local.py and the robot fleet's command
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def local_ray():
@@ -85,7 +90,6 @@ def parity(completion: str, example) -> float:
     return float(len(completion) % 2 == 0)
 
 
-@pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 def test_the_trainer_trains_on_ray_workers_through_a_kill(local_ray, fast_cfg):
     from rlpost.llm.trainer import Trainer
 

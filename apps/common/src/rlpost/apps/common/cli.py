@@ -116,7 +116,7 @@ class App:
         return 0
 
     def _config(self, args: argparse.Namespace) -> int:
-        from rlpost.core.io.config import describe
+        from rlpost.apps.common.describe import describe
 
         model, load = self._schemas[args.of]
         values = load(args) if args.config or args.overrides else None
