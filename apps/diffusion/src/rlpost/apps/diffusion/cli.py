@@ -3,6 +3,7 @@
 rlpost-diffusion demo                         # RAM vs Flow-GRPO on the embedded digits model
 rlpost-diffusion train --config ram_digits algo.params.m=10 train.steps=50
 rlpost-diffusion train --config my.yaml --resume   # continue run.dir exactly
+rlpost-diffusion export --config flow_grpo_sd3 model.path=... --checkpoint runs/x/checkpoints/step-000050 --out lora
 rlpost-diffusion eval --config ram_digits --checkpoint runs/ram_digits/checkpoints/step-000150
 rlpost-diffusion build-base                   # (re)build the digits model and reward classifier
 rlpost-diffusion recipes | methods | doctor
@@ -64,6 +65,14 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rlpost.diffusion.export import WEIGHTS, export_checkpoint
+
+    out = export_checkpoint(_config(args), args.checkpoint, args.out)
+    print(f"exported {args.checkpoint} -> {out / WEIGHTS} (pipe.load_lora_weights({str(out)!r}))")
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.diffusion.models.digits import build_digits_base, build_digits_classifier
 
@@ -104,6 +113,12 @@ def build_app() -> App:
     e = app.command("eval", _eval, "ODE eval of the base or a checkpoint", config="ram_digits")
     e.add_argument("--checkpoint", default=None, help="a checkpoints/step-XXXXXX folder")
     e.add_argument("--grid", default=None, help="write a PNG grid of the eval samples here")
+    x = app.command(
+        "export", _export, "a checkpoint's SD3 LoRA in diffusers' format (load_lora_weights)",
+        config="flow_grpo_sd3",
+    )  # fmt: skip
+    x.add_argument("--checkpoint", required=True, help="a checkpoints/step-XXXXXX folder")
+    x.add_argument("--out", required=True, help="the folder to write")
     b = app.command("build-base", _build_base, "build (or find) the digits model and classifier")
     b.add_argument("--force", action="store_true")
     app.command("recipes", _recipes, "list the shipped recipes")

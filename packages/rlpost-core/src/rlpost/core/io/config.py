@@ -218,4 +218,3 @@ def import_object(spec: str, field: str | None = None) -> Any:
     if not callable(obj):
         raise ConfigError(f"{at}{spec!r} is not callable")
     return obj
-
