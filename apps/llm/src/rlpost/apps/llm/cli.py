@@ -14,6 +14,7 @@ rlpost-llm train --config mutual_arithmetic     # Mutual RL: two tokenizers shar
 rlpost-llm train --config step_opsd_household   # multi-turn agents (also grpo_search, ...)
 rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" [--noise 0.005,0.01]
 rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
+rlpost-llm traces runs/x --step 20                # a step's best and worst groups (run.traces=true)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -165,6 +166,13 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _traces(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.traces import show_step
+
+    print(show_step(args.run, args.step, args.groups))
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -245,6 +253,10 @@ def build_app() -> App:
     )
     x.add_argument("--checkpoint", required=True, help="a checkpoints/step-XXXXXX folder")
     x.add_argument("--out", required=True, help="the folder to write")
+    tr = app.command("traces", _traces, "a step's best and worst groups (run.traces=true)")
+    tr.add_argument("run", help="a run directory")
+    tr.add_argument("--step", type=int, default=None, help="the step (default: the last)")
+    tr.add_argument("--groups", type=int, default=2, help="how many best and worst groups")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

@@ -256,6 +256,11 @@ class TrainRunConfig(RunConfig, schema.DeviceRunConfig):
     the trainer's per-token bookkeeping (advantages, masks, the policy loss) stays on the
     host."""
 
+    traces: bool = False
+    """Append every trained row (prompt, completion, reward, advantage, version) to
+    ``traces.jsonl`` with a per-step index; ``rlpost-llm traces RUN`` shows a step's best
+    and worst groups."""
+
 
 # -------------------------------------------------------------- what these sections switch on
 SWITCHES = (

@@ -1,12 +1,14 @@
 """Step hooks, one module each (see :mod:`.base`): ``mipu`` (MIPU's acceptance),
 ``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
-term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL)."""
+term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
+rollout traces, ``run.traces``)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     exchange,
     kv_distill,
     mipu,
     regularizer,
+    traces,
     vapr,
 )
 from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook, active, apply_options
