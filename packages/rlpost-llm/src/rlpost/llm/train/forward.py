@@ -101,10 +101,25 @@ class Forwards:
             sl = slice(s, s + mbs)
             yield sl, self.seq_batch(batch, sl, pack=pack)
 
-    def train(self, sb: Any, **kwargs: Any) -> tuple:
-        """The differentiable training forward, through the data-parallel learner."""
+    def _rows(self, batch: RolloutBatch, rows: slice | None, call: Any) -> Any:
+        """``call(seq batch)`` over ``rows`` of ``batch`` (all: None): at once, or with
+        ``model.batch_invariant`` one row at a time, the outputs concatenated, so that a
+        row's log-probs are bitwise the same whichever rows share its micro-batch (and the
+        training forward's equal the no-grad scoring's)."""
+        if not self.cfg.model.batch_invariant:
+            return call(self.seq_batch(batch, rows))
+        idx = range(len(batch))[rows] if rows is not None else range(len(batch))
+        return _cat([call(self.seq_batch(batch, slice(i, i + 1))) for i in idx])
+
+    def train(self, sub: RolloutBatch, **kwargs: Any) -> tuple:
+        """The differentiable training forward of a micro-batch, through the data-parallel
+        learner."""
         impl = self.cfg.model.logprob_impl
-        return self.learner(host_logprobs, sb, self.temperature, impl=impl, **kwargs)
+        return self._rows(
+            sub,
+            None,
+            lambda sb: self.learner(host_logprobs, sb, self.temperature, impl=impl, **kwargs),
+        )
 
     @torch.no_grad()
     def nograd(
@@ -123,11 +138,18 @@ class Forwards:
         sharded = self.sharded and model is self.model
         topk = self.cfg.algo.topk if dists else None
         impl = self.cfg.model.logprob_impl
-        for sl, sb in self.seq_batches(batch):
+        mbs = self.cfg.optim.micro_batch_size
+        for s in range(0, len(batch), mbs):
+            sl = slice(s, s + mbs)
             if sharded:  # FSDP2: through the learner, which gathers the shards
-                res = self.learner(host_logprobs, sb, self.temperature, impl=impl, dists=topk)
+                call = lambda sb: self.learner(  # noqa: E731
+                    host_logprobs, sb, self.temperature, impl=impl, dists=topk
+                )
             else:
-                res = host_logprobs(model, sb, self.temperature, impl=impl, dists=topk)
+                call = lambda sb: host_logprobs(  # noqa: E731
+                    model, sb, self.temperature, impl=impl, dists=topk
+                )
+            res = self._rows(batch, sl, call)
             out[sl] = res[0] * mask[sl]
             if ent is not None:
                 ent[sl] = res[1] * mask[sl]
@@ -136,6 +158,20 @@ class Forwards:
                 lp_parts.append(res[2][1])
         d = (torch.cat(ids_parts), torch.cat(lp_parts)) if dists else None
         return Forward(out, ent, d)
+
+
+def _cat(parts: list) -> Any:
+    """Per-row forward outputs (tensors with rows first, ``None``, tuples of them) joined."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, Tensor):
+        return torch.cat(parts)
+    if isinstance(first, (tuple, list)):
+        return type(first)(_cat([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _cat([p[k] for p in parts]) for k in first}
+    raise TypeError(f"cannot join per-row forward outputs of type {type(first).__name__}")
 
 
 def _take_list(xs: list, rows: slice | Tensor) -> list:

@@ -33,7 +33,7 @@ class Accum:
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     mism: dict[str, float] = field(
-        default_factory=lambda: {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0}
+        default_factory=lambda: {"abs": 0.0, "max": 0.0, "k3": 0.0, "tok": 0.0, "drifted": 0.0}
     )
     ent_sum: float = 0.0
     bad: bool = False
@@ -54,6 +54,7 @@ class Accum:
         m["max"] = max(m["max"], float(d.abs().max()) if d.numel() else 0.0)
         m["k3"] += float((((-d).exp() - 1 + d) * bm).sum())
         m["tok"] += float(bm.sum())
+        m["drifted"] += float(((d != 0) & (bm > 0)).sum())
         self.ent_sum += float((ent.detach() * bm).sum())
 
 
@@ -103,7 +104,7 @@ class Updater:
     ) -> bool:
         """One micro-batch of the policy loss; True: stop the update (non-finite loss)."""
         t = self.t
-        res = t.forwards.train(t.forwards.seq_batch(mb.sub), **t.components.forward_kwargs(mb))
+        res = t.forwards.train(mb.sub, **t.components.forward_kwargs(mb))
         logp, ent = res[0], res[1]
         extra = t.components.from_forward(mb, res)
         out = t.recipe.policy_loss(mb.step.policy_batch(mb.idx, logp, ent, extra, counts))
@@ -214,6 +215,8 @@ class Updater:
                     "mismatch/abs_mean": mism["abs"] / ntok,
                     "mismatch/abs_max": mism["max"],
                     "mismatch/k3": mism["k3"] / ntok,
+                    # the share of tokens whose log-prob is not bitwise the engine's
+                    "mismatch/drifted": mism["drifted"] / ntok,
                     "grad_norm": acc.grad_norm,
                 }
             )
