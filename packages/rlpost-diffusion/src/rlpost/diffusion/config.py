@@ -57,15 +57,22 @@ class ModelConfig(_Strict):
 
 class RewardConfig(_Strict):
     name: str = "geneval"
-    """A built-in reward (``geneval``, ``pickscore``, ``hackable`` for the digits model) or
-    ``package.module:callable`` returning a reward ``(images, prompts) -> [B]``; checked
-    (imported) when the config loads."""
+    """A built-in reward (``geneval``, ``pickscore``, ``hackable`` for the digits model),
+    ``package.module:callable`` returning a reward ``(images, prompts) -> [B]`` (checked,
+    imported, when the config loads), or a reward server's address (``http://host:port/``,
+    flow_grpo's protocol: :mod:`rlpost.diffusion.reward_server`), called once per batch
+    within ``timeout_s``."""
+    server_key: str = "scores"
+    """A reward server's answer: the key holding one score per image."""
+    server_fields: dict[str, Any] = {}
+    """A reward server's request: fields sent beside ``images``, ``prompts`` and
+    ``queries`` (e.g. ``{only_strict: false}``)."""
     workers: int | None = Field(None, ge=0)
     """Worker processes scoring one image per item with time and memory limits (the
     :class:`rlpost.core.pool.RewardPool` the LLM trainer uses); 0: in this process, batched
     (a reward model on the GPU). None: 0 for a built-in reward, 2 for an imported one."""
     timeout_s: float = Field(30.0, gt=0)
-    """Wall-clock limit of one image's score (workers > 0)."""
+    """Wall-clock limit of one image's score (workers > 0), or of a reward server's call."""
     memory_mb: float | None = Field(1024.0, gt=0)
     """Memory one score may allocate in its worker (workers > 0); None: no cap."""
 
@@ -73,6 +80,8 @@ class RewardConfig(_Strict):
     def _check_name(self) -> RewardConfig:
         from rlpost.diffusion.rewards import REWARDS
 
+        if self.is_server:
+            return self
         if ":" in self.name:
             import_object(self.name, "reward.name")
         elif self.name not in REWARDS:
@@ -82,10 +91,24 @@ class RewardConfig(_Strict):
             )
         return self
 
+    @property
+    def is_server(self) -> bool:
+        return self.name.startswith(("http://", "https://"))
+
     def resolved_workers(self) -> int:
         if self.workers is not None:
             return self.workers
-        return 2 if ":" in self.name else 0
+        return 2 if ":" in self.name and not self.is_server else 0  # (a server: one call)
+
+    def load(self) -> Any:
+        """The reward this section names (:func:`rlpost.diffusion.rewards.load_reward`)."""
+        if self.is_server:
+            from rlpost.diffusion.reward_server import RemoteReward
+
+            return RemoteReward(self.name, self.timeout_s, self.server_key, self.server_fields)
+        from rlpost.diffusion.rewards import load_reward
+
+        return load_reward(self.name)
 
 
 class PromptConfig(_Strict):

@@ -41,7 +41,7 @@ from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.methods import LossInput, Needs
 from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_index, cond_repeat
-from rlpost.diffusion.rewards import RewardFn, RewardScorer, load_reward, quality_metrics
+from rlpost.diffusion.rewards import RewardFn, RewardScorer, quality_metrics
 from rlpost.diffusion.runlog import plot_curves, save_grid, summary_table
 from rlpost.diffusion.sampler import Trajectory, flow_sigmas, sample, step
 
@@ -100,7 +100,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.policy = policy if policy is not None else load_policy(cfg, self.device)
         self.scorer: RewardScorer | None = None
-        self.reward = reward if reward is not None else load_reward(cfg.reward.name)
+        self.reward = reward if reward is not None else cfg.reward.load()
         self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
         self.method = cfg.algo.bound_method()
         self.params = self.policy.trainable_parameters()
