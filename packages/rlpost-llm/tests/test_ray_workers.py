@@ -105,3 +105,17 @@ def test_the_trainer_trains_on_ray_workers_through_a_kill(local_ray, fast_cfg):
     assert [r["rollout/worker_restarts"] for r in steps] == [0.0, 1.0, 1.0]
     assert all(r["mismatch/abs_max"] < 1e-4 for r in steps)  # the workers ran the weights trained
     assert "eval/accuracy" in rows[-1]
+
+
+def test_a_lora_policy_trains_on_ray_workers_with_adapter_only_sync(local_ray, fast_cfg):
+    from rlpost.llm.trainer import Trainer
+
+    cfg = fast_cfg("rollout.workers=2", "rollout.engine=hf", "model.lora={r: 4}", "train.steps=3")
+    tr = Trainer(cfg, reward_fn=parity)
+    tr.train(until=2)
+    names, _ = tr.engine.sent
+    assert names and all("lora_" in n for n in names)  # after the first sync: adapters only
+    tr.train()
+    rows = [json.loads(x) for x in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "accuracy" in r]
+    assert all(r["mismatch/abs_max"] < 1e-4 for r in steps)  # the workers ran the weights trained

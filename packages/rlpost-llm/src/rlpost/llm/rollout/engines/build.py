@@ -93,10 +93,13 @@ def make_engine(
 
 def sync_weights(engine: RolloutEngine, cfg: Any, model, learner, version: int, merged) -> None:
     """``engine`` on the policy's current weights, at ``version``: FSDP2's whole weights
-    gathered (every rank takes part), a copy for an engine holding its own (vLLM gets them
-    merged), else only the version (an engine sharing the policy's module)."""
+    gathered (every rank takes part), a LoRA policy's adapters to an engine that takes them
+    (Ray rollout workers), a copy for an engine holding its own (vLLM gets them merged),
+    else only the version (an engine sharing the policy's module)."""
     if learner.sharded:
         engine.update_weights(learner.full_state_dict(), version)
+    elif hasattr(engine, "update_adapter") and hasattr(model, "peft_config"):
+        engine.update_adapter(model, version)  # LoRA: the adapters alone after the first
     elif getattr(engine, "own_copy", True):
         whole = cfg.rollout.engine == "vllm" or getattr(engine, "merged_weights", False)
         engine.update_weights(merged(model) if whole else model.state_dict(), version)

@@ -9,6 +9,9 @@ into Ray's object store once (``ray.put``); every worker loads them from there.
 The same code runs on one machine (a local Ray started here) and on a cluster: call
 ``ray.init(address=...)`` first, or set ``rollout.ray_address``.
 
+With a LoRA policy the workers get the whole unmerged model and its ``LoraConfig`` once,
+then only the adapter tensors after each update (:meth:`RayRolloutEngine.update_adapter`).
+
 Faults: a shard whose worker died is regenerated on a fresh worker that first loads the
 current weights. Each shard's seed is drawn before dispatch, so the regenerated shard
 holds the rows the dead worker would have returned: nothing is lost and nothing is
@@ -38,9 +41,31 @@ class RolloutWorker:
 
         model = AutoModelForCausalLM.from_config(config)
         self.engine = make_local_engine(engine, model.eval(), tokenizer)
+        self.lora = False  # adapters injected (adapter-only sync)
 
-    def load(self, state_dict: dict[str, Tensor], version: int) -> int:
-        self.engine.model.load_state_dict(state_dict, strict=True)
+    def load(
+        self, state_dict: dict[str, Tensor], version: int, lora: Any = None,
+        adapter_only: bool = False,
+    ) -> int:  # fmt: skip
+        """Load weights as ``version``: whole (``strict``), or, with ``adapter_only``, the
+        LoRA tensors alone over the base loaded before. ``lora`` (a peft ``LoraConfig``):
+        the policy's adapters, injected into this worker's model on first sight."""
+        model = self.engine.model
+        if lora is not None and not self.lora:
+            from peft import inject_adapter_in_model
+
+            inject_adapter_in_model(lora, model)
+            model.eval()
+            self.lora = True
+        if adapter_only:
+            missing, unexpected = model.load_state_dict(state_dict, strict=False)
+            if unexpected or any("lora_" in k for k in missing):
+                raise RuntimeError(
+                    f"adapter sync: unexpected {unexpected[:3]}, missing "
+                    f"{[k for k in missing if 'lora_' in k][:3]}"
+                )
+        else:
+            model.load_state_dict(state_dict, strict=True)
         self.engine.policy_version = version
         return os.getpid()
 
@@ -91,29 +116,64 @@ class RayRolloutEngine:
         self.policy_version = 0
         self.restarts = 0
         self._weights = None
+        self._adapters = None  # the latest adapter tensors (adapter-only sync)
+        self._lora = None  # the policy's LoraConfig (adapter-only sync)
+        self.sent: tuple[list[str], int] = ([], 0)  # the last sync's tensor names and bytes
         self.workers = [self._spawn() for _ in range(workers)]  # weights: update_weights
 
     def _spawn(self):
         return self._cls.remote(*self._spawn_args)
 
     def _replace(self, i: int) -> None:
-        """A fresh worker in slot ``i``, on the current weights."""
+        """A fresh worker in slot ``i``, on the current weights (adapter sync: the base and
+        adapters it was first sent, then the latest adapters)."""
         with contextlib.suppress(Exception):  # (already gone)
             self.ray.kill(self.workers[i])
         self.workers[i] = self._spawn()
-        self.ray.get(self.workers[i].load.remote(self._weights, self.policy_version))
+        w, v = self.workers[i], self.policy_version
+        self.ray.get(w.load.remote(self._weights, v, self._lora))
+        if self._adapters is not None:
+            self.ray.get(w.load.remote(self._adapters, v, self._lora, True))
         self.restarts += 1
 
-    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
-        self._weights = self.ray.put(cpu)  # once into the object store, read by every worker
-        self.policy_version = version
-        refs = {i: w.load.remote(self._weights, version) for i, w in enumerate(self.workers)}
+    def _send(self, weights: Any, version: int, adapter_only: bool) -> None:
+        refs = {
+            i: w.load.remote(weights, version, self._lora, adapter_only)
+            for i, w in enumerate(self.workers)
+        }
         for i, ref in refs.items():
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayActorError:
                 self._replace(i)
+
+    def update_adapter(self, model: torch.nn.Module, version: int) -> None:
+        """A LoRA policy's weights as the workers need them (TRL's, verl's and SkyRL's
+        adapter sync): the first time the whole unmerged model and its ``LoraConfig`` (the
+        workers inject the same adapters), after that the adapter tensors alone, since the
+        base is frozen. ``sent``: the tensor names and bytes of the last sync."""
+        prefix = "base_model.model."  # PeftModel's: the workers hold the plain model
+        sd = {k.removeprefix(prefix): v for k, v in model.state_dict().items()}
+        first = self._lora is None  # (whole weights sent before, merged, do not count)
+        if not first:
+            sd = {k: v for k, v in sd.items() if "lora_" in k}
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
+        self.sent = (sorted(cpu), sum(v.numel() * v.element_size() for v in cpu.values()))
+        ref = self.ray.put(cpu)
+        if first:
+            self._lora = model.peft_config[model.active_adapter]
+            self._weights = ref
+        else:
+            self._adapters = ref
+        self.policy_version = version
+        self._send(ref, version, adapter_only=not first)
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+        self.sent = (sorted(cpu), sum(v.numel() * v.element_size() for v in cpu.values()))
+        self._weights = self.ray.put(cpu)  # once into the object store, read by every worker
+        self.policy_version = version
+        self._send(self._weights, version, adapter_only=False)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
         if self._weights is None:
