@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # (the slow tier: uv run pytest -m slow) a benchmark tool's own check
 def test_every_part_of_a_step_is_attributed(tmp_path):
     """In a process of its own, as a user runs it (a profiler is process-wide state).
     Generation is the trainer's call into its engine: twice, in the full suite, the

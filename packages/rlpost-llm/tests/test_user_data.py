@@ -111,7 +111,7 @@ def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guard
 
     from .conftest import FAST
 
-    overrides = [*FAST, "reward.workers=1", f"run.dir={tmp_path / 'run'}"]
+    overrides = [*FAST, "reward.workers=1", "train.steps=1", f"run.dir={tmp_path / 'run'}"]
     guard = "    " if guarded else ""
     text = SCRIPT.format(guard=guard, overrides=overrides)
     if guarded:

@@ -110,7 +110,7 @@ def assert_same_run(ref: Path, other: Path) -> None:
 
 
 def test_otql_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, cache):
-    episodes = 12  # 6 rounds of 2 episodes, a checkpoint after each
+    episodes = 6  # 3 rounds of 2 episodes, a checkpoint after each (killed after the 1st)
     args = [*OTQL, f"algo.params.episodes={episodes}"]
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
