@@ -89,10 +89,9 @@ class Trainer:
         train_dataset=None,
         reward_funcs=None,
     ):
-        self.cfg = cfg
+        self.cfg, self._t_created = cfg, time.perf_counter()  # (the report counts set-up)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self._t_created = time.perf_counter()  # (the closing line counts the set-up too)
         self.dist = Ranks(cfg.run.device)
         self.main = self.dist.main
         self.preset = cfg.preset()
