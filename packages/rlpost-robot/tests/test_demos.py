@@ -3,15 +3,9 @@ import sys
 import numpy as np
 import pytest
 
-from rlpost.robot.demos import (
-    Episode,
-    collect_demos,
-    collect_episodes,
-    load_lerobot_dataset,
-    make_expert,
-    write_lerobot_dataset,
-)
+from rlpost.robot.demos import Episode, collect_demos, collect_episodes, make_expert
 from rlpost.robot.envs import TASKS
+from rlpost.robot.lerobot_data import load_lerobot_dataset, write_lerobot_dataset
 
 
 class RandomPolicy:

@@ -108,7 +108,7 @@ def test_a_robot_killed_mid_episode_is_replaced_and_loses_nothing(killed_run):
     assert all(whole(e) for e in store.read())
     robots = Counter(e.robot for e in store.read())
     assert robots[0] >= 3 and robots[1] >= 3  # both kept running
-    from rlpost.robot.demos import load_lerobot_dataset  # the LeRobotDataset holds them too
+    from rlpost.robot.lerobot_data import load_lerobot_dataset  # the LeRobotDataset holds them too
 
     assert [e.episode_id for e in load_lerobot_dataset(store.current)] == ids
 

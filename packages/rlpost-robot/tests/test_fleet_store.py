@@ -12,8 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from rlpost.robot.demos import Episode, load_lerobot_dataset
+from rlpost.robot.demos import Episode
 from rlpost.robot.fleet.store import ExperienceStore
+from rlpost.robot.lerobot_data import load_lerobot_dataset
 
 TASK = "multimodal_reach"
 

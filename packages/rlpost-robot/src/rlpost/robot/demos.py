@@ -1,12 +1,11 @@
-"""Scripted demonstrators, episode collection and LeRobotDataset I/O for :mod:`rlpost.robot.envs`.
+"""Scripted demonstrators and episode collection for :mod:`rlpost.robot.envs`.
 
 * :func:`make_expert` -- a scripted controller per task, ``"good"`` (succeeds most of the
   time) or ``"poor"`` (rarely succeeds: biased, noisy, slow, indecisive or aggressive);
   a stateful callable ``expert(obs) -> action in [-1, 1]`` with ``.reset()``;
 * :func:`collect_episodes` -- roll out any policy into :class:`Episode` records;
 * :func:`collect_demos` -- the deliberately suboptimal good + poor demonstration mix;
-* :func:`write_lerobot_dataset` / :func:`load_lerobot_dataset` -- a local LeRobotDataset
-  (needs the ``lerobot`` extra) and back, exact for observations and actions.
+* LeRobotDataset I/O of these episodes: :mod:`rlpost.robot.lerobot_data`.
 
 Per task, good vs poor:
 
@@ -28,8 +27,7 @@ Per task, good vs poor:
 Typical use::
 
     demos = collect_demos("contour", n_good=20, n_poor=20, seed=0)
-    root = write_lerobot_dataset(demos, tmp / "contour", task="contour")
-    assert np.array_equal(load_lerobot_dataset(root)[0].actions, demos[0].actions)
+    root = write_lerobot_dataset(demos, tmp / "contour", task="contour")  # lerobot_data
 """
 
 from __future__ import annotations
@@ -38,9 +36,8 @@ import abc
 import inspect
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import mujoco
@@ -49,17 +46,12 @@ import numpy as np
 from rlpost.robot.envs import CONTOUR, TASKS, ContourEnv, make_env
 
 __all__ = [
-    "FLEET_COLUMNS",
     "Episode",
     "Expert",
-    "add_lerobot_episode",
     "collect_demos",
     "collect_episodes",
-    "lerobot_features",
-    "load_lerobot_dataset",
     "make_expert",
-    "open_lerobot_dataset",
-    "write_lerobot_dataset",
+    "success_rate",
 ]
 
 _QUALITIES = ("good", "poor")
@@ -514,346 +506,3 @@ def collect_demos(task: str, n_good: int = 20, n_poor: int = 20, seed: int = 0) 
         *collect_episodes(task, good, n_good, seed=_derive(seed, 3), quality="good"),
         *collect_episodes(task, poor, n_poor, seed=_derive(seed, 4), quality="poor"),
     ]
-
-
-# ------------------------------------------------------------------ LeRobotDataset I/O
-
-_QUALITY_CODES = {"": 0, "good": 1, "poor": 2}
-
-
-def _lerobot_dataset_cls() -> Any:
-    try:
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset
-    except ImportError as exc:
-        from rlpost.core import MissingDependency
-
-        raise MissingDependency(
-            "LeRobotDataset I/O needs lerobot: pip install 'rlpost-robot[lerobot]' "
-            "(the app: 'rlpost-app-robot[lerobot]')"
-        ) from exc
-    from datasets.utils.logging import disable_progress_bar
-
-    disable_progress_bar()  # one "Map" bar per saved episode otherwise
-    return LeRobotDataset
-
-
-def obs_split(task: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(robot state indices, environment-state indices)`` of ``task``'s observation
-    (``observation.state`` / ``observation.environment_state`` of its data sets)."""
-    spec = TASKS[task]
-    env_idx = np.asarray(spec.env_obs, dtype=np.int64)
-    state_idx = np.setdiff1d(np.arange(spec.obs_dim), env_idx)
-    return state_idx, env_idx
-
-
-#: per-frame columns of a fleet's episodes (:mod:`rlpost.robot.fleet`), int64 ``(1,)``
-#: each but ``intervention`` (bool): who drove, which policy, which robot, which episode
-FLEET_COLUMNS = ("intervention", "policy_version", "robot_index", "episode_id")
-
-
-def lerobot_features(
-    task: str, rename: dict[str, str] | None = None, fleet: bool = False
-) -> dict[str, dict[str, Any]]:
-    """The LeRobotDataset features :func:`write_lerobot_dataset` writes for ``task`` (the
-    robot's names through ``rename``), with the fleet's :data:`FLEET_COLUMNS` when
-    ``fleet``."""
-    spec = TASKS[task]
-    state_idx, env_idx = obs_split(task)
-    rename = rename or {}
-    obs_names = [rename.get(n, n) for n in spec.obs_names]  # an image task's: front.<i>
-    vec = {"dtype": "float32", "names": None}
-    flag = {"dtype": "bool", "shape": (1,), "names": None}
-    features: dict[str, dict[str, Any]] = {
-        "observation.state": {
-            "dtype": "float32",
-            "shape": (len(state_idx),),
-            "names": [obs_names[i] for i in state_idx],
-        },
-        "observation.environment_state": {
-            "dtype": "float32",
-            "shape": (len(env_idx),),
-            "names": [obs_names[i] for i in env_idx],
-        },
-        "action": {
-            "dtype": "float32",
-            "shape": (spec.act_dim,),
-            "names": [rename.get(n, n) for n in spec.act_names],
-        },
-        "next.reward": {**vec, "shape": (1,)},
-        "next.done": flag,
-        "next.terminated": flag,
-        "next.success": flag,
-        "next.observation": {**vec, "shape": (spec.obs_dim,)},
-        "quality": {"dtype": "int64", "shape": (1,), "names": None},
-    }
-    if spec.has_force:
-        features["next.contact_force"] = {**vec, "shape": (1,)}
-    if fleet:
-        features["intervention"] = flag
-        for name in FLEET_COLUMNS[1:]:
-            features[name] = {"dtype": "int64", "shape": (1,), "names": None}
-    return features
-
-
-def add_lerobot_episode(ds: Any, ep: Episode, task: str, fleet: bool = False) -> None:
-    """Append ``ep`` to an open, writable LeRobotDataset (frames, then ``save_episode``),
-    in the layout of :func:`lerobot_features`."""
-    spec = TASKS[task]
-    state_idx, env_idx = obs_split(task)
-    language = spec.description or task
-    obs = np.asarray(ep.obs, dtype=np.float32)
-    t_len = len(ep.actions)
-    succ = ep.step_success if ep.step_success is not None else np.zeros(t_len, bool)
-    if ep.step_success is None:
-        succ[-1] = ep.success
-    quality = np.array([_QUALITY_CODES.get(ep.quality, 0)], dtype=np.int64)
-    human = ep.intervention if ep.intervention is not None else np.zeros(t_len, bool)
-    ids = {
-        "policy_version": np.array([ep.policy_version], dtype=np.int64),
-        "robot_index": np.array([ep.robot], dtype=np.int64),
-        "episode_id": np.array([ep.episode_id], dtype=np.int64),
-    }
-    for t in range(t_len):
-        frame = {
-            "observation.state": obs[t, state_idx],
-            "observation.environment_state": obs[t, env_idx],
-            "action": np.asarray(ep.actions[t], dtype=np.float32),
-            "next.reward": np.array([ep.rewards[t]], dtype=np.float32),
-            "next.done": np.array([t == t_len - 1]),
-            "next.terminated": np.array([ep.terminated and t == t_len - 1]),
-            "next.success": np.array([bool(succ[t])]),
-            "next.observation": obs[t + 1],
-            "quality": quality,
-            "task": language,
-        }
-        if spec.has_force:
-            f = 0.0 if ep.contact_force is None else float(ep.contact_force[t])
-            frame["next.contact_force"] = np.array([f], dtype=np.float32)
-        if fleet:
-            frame["intervention"] = np.array([bool(human[t])])
-            frame.update(ids)
-        ds.add_frame(frame)
-    ds.save_episode()
-
-
-def write_lerobot_dataset(
-    demos: Sequence[Episode],
-    root: str | os.PathLike,
-    task: str,
-    fps: float | None = None,
-    robot_type: str | None = None,
-    rename: dict[str, str] | None = None,
-) -> Path:
-    """Write ``demos`` as a local LeRobotDataset at ``root`` (which must not exist yet).
-
-    Per frame ``t``: ``observation.state`` (robot part of ``obs[t]``),
-    ``observation.environment_state`` (the ``TaskSpec.env_obs`` part: targets, objects,
-    goals -- what ACT needs without cameras), ``action``, ``next.reward``, ``next.done``
-    (last frame), ``next.terminated``, ``next.success``, ``next.observation`` (full
-    ``obs[t+1]``), ``next.contact_force`` (contact tasks) and ``quality`` (0 unlabelled,
-    1 good, 2 poor). Vector features carry lerobot ``names``: the task's
-    (``TaskSpec.obs_names`` / ``act_names``), or a robot's own through ``rename``
-    (``{task name: robot name}``). ``fps`` defaults to the task's control rate,
-    ``robot_type`` to the task; the language ``task`` is ``TaskSpec.description``.
-    Returns ``root``.
-    """
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
-    lerobot_dataset = _lerobot_dataset_cls()
-    spec, root = TASKS[task], Path(root)
-    ds = lerobot_dataset.create(
-        repo_id=f"local/{root.name}",
-        fps=round(fps or spec.fps),
-        features=lerobot_features(task, rename),
-        root=root,
-        robot_type=robot_type or task,
-        use_videos=False,
-        video_backend="pyav",
-    )
-    for ep in demos:
-        add_lerobot_episode(ds, ep, task)
-    ds.finalize()
-    return root
-
-
-def _feature_names(key: str, ft: dict[str, Any]) -> list[str] | None:
-    """A vector feature's entry names (lerobot writes a list, or ``{"motors": [...]}``)."""
-    names = ft.get("names")
-    if isinstance(names, dict):
-        names = [n for group in names.values() for n in group]
-    shape = tuple(ft.get("shape") or ())
-    if not names or len(shape) != 1 or len(names) != shape[0]:
-        return None
-    return [str(n) for n in names]
-
-
-def open_lerobot_dataset(
-    root: str | os.PathLike | None = None,
-    repo_id: str | None = None,
-    episodes: Sequence[int] | None = None,
-) -> Any:
-    """A ``LeRobotDataset`` from a local ``root`` and / or a Hub ``repo_id`` (read from
-    lerobot's cache, ``HF_LEROBOT_HOME``, when it is there); a missing one is named."""
-    if root is None and repo_id is None:
-        raise ValueError("a LeRobotDataset needs a path (root) or a repo_id")
-    lerobot_dataset = _lerobot_dataset_cls()
-    if root is not None:
-        root = Path(root)
-        if not (root / "meta" / "info.json").is_file():
-            raise FileNotFoundError(f"{root}: not a LeRobotDataset (no meta/info.json)")
-    try:
-        return lerobot_dataset(
-            repo_id or f"local/{Path(root).name}",
-            root=root,
-            episodes=list(episodes) if episodes is not None else None,
-            video_backend="pyav",
-        )
-    except Exception as exc:  # hub / cache errors of many kinds: say which data set
-        raise ValueError(f"cannot open LeRobotDataset {repo_id or root}: {exc}") from exc
-
-
-def dataset_names(ds: Any, rename: dict[str, str] | None = None) -> dict[str, list[str]]:
-    """The (renamed) entry names of every named vector feature of a LeRobotDataset."""
-    rename = rename or {}
-    out = {}
-    for key, ft in ds.meta.features.items():
-        names = _feature_names(key, ft)
-        if names is not None:
-            out[key] = [rename.get(n, n) for n in names]
-    return out
-
-
-def load_lerobot_dataset(
-    root: str | os.PathLike | None = None,
-    task: str | None = None,
-    repo_id: str | None = None,
-    rename: dict[str, str] | None = None,
-    episodes: Sequence[int] | None = None,
-) -> list[Episode]:
-    """Read a LeRobotDataset into episodes of ``task``, matching features by name.
-
-    Any ``robot_type`` and layout: the task's observation entries (``TaskSpec.obs_names``)
-    are found by name among the ``names`` of the data set's ``observation.*`` vector
-    features, its actions among those of ``action``, after ``rename`` (``{dataset name:
-    task name}``); a name not found is an error listing the data set's names. ``task``
-    defaults to the data set's ``robot_type`` when that is a task. Rewards come from
-    ``next.reward`` (required: the critics learn from them), success from ``next.success``,
-    the end from ``next.terminated`` / ``next.done``, contact force from
-    ``next.contact_force`` (else the next frame's ``contact_force`` entry) and the episode's
-    last observation from ``next.observation`` when the data set has it (else the last
-    frame's). A data set written by :func:`write_lerobot_dataset` round-trips exactly;
-    ``metrics`` are recomputed (``return`` as the float32 sum of the rewards).
-    """
-    ds = open_lerobot_dataset(root, repo_id, episodes)
-    where = repo_id or str(root)
-    if task is None:
-        task = ds.meta.robot_type
-        if task not in TASKS:
-            raise ValueError(
-                f"{where}: robot_type {task!r} is not a task; say which task the data maps "
-                f"onto (data.task / task=): {sorted(TASKS)}"
-            )
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
-    spec = TASKS[task]
-    names = dataset_names(ds, rename)
-    located: dict[str, tuple[str, int]] = {}
-    for key, entries in names.items():
-        if key.startswith("observation."):
-            for i, n in enumerate(entries):
-                located.setdefault(n, (key, i))
-    missing = [n for n in spec.obs_names if n not in located]
-    if missing:
-        have = [n for k, v in names.items() if k.startswith("observation.") for n in v]
-        raise ValueError(
-            f"{where}: no observation feature named {missing} for task {task} (the data set "
-            f"has {have}); map names with data.rename (dataset name -> task name)"
-        )
-    act_names = names.get("action", [])
-    missing = [n for n in spec.act_names if n not in act_names]
-    if missing:
-        raise ValueError(
-            f"{where}: no action named {missing} for task {task} (the data set's actions are "
-            f"{act_names}); map names with data.rename"
-        )
-    if "next.reward" not in ds.meta.features:
-        raise ValueError(
-            f"{where}: no next.reward column; the algorithms' critics learn from the "
-            "demonstrations' rewards (record them, as lerobot's gym_manipulator does)"
-        )
-    cols = ds.hf_dataset.with_format("numpy")[:]
-    ep_index = np.asarray(cols["episode_index"]).reshape(-1)
-    order = np.lexsort((np.asarray(cols["frame_index"]).reshape(-1), ep_index))
-
-    def col(name: str) -> np.ndarray:
-        return np.stack(list(cols[name]))[order]
-
-    def has(name: str) -> bool:
-        return name in ds.meta.features
-
-    ep_index = ep_index[order]
-    vectors = {key: col(key).astype(np.float32) for key in {k for k, _ in located.values()}}
-    frames = np.stack([vectors[k][:, i] for k, i in (located[n] for n in spec.obs_names)], 1)
-    actions = col("action")[:, [act_names.index(n) for n in spec.act_names]]
-    rewards = col("next.reward").reshape(-1)
-    n = len(rewards)
-    success = col("next.success").reshape(-1).astype(bool) if has("next.success") else None
-    end = "next.terminated" if has("next.terminated") else "next.done"
-    terminated = col(end).reshape(-1).astype(bool) if has(end) else np.zeros(n, bool)
-    next_obs = col("next.observation") if has("next.observation") else None
-    if next_obs is not None and next_obs.shape[1:] != (spec.obs_dim,):
-        next_obs = None  # someone else's next.observation: not the task's vector
-    quality = col("quality").reshape(-1) if has("quality") else np.zeros(n, np.int64)
-    forces = None
-    if spec.has_force:
-        if has("next.contact_force"):
-            forces = col("next.contact_force").reshape(-1)
-        elif "contact_force" in spec.obs_names:
-            forces = np.empty(n, np.float32)  # the next frame's reading, per episode
-    codes = {v: k for k, v in _QUALITY_CODES.items()}
-    fleet = {name: col(name).reshape(-1) for name in FLEET_COLUMNS if has(name)}
-    episodes_out = []
-    for e in np.unique(ep_index):
-        sel = np.flatnonzero(ep_index == e)
-        obs = np.empty((len(sel) + 1, spec.obs_dim), dtype=np.float32)
-        obs[:-1] = frames[sel]
-        obs[-1] = next_obs[sel[-1]] if next_obs is not None else frames[sel[-1]]
-        f = None
-        if forces is not None:
-            if not has("next.contact_force"):
-                forces[sel] = obs[1:, spec.obs_names.index("contact_force")]
-            f = forces[sel].astype(np.float32)
-        r = rewards[sel].astype(np.float32)
-        s = success[sel] if success is not None else np.zeros(len(sel), bool)
-        known = success is not None  # no next.success column: unknown, not failed
-        metrics = {
-            "return": float(r.sum()),
-            "length": len(sel),
-            "success": bool(s[-1]) if known else None,
-            "ever_success": bool(s.any()) if known else None,
-            "peak_force": float(f.max()) if f is not None else None,
-            "frac_force_above": float(np.mean(f > spec.force_threshold)) if f is not None else None,
-        }
-        episodes_out.append(
-            Episode(
-                obs=obs,
-                actions=actions[sel].astype(np.float32),
-                rewards=r,
-                success=bool(s[-1]),
-                metrics=metrics,
-                terminated=bool(terminated[sel[-1]]),
-                step_success=s if known else None,
-                contact_force=f,
-                quality=codes.get(int(quality[sel[0]]), ""),
-                task=task,
-                intervention=fleet["intervention"][sel].astype(bool)
-                if "intervention" in fleet
-                else None,
-                policy_version=int(fleet["policy_version"][sel[0]])
-                if "policy_version" in fleet
-                else -1,
-                robot=int(fleet["robot_index"][sel[0]]) if "robot_index" in fleet else -1,
-                episode_id=int(fleet["episode_id"][sel[0]]) if "episode_id" in fleet else -1,
-            )
-        )
-    return episodes_out

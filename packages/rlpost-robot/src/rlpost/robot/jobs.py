@@ -276,7 +276,8 @@ def run_record(job: Any, overwrite: bool = False) -> dict[str, Any]:
     ``run.dir/dataset`` as a LeRobotDataset with ``robot_type`` and the features renamed
     by ``job.rename``; writes ``record.json``. Read back with ``data.path=<run.dir>/dataset``
     and ``data.rename`` mapping the names back onto the task's."""
-    from rlpost.robot.demos import collect_demos, write_lerobot_dataset
+    from rlpost.robot.demos import collect_demos
+    from rlpost.robot.lerobot_data import write_lerobot_dataset
 
     out = _start(job, overwrite)
     t0 = time.perf_counter()

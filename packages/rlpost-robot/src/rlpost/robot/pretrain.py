@@ -51,7 +51,8 @@ def build_demo_dataset(
 
     Default mix: 10 good and 30 poor scripted episodes (a deliberately suboptimal set).
     """
-    from rlpost.robot.demos import collect_demos, write_lerobot_dataset
+    from rlpost.robot.demos import collect_demos
+    from rlpost.robot.lerobot_data import write_lerobot_dataset
 
     recipe = merge_params(DEMO_DEFAULTS, params)
     target = _folder("demos", task, recipe, cache_dir)
@@ -75,7 +76,7 @@ def build_demo_dataset(
 
 
 def load_demos(path: str | os.PathLike) -> list[Any]:
-    from rlpost.robot.demos import load_lerobot_dataset
+    from rlpost.robot.lerobot_data import load_lerobot_dataset
 
     return load_lerobot_dataset(Path(path) / "dataset")
 
@@ -102,7 +103,7 @@ class ScriptedDemos:
 @dataclass(frozen=True)
 class DatasetDemos:
     """Demonstrations from a user's LeRobotDataset (a run config's ``data`` section),
-    mapped onto ``task`` by name (:func:`rlpost.robot.demos.load_lerobot_dataset`).
+    mapped onto ``task`` by name (:func:`rlpost.robot.lerobot_data.load_lerobot_dataset`).
 
     Passed wherever the scripted set's parameters (``demos=``) go; the cached BC policy
     is keyed by the data set's :meth:`fingerprint`, so editing the data rebuilds it.
@@ -115,12 +116,12 @@ class DatasetDemos:
     episodes: tuple[int, ...] | None = None
 
     def open(self) -> Any:
-        from rlpost.robot.demos import open_lerobot_dataset
+        from rlpost.robot.lerobot_data import open_lerobot_dataset
 
         return open_lerobot_dataset(self.path, self.repo_id, self.episodes)
 
     def load(self) -> list[Any]:
-        from rlpost.robot.demos import load_lerobot_dataset
+        from rlpost.robot.lerobot_data import load_lerobot_dataset
 
         return load_lerobot_dataset(
             self.path, self.task, self.repo_id, dict(self.rename), self.episodes

@@ -136,8 +136,8 @@ def policy_features(cfg: Any) -> Any:
     """The names the trained policy reads and writes (``policy/features.json``): the data
     set's own, so that it deploys on the robot that recorded the data (the task's when
     there is no data set or no ``data.rename``)."""
-    from rlpost.robot.demos import dataset_names
     from rlpost.robot.features import FeatureMap
+    from rlpost.robot.lerobot_data import dataset_names
 
     task = FeatureMap.for_task(cfg.task)
     if not (cfg.data.given and cfg.data.rename):
@@ -177,8 +177,8 @@ def initial_policy(cfg: Any) -> Any:
 
     if cfg.policy.pretrained is None:
         return load_bc_policy(build_policy_for(cfg))
-    from rlpost.robot.demos import dataset_names, obs_split
     from rlpost.robot.envs import TASKS
+    from rlpost.robot.lerobot_data import dataset_names, obs_split
     from rlpost.robot.policies.act import ActChunkPolicy
 
     spec = TASKS[cfg.task]

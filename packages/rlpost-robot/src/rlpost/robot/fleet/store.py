@@ -19,7 +19,7 @@ dataset readers see: it clones ``current`` (hard links for the immutable parquet
 copies of ``meta/``'s top-level files, which lerobot rewrites), appends the spool's new
 episodes with ``LeRobotDataset.resume`` and ``finalize()``, ``fsync`` s the clone and
 switches the ``current`` link atomically. Readers open ``LeRobotDataset(repo_id,
-root=<store>/current)``, or :func:`rlpost.robot.demos.load_lerobot_dataset`.
+root=<store>/current)``, or :func:`rlpost.robot.lerobot_data.load_lerobot_dataset`.
 
 **Recovery** (:meth:`ExperienceStore.open`, every start): leftovers of interrupted writes
 are removed (a half-written episode, a half-built view); the spool is checked file by
@@ -307,7 +307,7 @@ class ExperienceStore:
             if v.resolve() != live:
                 shutil.rmtree(v, ignore_errors=True)
         try:
-            from rlpost.robot.demos import open_lerobot_dataset
+            from rlpost.robot.lerobot_data import open_lerobot_dataset
 
             ds = open_lerobot_dataset(self.current, self.repo_id)
             n = ds.meta.total_episodes
@@ -322,7 +322,11 @@ class ExperienceStore:
         """Bring the ``current`` LeRobotDataset up to the spool (see the module docstring);
         ``rebuild`` (or a view :meth:`open` found damaged): from scratch. Returns the
         number of episodes added."""
-        from rlpost.robot.demos import _lerobot_dataset_cls, add_lerobot_episode, lerobot_features
+        from rlpost.robot.lerobot_data import (
+            _lerobot_dataset_cls,
+            add_lerobot_episode,
+            lerobot_features,
+        )
 
         lerobot_dataset = _lerobot_dataset_cls()
         rebuild = rebuild or not self.view_ok
