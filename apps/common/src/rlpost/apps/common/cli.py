@@ -123,7 +123,8 @@ class App:
         print(describe(model(), values, args.section))
         return 0
 
-    def main(self, argv: Sequence[str] | None = None) -> int:
+    def _builtin_commands(self) -> None:
+        """``config`` (when a command has a schema) and ``doctor``, after the domain's own."""
         if self._schemas and "config" not in self.sub.choices:
             c = self.command(
                 "config", self._config, "list the config keys, their defaults and docs"
@@ -133,28 +134,40 @@ class App:
             c.add_argument("--section", default=None, help="only the keys under it (optim)")
             c.add_argument("--config", default=None, help="show a recipe's values (name or YAML)")
             c.set_defaults(overrides=[])
-        if "doctor" not in self.sub.choices:  # listed after the domain's own commands
+        if "doctor" not in self.sub.choices:
             self.command("doctor", self._doctor, "print the versions of the engines it uses")
+
+    def _parse(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        """The arguments, with ``key=value`` left after a flag taken as overrides."""
         args, extra = self.parser.parse_known_args(argv)
         overrides = [a for a in extra if "=" in a and not a.startswith("-")]
         if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
             self.parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        if overrides:  # key=value after a flag: argparse leaves them over; they are overrides
+        if overrides:
             args.overrides = [*args.overrides, *overrides]
         if getattr(args, "resume", False) and getattr(args, "overwrite", False):
             self.parser.error("--resume and --overwrite exclude each other")
+        return args
+
+    def _run(self, args: argparse.Namespace) -> int:
+        """The user's ``--import`` modules, then the command (a run: its whole time told)."""
+        for module in args.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(f"--import {module}: {exc}") from exc
+        t0 = time.perf_counter()
+        code = args.fn(args)
+        if getattr(args, "resume", None) is not None:  # a run command
+            print(f"{self.prog} {args.command}: {_took(time.perf_counter() - t0)} in all "
+                  "(set-up, training, evaluation, plots)")  # fmt: skip
+        return code
+
+    def main(self, argv: Sequence[str] | None = None) -> int:
+        self._builtin_commands()
+        args = self._parse(argv)
         try:
-            for module in args.imports:
-                try:
-                    importlib.import_module(module)
-                except ImportError as exc:
-                    raise ValueError(f"--import {module}: {exc}") from exc
-            t0 = time.perf_counter()
-            code = args.fn(args)
-            if getattr(args, "resume", None) is not None:  # a run: its whole time, honestly
-                print(f"{self.prog} {args.command}: {_took(time.perf_counter() - t0)} in all "
-                      "(set-up, training, evaluation, plots)")  # fmt: skip
-            return code
+            return self._run(args)
         except USER_ERRORS as exc:
             # a bug raising ValueError mid-training (rlpost.core.guard.training_loop) is
             # not an input error: its traceback is what the user needs
