@@ -91,8 +91,8 @@ class RemoteReward:
                 f"reward server {self.url}: HTTP {exc.code}: {text[-1] if text else exc.reason}"
             ) from None
         except (TimeoutError, urllib.error.URLError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            reason = getattr(exc, "reason", exc)  # (a URLError wraps the socket's error)
+            if isinstance(reason, TimeoutError):
                 raise TimeoutError(
                     f"reward server {self.url}: no answer within reward.timeout_s="
                     f"{self.timeout_s:g} s"

@@ -134,7 +134,13 @@ def _parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
     return rows, torn
 
 
+def step_rows(path: Path) -> list[dict[str, Any]]:
+    """The ``{"step": int, ...}`` rows of a JSONL file (lines torn by an interrupted write
+    left out; none when the file is missing)."""
+    path = Path(path)
+    return [row for _, row in _parse(path)[0]] if path.exists() else []
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl`` (lines torn by an interrupted write left out)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [row for _, row in _parse(path)[0]] if path.exists() else []
+    return step_rows(Path(run_dir) / "metrics.jsonl")

@@ -23,16 +23,10 @@ TRACES, INDEX = "traces.jsonl", "traces.index.jsonl"
 
 
 def _index(run_dir: Path) -> list[dict[str, int]]:
-    path = run_dir / INDEX
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line (a kill mid-write): dropped
-            break
-    return out
+    """The index's entries (a line torn by a kill mid-write left out)."""
+    from rlpost.core.io.metrics import step_rows
+
+    return step_rows(run_dir / INDEX)
 
 
 class TraceWriter:

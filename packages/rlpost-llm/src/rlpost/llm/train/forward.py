@@ -138,17 +138,15 @@ class Forwards:
         sharded = self.sharded and model is self.model
         topk = self.cfg.algo.topk if dists else None
         impl = self.cfg.model.logprob_impl
+
+        def call(sb: Any) -> Any:
+            if sharded:  # FSDP2: through the learner, which gathers the shards
+                return self.learner(host_logprobs, sb, self.temperature, impl=impl, dists=topk)
+            return host_logprobs(model, sb, self.temperature, impl=impl, dists=topk)
+
         mbs = self.cfg.optim.micro_batch_size
         for s in range(0, len(batch), mbs):
             sl = slice(s, s + mbs)
-            if sharded:  # FSDP2: through the learner, which gathers the shards
-                call = lambda sb: self.learner(  # noqa: E731
-                    host_logprobs, sb, self.temperature, impl=impl, dists=topk
-                )
-            else:
-                call = lambda sb: host_logprobs(  # noqa: E731
-                    model, sb, self.temperature, impl=impl, dists=topk
-                )
             res = self._rows(batch, sl, call)
             out[sl] = res[0] * mask[sl]
             if ent is not None:
