@@ -32,6 +32,8 @@ def test_tasks_and_bad_task(capsys):
 
 
 def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, capsys):
+    import json
+
     monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     small = [
@@ -51,6 +53,8 @@ def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, ca
     assert main(["train", "--config", "otql_reacher", *small]) == 0
     assert (run / "metrics.jsonl").read_text().count("\n") == 1  # one OTQL round
     assert (run / "config.yaml").is_file() and (run / "policy" / "config.json").is_file()
+    lerobot_copy = json.loads((run / "policy" / "lerobot" / "config.json").read_text())
+    assert lerobot_copy["type"] == "rlpost_flow"  # the flow's copy lerobot's factory loads
     capsys.readouterr()
     # eval reproduces the run's own evaluation after fine-tuning (same episodes and seed)
     out = tmp_path / "eval.json"

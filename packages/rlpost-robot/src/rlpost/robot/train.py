@@ -99,6 +99,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     after = evaluate()
     policy.save(out / "policy")
     policy_features(cfg).save(out / "policy")
+    lerobot_copy = save_lerobot_copy(policy, cfg.task, out / "policy" / "lerobot")
     result = {
         "task": cfg.task,
         "algo": cfg.algo.name,
@@ -117,6 +118,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         "history": history,
         "seconds_build": round(t_build, 1),
         "seconds_train": round(t_train, 1),
+        "lerobot_policy": lerobot_copy,
     }
     _plot(result, out / "success.png")
     result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)
@@ -143,6 +145,23 @@ def policy_features(cfg: Any) -> Any:
     if not (cfg.data.given and cfg.data.rename):
         return task
     return task.in_data(dataset_names(cfg.demo_source().open()), cfg.data.rename)
+
+
+def save_lerobot_copy(policy: Any, task: str, path: Path) -> str:
+    """A flow policy's lerobot copy (``policy/lerobot/``, type ``rlpost_flow``) when the
+    lerobot extra is installed (ACT writes its own in ``save``); says what was written."""
+    from rlpost.robot.policies.flow import FlowChunkPolicy
+
+    if not isinstance(policy, FlowChunkPolicy):
+        return "written by the policy" if (path / "config.json").is_file() else "none"
+    try:
+        from rlpost.robot.lerobot_policy import save_flow_lerobot
+    except ImportError:
+        return "none (pip install 'rlpost-robot[lerobot]' for one)"
+    if policy.cfg.image_shape is not None:
+        return "none (image-conditioned flows have no lerobot copy yet)"
+    save_flow_lerobot(policy, task, path)
+    return f"{path} (type rlpost_flow)"
 
 
 def evaluation_steps(cfg: Any) -> tuple[int, ...]:
