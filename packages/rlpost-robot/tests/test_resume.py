@@ -107,6 +107,23 @@ def assert_same_run(ref: Path, other: Path) -> None:
     da, db = (json.loads((r / "demo.json").read_text()) for r in (ref, other))
     for k in ("before_metrics", "after_metrics"):
         assert da[k] == db[k], k
+    assert (da["experience"] or {}).get("episodes") == (db["experience"] or {}).get("episodes")
+    assert _experience(ref) == _experience(other)
+
+
+def _experience(run: Path) -> list[tuple]:
+    """The recorded online episodes (``run.dir/experience``) as comparable tuples: the
+    episodes after a checkpoint are recorded once, as in the uninterrupted run."""
+    from rlpost.robot.fleet.store import ExperienceStore
+
+    if not (run / "experience" / "store.json").is_file():
+        return []
+    eps = ExperienceStore.open_read(run / "experience").read()
+    return [
+        (e.obs.tobytes(), e.actions.tobytes(), e.rewards.tobytes(), e.policy_version,
+         e.robot, e.episode_id)
+        for e in eps
+    ]  # fmt: skip
 
 
 def test_otql_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, cache):

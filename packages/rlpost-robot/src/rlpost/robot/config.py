@@ -107,6 +107,9 @@ class RunConfig(schema.RunConfig):
     rounds and after the last; 0: never. ``--resume`` continues from the newest."""
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the newest checkpoints to keep."""
+    experience: bool = True
+    """Record the online episodes as a LeRobotDataset in ``run.dir/experience`` (reward,
+    done, success and intervention columns; ``data.path=<that folder>`` trains on it)."""
 
 
 class Config(_Strict):

@@ -185,6 +185,15 @@ def _feature_names(key: str, ft: dict[str, Any]) -> list[str] | None:
     return [str(n) for n in names]
 
 
+def dataset_root(path: str | os.PathLike) -> Path:
+    """The LeRobotDataset folder of ``path``: itself, or for an experience store (a run's
+    ``experience/`` or a fleet's store, holding ``store.json``) its current view."""
+    path = Path(path)
+    if (path / "store.json").is_file() and (path / "current").exists():
+        return (path / "current").resolve()
+    return path
+
+
 def open_lerobot_dataset(
     root: str | os.PathLike | None = None,
     repo_id: str | None = None,
@@ -196,7 +205,7 @@ def open_lerobot_dataset(
         raise ValueError("a LeRobotDataset needs a path (root) or a repo_id")
     lerobot_dataset = _lerobot_dataset_cls()
     if root is not None:
-        root = Path(root)
+        root = dataset_root(root)
         if not (root / "meta" / "info.json").is_file():
             raise FileNotFoundError(f"{root}: not a LeRobotDataset (no meta/info.json)")
     try:

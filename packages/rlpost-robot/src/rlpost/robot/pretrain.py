@@ -135,7 +135,9 @@ class DatasetDemos:
         folder is read as it is, a Hub data set opened (downloaded) first."""
         import hashlib
 
-        root = Path(self.path) if self.path is not None else Path(self.open().root)
+        from rlpost.robot.lerobot_data import dataset_root
+
+        root = dataset_root(self.path) if self.path is not None else Path(self.open().root)
         if not (root / "meta" / "info.json").is_file():
             raise FileNotFoundError(f"{root}: not a LeRobotDataset (no meta/info.json)")
         h = hashlib.sha256((root / "meta" / "info.json").read_bytes())

@@ -67,12 +67,18 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     before = (saved or {}).get("run", {}).get("before")
     if before is None or set(before) != {str(n) for n in steps}:
         before = evaluate()
+    recorder = None
+    if cfg.run.experience:
+        from rlpost.robot.experience import ExperienceRecorder
+
+        recorder = ExperienceRecorder(out / "experience", cfg.task, saved["step"] if saved else 0)
     checkpoints = Checkpoints(
         out / "checkpoints",
         every=cfg.run.save_every,
         keep=cfg.run.keep_checkpoints,
         resume=ckpt,
         state={"before": before},
+        record=recorder,
     )
     t1 = time.perf_counter()
     logger = MetricsLogger.for_run(out, cfg.run, saved["step"] if saved is not None else None)
@@ -94,6 +100,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         )["history"]
     finally:
         logger.close()
+    experience = recorder.finish() if recorder is not None else None
     t_train = time.perf_counter() - t1
     policy.eval()
     after = evaluate()
@@ -119,6 +126,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         "seconds_build": round(t_build, 1),
         "seconds_train": round(t_train, 1),
         "lerobot_policy": lerobot_copy,
+        "experience": experience,
     }
     _plot(result, out / "success.png")
     result["rollout_note"] = _frame_strip(cfg.task, policy, out / "rollout.png", seed=10_000)

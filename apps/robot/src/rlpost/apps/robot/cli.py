@@ -52,8 +52,16 @@ def _train(args: argparse.Namespace) -> int:
     from rlpost.robot.train import format_table, train_from_config
 
     cfg = load_config(recipe_path(args.config), args.overrides)
-    print(format_table(train_from_config(cfg, resume=args.resume, overwrite=args.overwrite)))
+    result = train_from_config(cfg, resume=args.resume, overwrite=args.overwrite)
+    print(format_table(result))
     print(f"run: {cfg.run.dir} (metrics.jsonl, success.png, policy/)")
+    lerobot_copy = result.get("lerobot_policy", "none")
+    if not lerobot_copy.startswith("none"):
+        print(f"lerobot policy: {cfg.run.dir}/policy/lerobot")
+    exp = result.get("experience")
+    if exp is not None:
+        where = exp["path"] or exp["note"]
+        print(f"experience: {exp['episodes']} online episodes as a LeRobotDataset: {where}")
     return 0
 
 

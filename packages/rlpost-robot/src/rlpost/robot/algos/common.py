@@ -214,7 +214,10 @@ class Checkpoints:
     ``resume``: the checkpoint folder to continue from (e.g.
     :func:`rlpost.core.io.rundir.resume_checkpoint`), None for a fresh start; ``state``:
     the caller's JSON state, stored in every checkpoint under ``"run"`` (read it back with
-    :func:`checkpoint_state`).
+    :func:`checkpoint_state`); ``record``: called with each round's episodes (when the
+    learner collects :class:`~rlpost.robot.demos.Episode` s), the round's index (the
+    number of updates the collecting policy had) and the episodes used before them
+    (``rlpost-robot train`` writes them to ``run.dir/experience``).
     """
 
     root: Path
@@ -222,6 +225,7 @@ class Checkpoints:
     keep: int = 2
     resume: Path | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    record: Callable[[list[Any], int, int], None] | None = None
 
     @property
     def resuming(self) -> bool:
@@ -332,6 +336,15 @@ def _update(
     return metrics, stop
 
 
+def _record(record: Callable[[list[Any], int, int], None], data: Any, rounds: int, used: int):
+    """Pass a round's data to ``record`` when it is a list of episodes (CRAFT's rounds
+    are chunk decisions, not episodes: nothing is recorded)."""
+    from rlpost.robot.demos import Episode
+
+    if isinstance(data, list) and data and all(isinstance(e, Episode) for e in data):
+        record(data, rounds, used)
+
+
 def _due(every: int, rounds: int, last: bool) -> bool:
     """Whether round ``rounds`` is checkpointed: every ``every`` rounds and the last (0:
     never)."""
@@ -371,6 +384,8 @@ def online_loop(
             while used < episodes:
                 n = min(envs, episodes - used)
                 data = learner.collect(n, seed * 100_003 + used)
+                if checkpoints is not None and checkpoints.record is not None:
+                    _record(checkpoints.record, data, rounds, used)
                 used += n
                 rounds += 1
                 metrics, stop = _update(learner, data, rounds, used, checkpoints)

@@ -49,6 +49,7 @@ __all__ = ["ExperienceStore", "Recovery"]
 
 _EPISODE = re.compile(r"ep-(\d{8})\.safetensors$")
 _ARRAYS = ("obs", "actions", "rewards", "step_success", "intervention")
+_OPTIONAL = ("contact_force",)  # contact tasks' per-step force
 
 
 def _fsync_dir(path: Path) -> None:
@@ -233,6 +234,8 @@ class ExperienceStore:
                 ep.intervention if ep.intervention is not None else np.zeros(t), dtype=bool
             ),
         }
+        if ep.contact_force is not None:
+            arrays["contact_force"] = np.asarray(ep.contact_force, dtype=np.float32)
         meta = {
             "success": bool(ep.success),
             "terminated": bool(ep.terminated),
@@ -252,6 +255,22 @@ class ExperienceStore:
         self._n = i + 1
         return i
 
+    def truncate(self, n: int) -> int:
+        """Forget every episode from index ``n`` on (a run resumed from a checkpoint
+        records them again); the view is rebuilt when it holds any of them. Returns how
+        many were removed."""
+        if not 0 <= n <= self._n:
+            raise ValueError(f"store {self.root} has {self._n} episodes, cannot keep {n}")
+        removed = self._n - n
+        for i in reversed(range(n, self._n)):
+            self.path(i).unlink()
+        if removed:
+            _fsync_dir(self.spool)
+        self._n = n
+        if self.view_episodes() > n:
+            self.view_ok = False
+        return removed
+
     def read(self, indices: Sequence[int] | None = None) -> list[Any]:
         """Episodes ``indices`` (default: all) as :class:`rlpost.robot.demos.Episode` s."""
         from safetensors import safe_open
@@ -263,7 +282,8 @@ class ExperienceStore:
             if not 0 <= i < self._n:
                 raise IndexError(f"store {self.root} has {self._n} episodes, no episode {i}")
             with safe_open(str(self.path(i)), framework="np") as f:
-                a = {k: f.get_tensor(k) for k in _ARRAYS}
+                stored = set(f.keys())
+                a = {k: f.get_tensor(k) for k in (*_ARRAYS, *_OPTIONAL) if k in stored}
                 meta = json.loads(f.metadata()["episode"])
             out.append(
                 Episode(
@@ -272,7 +292,7 @@ class ExperienceStore:
                     terminated=meta["terminated"], step_success=a["step_success"],
                     task=self.task, seed=meta["seed"], intervention=a["intervention"],
                     policy_version=meta["policy_version"], robot=meta["robot"],
-                    episode_id=meta["episode_id"],
+                    episode_id=meta["episode_id"], contact_force=a.get("contact_force"),
                 )
             )  # fmt: skip
         return out
