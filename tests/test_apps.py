@@ -142,3 +142,16 @@ def test_help_imports_no_torch_and_config_lists_the_keys(domain):
     )  # fmt: skip
     assert listing.returncode == 0, listing.stderr
     assert "run.dir = " in listing.stdout and "run.seed = 0" in listing.stdout
+
+
+def test_config_shows_a_commands_values_with_key_value_overrides(capsys):
+    """``config [COMMAND] key=value ...``: the values a run would use (before: an override
+    was taken for the command name and refused)."""
+    from rlpost.apps.robot.cli import main
+
+    assert main(["config", "--section", "run.eval_episodes", "run.eval_episodes=7"]) == 0
+    assert capsys.readouterr().out.strip() == "run.eval_episodes = 7"
+    assert main(["config", "fleet", "--section", "run.dir", "run.dir=elsewhere"]) == 0
+    assert capsys.readouterr().out.strip() == 'run.dir = "elsewhere"'
+    assert main(["config", "trian"]) == 2
+    assert "'trian' is not a command with a config" in capsys.readouterr().err

@@ -198,3 +198,12 @@ def test_every_shipped_recipe_validates(name):
 def test_unknown_recipe_lists_the_shipped_ones():
     with pytest.raises(FileNotFoundError, match="ram_digits"):
         recipe_path("nope")
+
+
+def test_the_progress_bar_says_when_the_run_is_evaluating(tmp_path, capsys):
+    """Before: the evaluation before the first step ran before the bar existed."""
+    _trainer(_cfg(tmp_path, "flow_grpo", "run.progress=true")).train(resume=False)
+    err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    said = [ln for ln in err if "flow_grpo (evaluating)" in ln]
+    assert any(" 0/2 " in ln for ln in said), err
+    assert "(evaluating)" not in err[-1]

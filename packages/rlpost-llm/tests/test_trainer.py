@@ -409,3 +409,15 @@ def test_the_in_reward_kl_uses_the_recipes_estimator_with_its_params(fast_cfg):
     bound = tr.preset.kl_coef * 0.05  # k1 = the clamped log-ratio, times the coefficient
     assert float(pen.max()) == pytest.approx(bound, rel=1e-5)  # reached, and never exceeded
     tr.close()
+
+
+def test_the_progress_bar_says_when_the_run_is_evaluating(fast_cfg, capsys):
+    """Before: the held-out evaluation before the first step ran with no bar at all, and
+    the later ones behind a bar that looked stuck on a step."""
+    cfg = fast_cfg("run.eval_every=2", "run.progress=true")
+    Trainer(cfg, reward_fn=parity_reward).train()
+    err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    said = [ln for ln in err if "(evaluating held-out)" in ln]
+    assert any(" 0/2 " in ln for ln in said), err  # before the first step, the bar is up
+    assert any(" 1/2 " in ln or " 2/2 " in ln for ln in said), err  # the last evaluation
+    assert "(evaluating" not in err[-1]  # and its title is back afterwards

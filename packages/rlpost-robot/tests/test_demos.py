@@ -277,3 +277,26 @@ def test_a_data_set_without_next_success_reports_success_as_unknown_not_0(tmp_pa
     assert _share(success_rate(back)).startswith("unknown")
     assert success_rate(demos) == sum(d.success for d in demos) / 2  # recorded: as before
     assert _share(0.5) == "50%"
+
+
+def test_an_evaluation_counts_its_episodes_in_a_bar(capsys):
+    """Before: ``rlpost-robot train`` evaluated 3 x 100 episodes before and after training
+    with nothing on the screen."""
+    import torch
+
+    from rlpost.robot.algos.common import evaluate_policy
+    from rlpost.robot.policies.flow import FlowChunkPolicy, FlowPolicyConfig
+
+    spec = TASKS["reacher"]
+    torch.manual_seed(0)
+    pi = FlowChunkPolicy(FlowPolicyConfig(spec.obs_dim, spec.act_dim, horizon=4, hidden=16))
+    quiet = evaluate_policy(pi, "reacher", 6, 2, seed=1, envs=4)
+    assert capsys.readouterr().err == ""
+    shown = evaluate_policy(pi, "reacher", 6, 2, seed=1, envs=4, progress="evaluating after")
+    err = capsys.readouterr().err.replace("\r", "\n")
+    assert "evaluating after:" in err and "/6 [" in err
+    assert shown == quiet  # the bar changes nothing it measures
+    ends = []
+    collect_episodes("reacher", make_expert("reacher", "good", seed=0), 5, seed=2,
+                     done=lambda: ends.append(1))  # fmt: skip
+    assert len(ends) == 5  # one tick per finished episode

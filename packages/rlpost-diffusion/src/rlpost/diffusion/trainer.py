@@ -21,8 +21,10 @@ Checkpoints (model, optimizer, RNG) are atomic and resume exactly.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,9 +435,6 @@ class Trainer:
             state = load_checkpoint(ckpt, self.policy.trainable_module(), self.opt, None)
             self.step = state["step"]
         logger = MetricsLogger.for_run(self.run_dir, cfg.run, self.step if ckpt else None)
-        if self.step == 0:
-            ev = self.evaluate(self.run_dir / "samples_before.png") if cfg.run.eval_every else {}
-            logger.log(0, ev)
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -445,6 +444,11 @@ class Trainer:
             desc=f"{cfg.algo.method}",
             dynamic_ncols=True,
         )
+        if self.step == 0:
+            with _status(bar, f"{cfg.algo.method} (evaluating)"):
+                before = self.run_dir / "samples_before.png"
+                ev = self.evaluate(before) if cfg.run.eval_every else {}
+            logger.log(0, ev)
         t0 = time.perf_counter()
         try:
             with training_loop():  # a ValueError raised here is a bug: its traceback
@@ -460,9 +464,9 @@ class Trainer:
                     self.step += 1
                     if due(cfg.run.eval_every, self.step, cfg.train.steps):
                         last = self.step == cfg.train.steps
-                        m.update(
-                            self.evaluate(self.run_dir / "samples_after.png" if last else None)
-                        )
+                        with _status(bar, f"{cfg.algo.method} (evaluating)"):
+                            grid = self.run_dir / "samples_after.png" if last else None
+                            m.update(self.evaluate(grid))
                     m["time/elapsed_s"] = time.perf_counter() - t0
                     logger.log(self.step, m)
                     if self._failed is not None:  # after its row is logged: it may stop the run
@@ -497,6 +501,17 @@ def train_from_config(
     cfg: Config, resume: bool = False, overwrite: bool = False
 ) -> list[dict[str, Any]]:
     return Trainer(cfg).train(resume=resume, overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def _status(bar: Any, what: str) -> Iterator[None]:
+    """``what`` in the progress bar's description meanwhile."""
+    desc = bar.desc
+    bar.set_description_str(what)
+    try:
+        yield
+    finally:
+        bar.set_description_str(desc)
 
 
 def evaluate_checkpoint(

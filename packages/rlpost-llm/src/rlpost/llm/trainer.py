@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ class Trainer:
     ``datasets.Dataset`` with a "prompt" column (text or chat messages) instead of
     ``cfg.data``; ``resume`` / ``overwrite``: what to do with a run ``run.dir`` holds.
     """
+
+    _progress: Any = None  # the progress bar while train() runs (None: no bar)
 
     def __init__(
         self,
@@ -228,13 +231,27 @@ class Trainer:
         domain's (the overall: their mean), and what the hooks add (VAPR)."""
         p = self.prompts
         p.set_step(min(self.step, self.total_steps - 1))
-        out = {} if p.mean_of_sets else {"eval/accuracy": self.evaluate()}
-        for name, held in p.named_eval_sets().items():
-            out[f"eval/{name}/accuracy"] = self.evaluate(held)
+        with self._status("evaluating held-out"):
+            out = {} if p.mean_of_sets else {"eval/accuracy": self.evaluate()}
+            for name, held in p.named_eval_sets().items():
+                out[f"eval/{name}/accuracy"] = self.evaluate(held)
         if p.mean_of_sets:
             out["eval/accuracy"] = sum(out.values()) / len(out)
         self.components.run("evaluated", out)
         return out
+
+    @contextlib.contextmanager
+    def _status(self, what: str) -> Iterator[None]:
+        """Say ``what`` the run is doing in its progress bar's description meanwhile."""
+        bar = self._progress
+        if bar is None:
+            yield
+            return
+        bar.set_description_str(f"{self.preset.name} ({what})")
+        try:
+            yield
+        finally:
+            bar.set_description_str(self.preset.name)
 
     def _pipeline_metrics(self, t0: float, waited: float, rows: int) -> dict[str, float]:
         """The step's seconds, the share of them the trainer waited for rollouts, the share
@@ -325,13 +342,14 @@ class Trainer:
         total = self.total_steps
         stop = total if until is None else min(until, total)
         t_start = time.perf_counter()
-        if self.main and self.step == 0 and cfg.run.eval_every:
-            self.logger.log(0, self.eval_metrics())
         max_stale = self.rollouts.max_staleness(cfg.train.max_staleness)
         budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
         finished = False
         try:
             with self._bar() as bar, training_loop():  # a ValueError here is a bug
+                self._progress = bar
+                if self.main and self.step == 0 and cfg.run.eval_every:
+                    self.logger.log(0, self.eval_metrics())
                 while self.step < stop:
                     done = self._train_step(stop, max_stale)
                     if done is None:

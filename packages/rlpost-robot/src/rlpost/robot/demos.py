@@ -423,8 +423,10 @@ def collect_episodes(
     *,
     n_envs: int = 1,
     quality: str = "",
+    done: Callable[[], Any] | None = None,
 ) -> list[Episode]:
-    """Roll out ``policy_fn`` for ``n_episodes`` episodes of ``task``.
+    """Roll out ``policy_fn`` for ``n_episodes`` episodes of ``task``; ``done`` is called
+    as each episode ends (a progress bar's ``update``).
 
     Episode ``j`` is reset with a seed derived from ``(seed, j)``, so results do not
     depend on ``n_envs``. With ``n_envs == 1`` (default), ``policy_fn(obs [D]) -> [A]`` and
@@ -451,6 +453,8 @@ def collect_episodes(
                 rec.add(action, obs, reward, info)
                 if terminated or truncated:
                     episodes[j] = rec.finish(info, terminated, task, quality)
+                    if done is not None:
+                        done()
                     break
         env.close()
         return episodes  # type: ignore[return-value]
@@ -487,6 +491,8 @@ def collect_episodes(
             last[i] = obs
             if terminated or truncated:
                 episodes[j] = rec.finish(info, terminated, task, quality)
+                if done is not None:
+                    done()
                 start(i)
                 if slots[i] is not None:
                     restarted.append(i)

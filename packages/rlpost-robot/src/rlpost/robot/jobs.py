@@ -310,12 +310,17 @@ def format_record(result: dict[str, Any]) -> str:
 
 
 def evaluate_run(
-    run_dir: str | Path, episodes: int = 100, seed: int = 10_000, steps: int | None = None
+    run_dir: str | Path,
+    episodes: int = 100,
+    seed: int = 10_000,
+    steps: int | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate the policy of a ``rlpost-robot train`` run on its simulated task:
     ``episodes`` fresh episodes from ``seed`` (the train command's evaluation uses
     10,000), with ``steps`` integration steps (a flow policy; default the run's
-    ``run.eval_steps``). Reads the run, writes nothing."""
+    ``run.eval_steps``); ``progress``: a bar per step count. Reads the run, writes
+    nothing."""
     from rlpost.robot.algos.common import evaluate_policy
     from rlpost.robot.config import load_config
     from rlpost.robot.pretrain import load_bc_policy
@@ -331,7 +336,13 @@ def evaluate_run(
     if steps is not None and len(all_steps) > 1:  # a kind that integrates
         all_steps = (steps,)
     t0 = time.perf_counter()
-    rows = {str(n): evaluate_policy(policy, cfg.task, episodes, n, seed=seed) for n in all_steps}
+    rows = {
+        str(n): evaluate_policy(
+            policy, cfg.task, episodes, n, seed=seed,
+            progress=f"evaluating ({n} step{'s' * (n != 1)})" if progress else None,
+        )
+        for n in all_steps
+    }  # fmt: skip
     return {
         "run": str(run),
         "task": cfg.task,

@@ -57,16 +57,22 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     saved = checkpoint_state(ckpt) if ckpt is not None else None
     steps = evaluation_steps(cfg)
 
-    def evaluate() -> dict[str, dict[str, float]]:
+    def evaluate(when: str) -> dict[str, dict[str, float]]:
+        def bar(n: int) -> str | None:
+            steps_said = f" ({n} step{'s' * (n != 1)})" if len(steps) > 1 else ""
+            return f"evaluating {when}{steps_said}" if cfg.run.progress else None
+
         return {
-            str(n): evaluate_policy(policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000)
+            str(n): evaluate_policy(
+                policy, cfg.task, cfg.run.eval_episodes, n, seed=10_000, progress=bar(n)
+            )
             for n in steps
         }
 
     # the BC policy's evaluation is seeded: a resumed run takes it from the checkpoint
     before = (saved or {}).get("run", {}).get("before")
     if before is None or set(before) != {str(n) for n in steps}:
-        before = evaluate()
+        before = evaluate("before")
     recorder = None
     if cfg.run.experience:
         from rlpost.robot.experience import ExperienceRecorder
@@ -103,7 +109,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     experience = recorder.finish() if recorder is not None else None
     t_train = time.perf_counter() - t1
     policy.eval()
-    after = evaluate()
+    after = evaluate("after")
     policy.save(out / "policy")
     policy_features(cfg).save(out / "policy")
     lerobot_copy = save_lerobot_copy(policy, cfg.task, out / "policy" / "lerobot")

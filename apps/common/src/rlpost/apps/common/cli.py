@@ -118,7 +118,14 @@ class App:
     def _config(self, args: argparse.Namespace) -> int:
         from rlpost.apps.common.describe import describe
 
-        model, load = self._schemas[args.of]
+        names = [a for a in args.of if "=" not in a]  # ``of`` and the key=value overrides
+        if len(names) > 1 or (names and names[0] not in self._schemas):
+            raise ValueError(
+                f"config: {' '.join(names)!r} is not a command with a config; choose one of "
+                f"{list(self._schemas)} (then key=value overrides)"
+            )
+        args.overrides = [*args.overrides, *(a for a in args.of if "=" in a)]
+        model, load = self._schemas[names[0] if names else next(iter(self._schemas))]
         values = load(args) if args.config or args.overrides else None
         print(describe(model(), values, args.section))
         return 0
@@ -129,8 +136,9 @@ class App:
             c = self.command(
                 "config", self._config, "list the config keys, their defaults and docs"
             )
-            c.add_argument("of", nargs="?", choices=list(self._schemas),
-                           default=next(iter(self._schemas)), help="whose config")  # fmt: skip
+            c.add_argument("of", nargs="*", metavar="[COMMAND] [key=value ...]",
+                           help=f"whose config ({', '.join(self._schemas)}; default "
+                           f"{next(iter(self._schemas))}), with overrides")  # fmt: skip
             c.add_argument("--section", default=None, help="only the keys under it (optim)")
             c.add_argument("--config", default=None, help="show a recipe's values (name or YAML)")
             c.set_defaults(overrides=[])

@@ -36,9 +36,7 @@ LOCK = ".lock"
 #: The files and folders whose presence means "this directory holds a run".
 RUN_OUTPUTS = ("metrics.jsonl", "checkpoints")
 #: What ``overwrite`` deletes (a run's outputs; nothing else in the folder is touched).
-REPLACED = (
-    "metrics.jsonl", "checkpoints", "tensorboard", "wandb", "wandb-run-id", "experience"
-)
+REPLACED = ("metrics.jsonl", "checkpoints", "tensorboard", "wandb", "wandb-run-id", "experience")
 
 _held: dict[str, int] = {}  # resolved path -> fd of the lock this process holds
 

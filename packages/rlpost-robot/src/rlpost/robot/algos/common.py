@@ -120,18 +120,24 @@ def evaluate_policy(
     seed: int,
     envs: int = 8,
     execute: int | None = None,
+    progress: str | None = None,
 ) -> dict[str, float]:
     """Success rate (and return, force metrics) of ``policy`` with ``n_steps`` integration
     steps over ``episodes`` fresh episodes on vectorised envs. ``seed`` fixes the episodes'
     initial states and the policy's sampling noise (not torch's global generator, whose
-    state depends on what ran before), so the same policy always scores the same."""
+    state depends on what ran before), so the same policy always scores the same.
+    ``progress``: a bar with that title counts the episodes (None: no bar)."""
+    from tqdm.auto import tqdm
+
     from rlpost.robot.demos import collect_episodes
     from rlpost.robot.policies.bc import ChunkController
 
     ctrl = ChunkController(
         policy, execute=execute or policy.cfg.horizon, n_steps=n_steps, seed=seed
     )
-    eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed, n_envs=min(envs, episodes))
+    with tqdm(total=episodes, desc=progress, disable=progress is None, leave=False) as bar:
+        eps = collect_episodes(task, ctrl, n_episodes=episodes, seed=seed,
+                               n_envs=min(envs, episodes), done=bar.update)  # fmt: skip
     return {
         "success": float(np.mean([e.success for e in eps])),
         "return": float(np.mean([e.metrics["return"] for e in eps])),
