@@ -119,3 +119,5 @@ def test_a_lora_policy_trains_on_ray_workers_with_adapter_only_sync(local_ray, f
     rows = [json.loads(x) for x in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "accuracy" in r]
     assert all(r["mismatch/abs_max"] < 1e-4 for r in steps)  # the workers ran the weights trained
+    sync = [r["rollout/sync_mb"] for r in steps]
+    assert sync[1] == sync[2] < sync[0] / 20  # the adapters, after the model went once

@@ -297,6 +297,8 @@ class Trainer:
             waited += self.rollouts.finish()  # the engine's weights must not change mid-generation
             with self.rollouts.paused():  # DORA: between two chunks
                 self.sync_engine()  # weight sync (own-copy engines) and version bump
+            if hasattr(self.engine, "sent"):  # Ray workers: the sync's size (LoRA: adapters)
+                metrics["rollout/sync_mb"] = self.engine.sent[1] / 2**20
         elif self.learner.sharded:
             self.learner.full_state_dict()  # (rank 0's engine sync is collective)
         metrics.update(self._pipeline_metrics(t0, waited, int(col.own().sum())))
