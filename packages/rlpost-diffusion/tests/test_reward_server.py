@@ -95,3 +95,66 @@ def test_the_trainer_trains_on_a_servers_scores(server, tmp_path):
     ])  # fmt: skip
     rows = Trainer(cfg, metrics={}).train()
     assert rows[-1]["step"] == 1 and 0.0 < rows[-1]["reward/mean"] < 1.0
+
+
+def _ink_by_prompt(images, prompts):
+    """A deterministic reward that reads both inputs: mean ink times the prompt's digit."""
+    return images.mean((1, 2, 3)) * torch.tensor([float(p) for p in prompts])
+
+
+def _broken(images, prompts):
+    raise KeyError("no such detector")
+
+
+@pytest.fixture
+def served():
+    from rlpost.diffusion.reward_server import serve_reward
+
+    started = []
+
+    def start(fn):
+        httpd = serve_reward(fn, port=0)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/"
+
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_serve_reward_answers_our_client_with_the_rewards_scores(served):
+    """``rlpost-diffusion reward-server``'s server: the scores of the reward it serves, on
+    the images as the JPEGs decode (grey and colour), in order."""
+    from rlpost.diffusion.reward_server import decode_images, jpeg_bytes
+
+    url = served(_ink_by_prompt)
+    for channels in (1, 3):
+        images = torch.rand(3, channels, 8, 8)
+        scores = RemoteReward(url)(images, ["1", "2", "3"])
+        seen = decode_images([jpeg_bytes(im) for im in images])
+        assert seen.shape == images.shape
+        assert torch.allclose(scores, _ink_by_prompt(seen, ["1", "2", "3"]), atol=1e-6)
+
+
+def test_a_failing_reward_or_a_hostile_request_is_a_500_naming_it(served):
+    url = served(_broken)
+    with pytest.raises(RuntimeError, match=r"HTTP 500: KeyError: 'no such detector'"):
+        RemoteReward(url)(torch.rand(2, 1, 8, 8), ["1", "2"])
+    import urllib.error
+    import urllib.request
+
+    ok = served(_ink_by_prompt)
+    req = urllib.request.Request(ok, data=pickle.dumps({"images": _Evil(), "prompts": []}))
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert "pickled posix.getcwd: refused" in err.value.read().decode()
+
+
+def test_the_reward_server_command_refuses_a_bad_port_in_one_line(capsys):
+    from rlpost.apps.diffusion.cli import main
+
+    assert main(["reward-server", "--reward", "hackable", "--port", "99999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reward-server: cannot listen on 127.0.0.1:99999" in err[0]

@@ -111,3 +111,49 @@ class RemoteReward:
                 f"reward server {self.url}: {len(scores)} scores for {len(images)} images"
             )
         return scores.to(images.device)
+
+
+def decode_images(blobs: Sequence[bytes]) -> Tensor:
+    """JPEG (or PNG) images as ``[B, C, H, W]`` in ``[0, 1]`` (one channel for grey)."""
+    import numpy as np
+    from PIL import Image
+
+    arrays = [np.asarray(Image.open(io.BytesIO(b))) for b in blobs]
+    images = [torch.from_numpy(a.copy()).float().div(255) for a in arrays]
+    return torch.stack([x[None] if x.ndim == 2 else x.permute(2, 0, 1) for x in images])
+
+
+def serve_reward(reward: Any, host: str = "127.0.0.1", port: int = 18085) -> Any:
+    """An HTTP server in flow_grpo's protocol (the module docstring) scoring with
+    ``reward(images [B, C, H, W] in [0, 1], prompts) -> [B]``: any of our rewards, or a
+    user's. Returns the ``ThreadingHTTPServer`` (``serve_forever()`` to run it,
+    ``server_address`` for the port when ``port=0``). Requests are unpickled with the same
+    restricted unpickler as answers; an error answers HTTP 500 with its last line."""
+    import traceback
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # one line per batch is noise
+            pass
+
+        def _answer(self, code: int, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            try:
+                body = loads_answer(self.rfile.read(int(self.headers["Content-Length"])))
+                images = decode_images(body["images"])
+                with torch.no_grad():
+                    scores = reward(images, list(body["prompts"]))
+                scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+                answer = {"scores": np.asarray(scores.cpu().numpy(), dtype=np.float32)}
+                self._answer(200, pickle.dumps(answer))
+            except Exception:
+                self._answer(500, traceback.format_exc().encode())
+
+    return ThreadingHTTPServer((host, port), Handler)

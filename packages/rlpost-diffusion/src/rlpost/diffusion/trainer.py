@@ -506,6 +506,9 @@ def train_from_config(
 @contextlib.contextmanager
 def _status(bar: Any, what: str) -> Iterator[None]:
     """``what`` in the progress bar's description meanwhile."""
+    if bar.disable:  # (a disabled bar has no description)
+        yield
+        return
     desc = bar.desc
     bar.set_description_str(what)
     try:

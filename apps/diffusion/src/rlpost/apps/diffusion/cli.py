@@ -73,6 +73,26 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward_server(args: argparse.Namespace) -> int:
+    from rlpost.diffusion.reward_server import serve_reward
+    from rlpost.diffusion.rewards import load_reward
+
+    try:
+        httpd = serve_reward(load_reward(args.reward), args.host, args.port)
+    except (OSError, OverflowError) as exc:
+        raise ValueError(f"reward-server: cannot listen on {args.host}:{args.port}: {exc}") from exc
+    host, port = httpd.server_address[:2]
+    print(f"serving reward {args.reward!r} on http://{host}:{port}/ (flow_grpo's protocol); "
+          f"train with reward.name=http://{host}:{port}/ ; Ctrl-C stops", flush=True)  # fmt: skip
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.diffusion.models.digits import build_digits_base, build_digits_classifier
 
@@ -119,6 +139,12 @@ def build_app() -> App:
     )  # fmt: skip
     x.add_argument("--checkpoint", required=True, help="a checkpoints/step-XXXXXX folder")
     x.add_argument("--out", required=True, help="the folder to write")
+    r = app.command(
+        "reward-server", _reward_server, "serve a reward over HTTP (flow_grpo's protocol)"
+    )
+    r.add_argument("--reward", default="geneval", help="a built-in reward or file.py:function")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=int, default=18085, help="0: any free port")
     b = app.command("build-base", _build_base, "build (or find) the digits model and classifier")
     b.add_argument("--force", action="store_true")
     app.command("recipes", _recipes, "list the shipped recipes")
