@@ -20,19 +20,35 @@ from rlpost.llm.rollout.engines.base import RolloutEngine
 
 
 def _vllm(cfg: Any, model: torch.nn.Module, tok: Any, run_dir: Path, merged) -> RolloutEngine:
-    """vLLM from a loadable copy of the (merged) initial weights in the run directory."""
+    """vLLM from a loadable copy of the initial weights in the run directory (merged); for
+    a LoRA policy the frozen base's, and vLLM serves the adapters, which are all that each
+    sync sends (``VLLMEngine.update_adapter``)."""
     from safetensors.torch import save_file
 
     path = run_dir / "vllm-init"
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.config.save_pretrained(path)
-    sd = {k: v.clone().contiguous() for k, v in merged(model).items()}
+    lora = {}
+    if hasattr(model, "peft_config"):  # vLLM holds the frozen base, each sync the adapters
+        rank = model.peft_config[model.active_adapter].r
+        lora = {"lora_rank": int(rank), "lora_dir": str(run_dir / "vllm-lora")}
+        weights = {  # the base without the adapters (a resumed run's are trained)
+            k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v.detach()
+            for k, v in model.state_dict().items()
+            if "lora_" not in k
+        }
+    else:
+        weights = merged(model)
+    sd = {k: v.clone().contiguous() for k, v in weights.items()}
     save_file(sd, str(path / "model.safetensors"))
     tok.save_pretrained(path)
     eng = make_vllm_engine(
-        str(path), gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization
+        str(path), gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, **lora
     )
-    eng.update_weights(merged(model), 0)
+    if lora:
+        eng.update_adapter(model, 0)
+    else:
+        eng.update_weights(merged(model), 0)
     return eng
 
 
@@ -94,8 +110,8 @@ def make_engine(
 def sync_weights(engine: RolloutEngine, cfg: Any, model, learner, version: int, merged) -> None:
     """``engine`` on the policy's current weights, at ``version``: FSDP2's whole weights
     gathered (every rank takes part), a LoRA policy's adapters to an engine that takes them
-    (Ray rollout workers), a copy for an engine holding its own (vLLM gets them merged),
-    else only the version (an engine sharing the policy's module)."""
+    (Ray rollout workers, vLLM), a copy for an engine holding its own (vLLM: merged), else
+    only the version (an engine sharing the policy's module)."""
     if learner.sharded:
         engine.update_weights(learner.full_state_dict(), version)
     elif hasattr(engine, "update_adapter") and hasattr(model, "peft_config"):

@@ -13,10 +13,17 @@ same :class:`~rlpost.llm.rollout.engines.base.RolloutEngine` protocol.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
 from rlpost.llm.rollout.engines.base import RolloutBatch, SamplingParams
+
+
+#: the LoRA ranks vLLM accepts for ``max_lora_rank`` (a policy's rank is rounded up)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def _import_vllm():
@@ -41,10 +48,16 @@ class VLLMEngine:
         enable_sleep_mode: bool = True,
         seed: int = 0,
         max_model_len: int | None = None,
+        lora_rank: int | None = None,
+        lora_dir: str | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weight sync
         vllm = _import_vllm()
         self._vllm = vllm
+        lora = {}
+        if lora_rank is not None:  # adapter-only sync: vLLM serves the base + our adapter
+            rank = min((r for r in VLLM_LORA_RANKS if r >= lora_rank), default=lora_rank)
+            lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
         self.llm = vllm.LLM(
             model=model_path,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -53,7 +66,11 @@ class VLLMEngine:
             seed=seed,
             max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
+            **lora,
         )
+        self.lora_dir = lora_dir
+        self.lora_request = None  # the adapter generation runs with (adapter-only sync)
+        self.sent: tuple[list[str], int] = ([], 0)  # the last sync's tensor names and bytes
         tok = self.llm.get_tokenizer()
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         self.policy_version = 0
@@ -72,7 +89,8 @@ class VLLMEngine:
             logprobs=0,  # the sampled token's log-prob only
         )
         reqs = [{"prompt_token_ids": p} for p in prompts]
-        outputs = self.llm.generate(reqs, sp, use_tqdm=False)
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+        outputs = self.llm.generate(reqs, sp, use_tqdm=False, **lora)
         rows = []
         for i, out in enumerate(outputs):
             for comp in out.outputs:
@@ -82,8 +100,31 @@ class VLLMEngine:
                 rows.append((prompts[i], toks, lps, reason))
         return RolloutBatch.from_rows(rows, len(prompts), n, self.pad_id, self.policy_version)
 
+    def update_adapter(self, model: Any, version: int) -> None:
+        """A LoRA policy's adapters alone (the base is frozen, and vLLM holds it): written
+        in PEFT's format (``adapter_model.safetensors`` + ``adapter_config.json``) to
+        ``lora_dir/v<version>`` and used by the next generations as a ``LoRARequest`` with
+        a new id, so vLLM loads the new adapter instead of its cached one."""
+        if self.lora_dir is None:
+            raise RuntimeError("VLLMEngine: update_adapter needs an engine built with lora_rank")
+        from vllm.lora.request import LoRARequest
+
+        root = Path(self.lora_dir)
+        path = root / f"v{version:06d}"
+        model.save_pretrained(str(path), safe_serialization=True)
+        for old in root.glob("v*"):  # one adapter on disk: the one in use
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        names = [k for k in model.state_dict() if "lora_" in k]
+        sd = model.state_dict()
+        self.sent = (sorted(names), sum(sd[k].numel() * sd[k].element_size() for k in names))
+        self.lora_request = LoRARequest(f"policy-v{version}", version + 1, str(path))
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         weights = list(state_dict.items())
+        self.sent = (sorted(state_dict), sum(v.numel() * v.element_size() for _, v in weights))
 
         def load(worker):  # runs inside the (in-process) vLLM worker
             worker.model_runner.model.load_weights(weights=weights)
