@@ -21,7 +21,6 @@ from torch import Tensor
 
 from rlpost.llm.rollout.engines.base import RolloutBatch, SamplingParams
 
-
 #: the LoRA ranks vLLM accepts for ``max_lora_rank`` (a policy's rank is rounded up)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
