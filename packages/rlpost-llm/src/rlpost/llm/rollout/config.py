@@ -92,6 +92,18 @@ class RewardFunction(_Strict):
         return {"name": data} if isinstance(data, str) else data  # funcs=[a:f, b:g]
 
 
+class VerifierNoiseConfig(_Strict):
+    """Controlled verifier noise (000-07): the verifier's binary verdict, as the training
+    reward sees it, flipped at random: a wrong answer passes with probability
+    ``false_positive``, a right one fails with probability ``false_negative``
+    (:mod:`rlpost.llm.rollout.noise`). Accuracy and evaluation keep the true verdict."""
+
+    false_positive: float = Field(0.0, ge=0, lt=1)
+    false_negative: float = Field(0.0, ge=0, lt=1)
+    seed: int = 0
+    """The noise's own generator (checkpointed: a resumed run draws the same flips)."""
+
+
 class RewardConfig(_Strict):
     workers: int = Field(2, ge=0)
     timeout_s: float = Field(5.0, gt=0)
@@ -108,6 +120,8 @@ class RewardConfig(_Strict):
     """The reward functions (TRL's ``reward_funcs`` / ``reward_weights``): the scalar reward
     is their weighted sum; estimators of vector rewards (vpo, rdpo) get the components.
     Each is logged (``reward/<name>/mean``); accuracy is the "correct" component."""
+    noise: VerifierNoiseConfig | None = None
+    """Inject false positives / negatives into the verifier's verdict (000-07); None: off."""
 
     @model_validator(mode="after")
     def _check_funcs(self) -> RewardConfig:

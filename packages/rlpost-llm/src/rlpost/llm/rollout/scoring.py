@@ -89,6 +89,12 @@ class Scorer:
         self.failing = FailingRewards(
             self.names, cfg.reward.stop_after_failing, "reward.stop_after_failing"
         )
+        self.noise = None  # the verifier noise of reward.noise (000-07)
+        if cfg.reward.noise is not None:
+            from rlpost.llm.rollout.noise import VerifierNoise
+
+            k = self.verdict_column()
+            self.noise = VerifierNoise(cfg.reward.noise, k, self.weights[self.names[k]])
 
     @staticmethod
     def needs_answer(cfg: Any, reward_fn=None, reward_funcs=None) -> bool:
@@ -107,18 +113,24 @@ class Scorer:
             return format_reward
         return as_verifier(import_reward(name))
 
-    def score(self, batch: RolloutBatch, examples: list[Example]):
-        """Every row of ``batch`` (row ``i`` answers ``examples[batch.group[i]]``)."""
+    def score(self, batch: RolloutBatch, examples: list[Example], train: bool = True):
+        """Every row of ``batch`` (row ``i`` answers ``examples[batch.group[i]]``);
+        ``train``: rewards to train on (``reward.noise`` applies), else to measure."""
         rows = [examples[g] for g in batch.group.tolist()]
         result = self.pool.score(batch.texts(self.tok), rows)
         if result.failed is not None:  # a function failing on everything stops the run
             self.failing.record(result.failed, self.pool.last_failures)
+        if train and self.noise is not None:
+            result = self.noise.apply(result)
         return result
+
+    def verdict_column(self) -> int:
+        """The verifier's component: "correct", else the first function's."""
+        return self.names.index("correct") if "correct" in self.names else 0
 
     def accuracy(self, components: Tensor) -> Tensor:
         """The verifier's verdict: the "correct" component (else the first) at 1."""
-        k = self.names.index("correct") if "correct" in self.names else 0
-        return (components[:, k] >= 1.0).float()
+        return (components[:, self.verdict_column()] >= 1.0).float()
 
     def close(self) -> None:
         if self.pool is not None:

@@ -58,7 +58,7 @@ def greedy_accuracy(trainer: Any, examples: list[Example]) -> float:
         texts = batch.texts(t.tok)
         hits = sum(task.accuracy(x, e) for x, e in zip(texts, examples, strict=True))
         return hits / max(len(examples), 1)
-    return float(t.scorer.accuracy(t.scorer.score(batch, examples).components).mean())
+    return float(t.scorer.accuracy(t.scorer.score(batch, examples, train=False).components).mean())
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Step hooks, one module each (see :mod:`.base`): ``mipu`` (MIPU's acceptance),
 ``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
-rollout traces, ``run.traces``)."""
+rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     exchange,
@@ -10,6 +10,7 @@ from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its h
     regularizer,
     traces,
     vapr,
+    verifier_noise,
 )
 from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook, active, apply_options
 
