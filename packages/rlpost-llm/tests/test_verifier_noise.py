@@ -80,7 +80,7 @@ def test_a_run_learns_from_the_noisy_reward_and_measures_the_true_one(fast_cfg):
 
 
 def test_noise_on_an_environment_is_refused_in_one_line(fast_overrides):
-    with pytest.raises(ValueError, match="data.env episodes are scored by their environment"):
+    with pytest.raises(ValueError, match=r"data\.env episodes are scored by their environment"):
         load_config(None, [*fast_overrides, "data.env={name: rewrite}",
                            "reward.noise={false_negative: 0.1}"])  # fmt: skip
     with pytest.raises(ValueError, match="false_negative"):
