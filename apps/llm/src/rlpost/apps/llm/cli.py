@@ -15,6 +15,7 @@ rlpost-llm train --config step_opsd_household   # multi-turn agents (also grpo_s
 rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" [--noise 0.005,0.01]
 rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
 rlpost-llm traces runs/x --step 20                # a step's best and worst groups (run.traces=true)
+rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update, feedback
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -173,6 +174,13 @@ def _traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flops(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.flops import report
+
+    print(report(args.runs))
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -257,6 +265,8 @@ def build_app() -> App:
     tr.add_argument("run", help="a run directory")
     tr.add_argument("--step", type=int, default=None, help="the step (default: the last)")
     tr.add_argument("--groups", type=int, default=2, help="how many best and worst groups")
+    fl = app.command("flops", _flops, "where runs' compute went: rollout, update, feedback")
+    fl.add_argument("runs", nargs="+", help="run directories (several: RACE's pilot grid)")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

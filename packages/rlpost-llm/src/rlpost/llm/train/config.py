@@ -260,6 +260,9 @@ class TrainRunConfig(RunConfig, schema.DeviceRunConfig):
     """Append every trained row (prompt, completion, reward, advantage, version) to
     ``traces.jsonl`` with a per-step index; ``rlpost-llm traces RUN`` shows a step's best
     and worst groups."""
+    flops: bool = True
+    """RACE's FLOP accounting (004-01): ``flops/rollout``, ``flops/update``,
+    ``flops/feedback`` per step and the run's totals (``rlpost-llm flops RUN``)."""
 
 
 # -------------------------------------------------------------- what these sections switch on

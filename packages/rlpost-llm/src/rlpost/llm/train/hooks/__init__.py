@@ -1,10 +1,12 @@
 """Step hooks, one module each (see :mod:`.base`): ``mipu`` (MIPU's acceptance),
 ``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
-rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator)."""
+rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator), ``flops`` (RACE's FLOP accounting,
+``run.flops``)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     exchange,
+    flops,
     kv_distill,
     mipu,
     regularizer,
