@@ -93,6 +93,11 @@ class AlgoConfig(_Strict):
     (``rlpost.core.distill.DistillSchedule`` fields, e.g. ``{kind: anneal, horizon: 0.5}``;
     None: the preset's)."""
 
+    pilot_commit: dict[str, Any] | bool | None = None
+    """Pilot-Commit (000-05): ``{fraction, samples, budget}`` (``{}``: the defaults 0.5, 2,
+    prompts_per_step x group_size rollouts); a pilot round estimates each candidate
+    prompt's reward variance, the rest of the step's rollout budget goes to the most
+    varied (rlpost.llm.rollout.sources.pilot_commit); False: off."""
     feedback: dict[str, Any] | None = None
     """FBOS-RL's guided round (``rlpost.core.feedback.FeedbackExploration`` fields: share,
     epa, ecc, template, reflector, reflect_template, meta; merged over the preset's;

@@ -1,5 +1,6 @@
 """Rollout sources, one module each (see :mod:`.base`): ``groups`` (plain, the default
-generator), ``episodes`` (``data.env``), ``feedback`` (FBOS-RL), ``dynamic_sampling``
+generator), ``episodes`` (``data.env``), ``feedback`` (FBOS-RL), ``pilot_commit``
+(Pilot-Commit's budget allocation), ``dynamic_sampling``
 (refill rounds), ``stages`` (Mu-GRPO), and the ``train.pipeline`` schedules ``sync``,
 ``one_step_off``, ``dora``, ``bubblespec`` and ``rolloutpipe``.
 
@@ -18,6 +19,7 @@ from rlpost.llm.rollout.sources import (  # noqa: F401  (each module registers i
     dora,
     episodes,
     feedback,
+    pilot_commit,
     refill,
     rolloutpipe,
     stages,
