@@ -59,3 +59,20 @@ def test_the_counter_sees_every_token_and_whether_it_trains(tied):
     c.close()
     m(torch.zeros(1, 1, dtype=torch.long))
     assert c.counts == {}  # the hook is gone
+
+
+def test_a_copy_of_a_counted_model_is_not_counted_twice_and_pickles():
+    """An engine's or a reference's deep copy carries no counter (nor its lock)."""
+    import copy
+    import pickle
+
+    m = TinyLM()
+    c = FlopCounter(m)
+    twin = copy.deepcopy(m)
+    with torch.no_grad():
+        twin(torch.zeros(2, 3, dtype=torch.long))
+    assert c.counts == {}
+    pickle.loads(pickle.dumps(m))(torch.zeros(1, 1, dtype=torch.long))
+    assert c.counts == {}
+    m(torch.zeros(1, 1, dtype=torch.long))
+    assert c.counts["train"] == 6 * flop_params(m)[0]  # the original still counts itself

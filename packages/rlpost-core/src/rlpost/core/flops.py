@@ -53,6 +53,33 @@ def training_flops(n_params: int, n_trainable: int, tokens: int) -> int:
     return (4 * n_params + 2 * n_trainable) * tokens
 
 
+class _NoHook:
+    """What a copied model's counting hook becomes: nothing (the copy is another model;
+    whoever counts it hooks it)."""
+
+    def __call__(self, module: Any, args: tuple, output: Any) -> None:
+        return None
+
+
+class _Hook:
+    """The embedding's forward hook of a :class:`FlopCounter`. A deep copy or a pickle of
+    the model (an engine's own copy, a reference copy, a Ray worker's) carries a
+    :class:`_NoHook` instead: the counter, its lock and its counts stay with the model it
+    counts."""
+
+    def __init__(self, counter: FlopCounter):
+        self.counter = counter
+
+    def __call__(self, module: Any, args: tuple, output: Any) -> None:
+        self.counter._seen(module, args, output)
+
+    def __deepcopy__(self, memo: dict) -> _NoHook:
+        return _NoHook()
+
+    def __reduce__(self) -> tuple:
+        return (_NoHook, ())
+
+
 class FlopCounter:
     """FLOPs of the forwards a model runs, by the bucket ``bucket()`` names when each runs
     (see the module docstring): inference forwards cost :func:`forward_flops`, forwards
@@ -66,7 +93,7 @@ class FlopCounter:
         self.tokens: dict[str, int] = {}
         self._lock = threading.Lock()  # generation may run in another thread
         emb = model.get_input_embeddings()
-        self._handle = emb.register_forward_hook(self._seen)
+        self._handle = emb.register_forward_hook(_Hook(self))
 
     def _seen(self, module: Any, args: tuple, output: Any) -> None:
         ids = args[0] if args else None
