@@ -16,6 +16,7 @@ rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" [--n
 rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
 rlpost-llm traces runs/x --step 20                # a step's best and worst groups (run.traces=true)
 rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update, feedback
+rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
 """
@@ -174,6 +175,23 @@ def _traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward_model(args: argparse.Namespace) -> int:
+    from rlpost.llm.preference.variance_rm import fit_reward_model
+
+    r = fit_reward_model(args.out, args.data, args.model, steps=args.steps, lr=args.lr,
+                         seed=args.seed)  # fmt: skip
+    print(f"reward model: {r['pairs']} pairs ({r['data']}), {r['steps']} steps, loss "
+          f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}")  # fmt: skip
+    print(f"held out ({r['held_out']} pairs): pair accuracy {r['pair_accuracy']:.3f}"
+          + (f", anchor calibration error {r['anchor_abs_error']:.3f}"
+             if "anchor_abs_error" in r else ""))  # fmt: skip
+    print(
+        f"saved: {args.out} (AutoModelForSequenceClassification; reward: "
+        f"rlpost.llm.preference.variance_rm.VarianceReward({args.out!r}, kappa=...))"
+    )
+    return 0
+
+
 def _flops(args: argparse.Namespace) -> int:
     from rlpost.llm.tools.flops import report
 
@@ -265,6 +283,15 @@ def build_app() -> App:
     tr.add_argument("run", help="a run directory")
     tr.add_argument("--step", type=int, default=None, help="the step (default: the last)")
     tr.add_argument("--groups", type=int, default=2, help="how many best and worst groups")
+    rm = app.command(
+        "reward-model", _reward_model, "train a variance-aware reward model (mean and spread)"
+    )
+    rm.add_argument("--data", default=None, help="preference JSONL (default: embedded judges)")
+    rm.add_argument("--model", default="tiny", help="tiny, or a causal LM's folder")
+    rm.add_argument("--steps", type=int, default=300)
+    rm.add_argument("--lr", type=float, default=1e-3)
+    rm.add_argument("--seed", type=int, default=0)
+    rm.add_argument("--out", default="runs/reward_model")
     fl = app.command("flops", _flops, "where runs' compute went: rollout, update, feedback")
     fl.add_argument("runs", nargs="+", help="run directories (several: RACE's pilot grid)")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
