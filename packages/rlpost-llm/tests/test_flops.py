@@ -101,3 +101,17 @@ def test_the_flops_command_splits_finished_runs_and_names_the_best_allocation(
     assert "rollout" in out and "most accuracy per FLOP:" in out
     assert main(["flops", str(tmp_path / "nothing")]) == 2
     assert "no metrics.jsonl rows" in capsys.readouterr().err
+
+
+def test_an_engine_copy_is_counted_as_rollouts_and_its_evaluations_as_eval(fast_cfg):
+    """One step off: the engine holds its own copy and generates the next batch on a
+    thread while the update runs; the evaluations it runs are eval, not rollouts."""
+    cfg = fast_cfg("train.pipeline=one_step_off", "run.eval_every=1", "train.steps=3")
+    tr = Trainer(cfg, reward_fn=parity)
+    assert tr.engine.model is not tr.model
+    tr.train()
+    rows = _rows(cfg.run.dir)
+    steps = [r for r in rows if "accuracy" in r]
+    assert all(r["flops/rollout"] > 0 and r["flops/eval"] > 0 for r in steps)
+    n, _ = flop_params(tr.model)
+    assert all(r["flops/update"] % (2 * n) == 0 for r in steps)

@@ -48,13 +48,17 @@ class FlopsHook(StepHook):
         self.hooked: set[int] = set()
         self.totals = dict.fromkeys(BUCKETS, 0)
         self.step_counts = dict.fromkeys(BUCKETS, 0)
-        self._count(trainer.model, self._policy_bucket)
+        self._count(trainer.model, self._bucket)
 
     # ------------------------------------------------------------------ counting
-    def _policy_bucket(self, grad: bool) -> str:
-        if grad or self.phase == "update":
+    def _bucket(self, grad: bool) -> str:
+        """The policy's and the engine copy's: trained, generated beside the update (a
+        generator thread), else the phase (an update's scoring, or rollouts / an eval)."""
+        if grad:
             return "update"
-        return "rollout" if threading.get_ident() != self.main_thread else self.phase
+        if threading.get_ident() != self.main_thread:
+            return "rollout"
+        return self.phase
 
     def _count(self, model: Any, bucket: Any) -> None:
         if model is None or id(model) in self.hooked or not hasattr(model, "get_input_embeddings"):
@@ -66,7 +70,7 @@ class FlopsHook(StepHook):
         """The models built after this hook: the engine's copy, the reference copy, the
         teachers."""
         t = self.trainer
-        self._count(getattr(t.engine, "model", None), lambda grad: "rollout")
+        self._count(getattr(t.engine, "model", None), self._bucket)
         for c in t.components.items:
             ref = getattr(c, "reference", None)
             self._count(getattr(ref, "model", None), lambda grad: "update")
