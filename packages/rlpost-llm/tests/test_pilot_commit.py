@@ -69,3 +69,11 @@ def test_pilot_commit_trains_from_the_cli_config_and_refuses_small_groups(fast_o
         load_config(None, [*fast_overrides, "algo.pilot_commit={samples: 4}"])
     cfg = load_config(None, [*fast_overrides, "algo.pilot_commit={}"])
     assert any(c.name == "pilot_commit" for c in cfg.preset().rollout)
+
+
+@pytest.mark.parametrize(
+    "other", ["algo.dynamic_sampling=true", "train.pipeline=dora", "train.pipeline=rolloutpipe"]
+)
+def test_what_cannot_wrap_the_pilot_and_commit_rounds_is_refused_at_load(fast_overrides, other):
+    with pytest.raises(ValueError, match="Pilot-Commit"):
+        load_config(None, [*fast_overrides, "algo.pilot_commit={}", other])

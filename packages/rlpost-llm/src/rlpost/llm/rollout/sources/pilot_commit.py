@@ -82,8 +82,11 @@ class PilotCommitSource(RolloutSource):
     example = ("algo.pilot_commit={}",)
     label = "Pilot-Commit's allocation"
     declares = Declares(
-        requires={Property.SINGLE_TURN: "allocate single-turn prompts' rollouts"},
-        breaks={Property.ONE_ROUND: "generate a pilot round and a commit round"},
+        requires={
+            Property.SINGLE_TURN: "allocate single-turn prompts' rollouts",
+            Property.ONE_ROUND: "split one step's budget between its own pilot and commit",
+        },
+        breaks={Property.GROUPS_ON_DEMAND: "generate a fixed pilot-and-commit step"},
     )
 
     @classmethod
