@@ -45,7 +45,7 @@ def test_a_bad_preference_file_is_named_in_one_line(tmp_path):
 def trained(tmp_path_factory):
     torch.manual_seed(0)
     model, tok = load_model(tiny.build_base(progress=False))
-    train_variance_rm(model, tok, synthetic_rows(1500, seed=0), steps=200, progress=False)
+    train_variance_rm(model, tok, synthetic_rows(1000, seed=0), steps=140, progress=False)
     out = tmp_path_factory.mktemp("rm")
     model.save_pretrained(out)
     tok.save_pretrained(out)
