@@ -242,7 +242,12 @@ def _run_args(fast: list[str], run_dir: Path, steps: int) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("pipeline", ["sync", "one_step_off"])
+@pytest.mark.parametrize(
+    "pipeline",
+    # the one-step-off run covers the same kill and resume (and the batch held ahead);
+    # the synchronous one is in the slow tier (uv run pytest -m slow)
+    [pytest.param("sync", marks=pytest.mark.slow), "one_step_off"],
+)
 def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(
     tmp_path, fast_overrides, pipeline
 ):

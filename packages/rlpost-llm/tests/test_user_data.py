@@ -104,7 +104,11 @@ def reward(completion, example):
 """
 
 
-@pytest.mark.parametrize("guarded", [False, True])
+@pytest.mark.parametrize(
+    # the guarded script running to the end is in the slow tier (uv run pytest -m slow)
+    "guarded",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+)
 def test_a_script_without_a_main_guard_fails_fast_naming_the_fix(tmp_path, guarded):
     import subprocess
     import sys
