@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import print_table, seed_row, write_result
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
@@ -92,10 +92,7 @@ def main() -> None:
             results[method] = [run(method, a, s, Path(tmp)) for s in a.seeds]
     rows = []
     for method, runs in results.items():
-        row: dict = {"method": method}
-        for k, v in runs[0].items():
-            if isinstance(v, float):
-                row[k], row[f"{k}_std"] = mean_std(r[k] for r in runs)
+        row = seed_row("method", method, runs)
         row["reached"] = sum(r["rollouts_to_target"] == r["rollouts_to_target"] for r in runs)
         rows.append(row)
     print_table(rows, ["method", "eval_after", "eval_best", "rollouts_to_target", "reached",

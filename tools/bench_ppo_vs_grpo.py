@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import print_table, seed_row, write_result
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
@@ -111,13 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for method in METHODS:
             results[method] = [run(method, a, s, Path(tmp)) for s in a.seeds]
-    rows = []
-    for method, runs in results.items():
-        row: dict = {"method": method}
-        for k, v in runs[0].items():
-            if isinstance(v, float):
-                row[k], row[f"{k}_std"] = mean_std(r[k] for r in runs)
-        rows.append(row)
+    rows = [seed_row("method", method, runs) for method, runs in results.items()]
     cols = ["method", "eval_before", "eval_after", "eval_best", "reward_last20", "s_per_step"]
     print_table(rows, cols)
     ppo = rows[1]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import print_table, seed_row, write_result
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
@@ -62,11 +62,7 @@ def main() -> None:
         for g, p in itertools.product(a.groups, a.prompts):
             runs = [run(g, p, a, s, Path(tmp)) for s in a.seeds]
             dirs.append(runs[0]["dir"])
-            row: dict = {"allocation": f"group {g} x {p} prompts"}
-            for k in ("total", "rollout_share", "update_share", "feedback_share",
-                      "eval_before", "eval_after", "gain_per_pflop", "seconds"):  # fmt: skip
-                row[k], row[f"{k}_std"] = mean_std(r[k] for r in runs)
-            rows.append(row)
+            rows.append(seed_row("allocation", f"group {g} x {p} prompts", runs))
         print(report(dirs))  # the command's own view of seed 0's grid
     print_table(rows, ["allocation", "total", "rollout_share", "update_share", "feedback_share",
                        "eval_before", "eval_after", "gain_per_pflop", "seconds"])  # fmt: skip

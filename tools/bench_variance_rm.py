@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from benchlib import mean_std, print_table, write_result
+from benchlib import print_table, seed_row, write_result
 
 from rlpost.core.variance_rm import best_of_n, bradley_terry_loss, variance_aware_loss
 
@@ -113,12 +113,7 @@ def main() -> None:
         data = simulate(a, seed)
         for k in kinds:
             results[k].append(score(k, data, a, seed))
-    rows = []
-    for k, runs in results.items():
-        row: dict = {"model": k}
-        for m in runs[0]:
-            row[m], row[f"{m}_std"] = mean_std(r[m] for r in runs)
-        rows.append(row)
+    rows = [seed_row("model", k, runs) for k, runs in results.items()]
     print_table(rows, ["model", "mu_mae", "sigma_mae", "sigma_scale", "mu_rank_corr",
                        "bon8_regret"])  # fmt: skip
     by = {r["model"]: r for r in rows}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import mean_std, print_table, write_result
+from benchlib import print_table, seed_row, write_result
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
@@ -103,13 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for setting in SETTINGS:
             results[setting] = [run(setting, a, s, Path(tmp)) for s in a.seeds]
-    rows = []
-    for setting, runs in results.items():
-        row: dict = {"setting": setting}
-        for k, v in runs[0].items():
-            if isinstance(v, float):
-                row[k], row[f"{k}_std"] = mean_std(r[k] for r in runs)
-        rows.append(row)
+    rows = [seed_row("setting", setting, runs) for setting, runs in results.items()]
     print_table(rows, ["setting", "eval_before", "eval_after", "eval_best", "train_acc_last20",
                        "fp_injected", "fn_injected", "s_per_step"])  # fmt: skip
     plot(results, Path(a.plot))

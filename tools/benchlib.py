@@ -203,6 +203,16 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     return float(a.mean()), std
 
 
+def seed_row(key: str, name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's row (``{key: name}``) from its runs, one per seed: the mean and the
+    spread (``<metric>_std``) of every float the first run reports."""
+    row: dict[str, Any] = {key: name}
+    for k, v in runs[0].items():
+        if isinstance(v, float):
+            row[k], row[f"{k}_std"] = mean_std(r[k] for r in runs)
+    return row
+
+
 def curve_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One method's row from its runs (each with ``curve``: ``[(step, value), ...]``):
     the first run's value at the start, the mean and spread of the last value over runs,

@@ -438,6 +438,7 @@ def collect_episodes(
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {sorted(TASKS)}")
+    done = done or (lambda: None)
     seeds = [_derive(seed, j) for j in range(n_episodes)]
     episodes: list[Episode | None] = [None] * n_episodes
     if n_envs <= 1:
@@ -453,8 +454,7 @@ def collect_episodes(
                 rec.add(action, obs, reward, info)
                 if terminated or truncated:
                     episodes[j] = rec.finish(info, terminated, task, quality)
-                    if done is not None:
-                        done()
+                    done()
                     break
         env.close()
         return episodes  # type: ignore[return-value]
@@ -491,8 +491,7 @@ def collect_episodes(
             last[i] = obs
             if terminated or truncated:
                 episodes[j] = rec.finish(info, terminated, task, quality)
-                if done is not None:
-                    done()
+                done()
                 start(i)
                 if slots[i] is not None:
                     restarted.append(i)

@@ -153,9 +153,8 @@ class PilotCommitSource(RolloutSource):
         add_score_metrics(metrics, res2.metrics)
         rows = torch.tensor([i * k + j for i in chosen for j in range(k)])
         first = pilot.select(rows)  # groups renumbered 0..len(chosen)-1, in chosen order
-        both = RolloutBatch.concat([first, more])
-        n = len(chosen)
-        groups = torch.cat([first.group, more.group - more.group.min()]) if n else both.group
+        both = RolloutBatch.concat([first, more])  # (concat keeps the two rounds' groups apart)
+        groups = torch.cat([first.group, more.group])  # both 0..len(chosen)-1, chosen order
         both = dataclasses.replace(both, group=groups)
         order = torch.argsort(groups, stable=True)  # each prompt's rows together
         rewards = torch.cat([res.rewards[rows], res2.rewards])[order]
