@@ -140,7 +140,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_refills(fast_cfg):
     tr.engine = FakeEngine(
         lambda p, n: [([one if i % 2 else two, eos], [-1.0, -1.0], "stop") for i in range(n)]
     )
-    col = tr.collect()
+    col = tr.rollouts.step(tr.total_steps).col  # the training loop's path (its schedule's)
     assert len(col.batch) == 4 * 4  # refilled up to prompts_per_step groups
     std = col.rewards.view(4, 4).std(1)
     assert (std > 0).all(), "every kept group has reward variance"

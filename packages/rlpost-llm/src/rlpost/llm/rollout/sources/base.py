@@ -133,8 +133,12 @@ class RolloutSource:
 
     # ----------------------------------------------------------- the step's schedule
     def next(self) -> Any:
-        """This step's rollouts (on the main rank)."""
-        return self.inner.next() if self.inner is not None else self.collect()
+        """This step's rollouts (on the main rank): a schedule asks the source inside it, the
+        outermost generator or filter collects (a filter's ``collect`` wraps its inner
+        generator's, so passing ``next`` through it would skip the filter)."""
+        if self.layer == SCHEDULE and self.inner is not None:
+            return self.inner.next()
+        return self.collect()
 
     def step(self, stop: int) -> Rollouts:
         """The step's rollouts on every rank (rank 0 generates, the others receive them)."""
