@@ -27,44 +27,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import print_table, seed_row, write_result
-
-from rlpost.llm.config import load_config
-from rlpost.llm.recipes import recipe_path
-from rlpost.llm.tools.runlog import read_metrics
-from rlpost.llm.trainer import Trainer
+from llm_demo_runs import rollouts_to_target, train_demo
 
 METHODS: dict[str, list[str]] = {"grpo": []}
 
 
 def run(method: str, a: argparse.Namespace, seed: int, root: Path) -> dict:
     run_dir = root / f"{len(METHODS[method])}-{abs(hash(method)) % 10**6}-{seed}"
-    over = [
-        f"run.dir={run_dir}", f"run.seed={seed}", f"train.steps={a.steps}",
-        f"run.eval_every={a.eval_every}", "run.save_every=0", f"run.threads={a.threads}",
-        "run.progress=false", "run.tensorboard=false", *METHODS[method],
-    ]  # fmt: skip
-    cfg = load_config(recipe_path("grpo_arithmetic"), over)
-    budget = cfg.rollout.prompts_per_step * cfg.preset().group_size
-    t0 = time.perf_counter()
-    Trainer(cfg).train()
-    seconds = time.perf_counter() - t0
-    rows = read_metrics(run_dir)
-    spent, used = {0: 0.0}, 0.0
-    for r in rows:
-        if r["step"] > 0:
-            used += r.get("rollouts/generated", budget)
-            spent[r["step"]] = used
-    ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    reached = next((spent[s] for s, v in ev if v >= a.target), float("nan"))
+    rows, seconds, budget = train_demo(run_dir, seed, a, METHODS[method])
+    reached, curve = rollouts_to_target(rows, budget, a.target)
     train = [r for r in rows if r["step"] > 0]
     return {
-        "eval_after": ev[-1][1],
-        "eval_best": max(v for _, v in ev),
+        "eval_after": curve[-1][1],
+        "eval_best": max(v for _, v in curve),
         "rollouts_to_target": reached,
-        "rollouts_per_step": used / a.steps,
+        "rollouts_per_step": curve[-1][0] / a.steps,
         "collapsed_frac": sum(r.get("pilot/collapsed_frac", 0.0) for r in train) / len(train),
         "s_per_step": seconds / a.steps,
-        "curve": [(spent[s], v) for s, v in ev],
+        "curve": curve,
     }
 
 

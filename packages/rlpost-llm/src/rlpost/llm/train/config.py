@@ -98,6 +98,24 @@ class AlgoConfig(_Strict):
     prompts_per_step x group_size rollouts); a pilot round estimates each candidate
     prompt's reward variance, the rest of the step's rollout budget goes to the most
     varied (rlpost.llm.rollout.sources.pilot_commit); False: off."""
+    lze: dict[str, Any] | bool | None = None
+    """LZE (000-18): ``{keep, alpha, beta, tau, patience, replay, pool}`` (``{}``: the
+    defaults); the step's groups with the highest learning-zone energy are trained on,
+    persistently solved prompts pruned with replay (rlpost.llm.rollout.sources.lze);
+    False: off."""
+    armor: dict[str, Any] | bool | None = None
+    """ARMOR (004-06): ``{anchors}`` (``{}``: 2) rollouts of each group's prompt sampled from
+    the frozen reference policy join the group, trained off-policy with the reference's
+    log-probs as their pi_old (rlpost.llm.rollout.sources.armor); False: off."""
+    rac: dict[str, Any] | bool | None = None
+    """RAC (000-19): ``{rank, pair, margin, mask_rate, mask}`` (``{}``: 0.1, 0.1, 0, 0.5,
+    " "); the ranking-aware and clean/corrupted confidence losses on the mean token
+    log-probability, added to the policy loss (rlpost.llm.train.hooks.rac)."""
+    vigor: dict[str, Any] | bool | None = None
+    """VIGOR (001-03): ``{mix, length_correction, chunk}`` (``{}``: 0, true, 8); each
+    completion's reward is the rank, within its group, of its sqrt(T)-corrected per-sample
+    NLL gradient norm (smallest best), plus ``mix`` x the run's own reward
+    (rlpost.llm.train.hooks.vigor)."""
     feedback: dict[str, Any] | None = None
     """FBOS-RL's guided round (``rlpost.core.feedback.FeedbackExploration`` fields: share,
     epa, ecc, template, reflector, reflect_template, meta; merged over the preset's;

@@ -2,17 +2,20 @@
 ``validation_reset`` (REVA-PO's VAPR), ``kv_distill`` (the compressed-KV distillation
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
 rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator), ``flops`` (RACE's FLOP accounting,
-``run.flops``)."""
+``run.flops``), ``rac`` (RAC's confidence losses, ``algo.rac``), ``vigor`` (VIGOR's intrinsic
+reward, ``algo.vigor``)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     exchange,
     flops,
     kv_distill,
     mipu,
+    rac,
     regularizer,
     traces,
     vapr,
     verifier_noise,
+    vigor,
 )
 from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook, active, apply_options
 
