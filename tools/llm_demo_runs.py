@@ -13,6 +13,23 @@ from rlpost.llm.tools.runlog import read_metrics
 from rlpost.llm.trainer import Trainer
 
 
+def demo_trainer(
+    run_dir: Path,
+    seed: int,
+    a: argparse.Namespace,
+    extra: list[str],
+    recipe: str = "grpo_arithmetic",
+) -> Trainer:
+    """A trainer of ``recipe`` for ``a.steps`` steps (held-out accuracy every
+    ``a.eval_every``, on ``a.threads`` threads) with ``extra`` overrides."""
+    over = [
+        f"run.dir={run_dir}", f"run.seed={seed}", f"train.steps={a.steps}",
+        f"run.eval_every={a.eval_every}", "run.save_every=0", f"run.threads={a.threads}",
+        "run.progress=false", "run.tensorboard=false", *extra,
+    ]  # fmt: skip
+    return Trainer(load_config(recipe_path(recipe), over))
+
+
 def train_demo(
     run_dir: Path,
     seed: int,
@@ -20,18 +37,12 @@ def train_demo(
     extra: list[str],
     recipe: str = "grpo_arithmetic",
 ) -> tuple[list[dict], float, int]:
-    """Train ``recipe`` for ``a.steps`` steps (held-out accuracy every ``a.eval_every``, on
-    ``a.threads`` threads) with ``extra`` overrides: ``(metric rows, seconds, the step's
-    nominal budget of rollouts)``."""
-    over = [
-        f"run.dir={run_dir}", f"run.seed={seed}", f"train.steps={a.steps}",
-        f"run.eval_every={a.eval_every}", "run.save_every=0", f"run.threads={a.threads}",
-        "run.progress=false", "run.tensorboard=false", *extra,
-    ]  # fmt: skip
-    cfg = load_config(recipe_path(recipe), over)
+    """Train :func:`demo_trainer`'s run: ``(metric rows, seconds, the step's nominal budget
+    of rollouts)``."""
+    tr = demo_trainer(run_dir, seed, a, extra, recipe)
     t0 = time.perf_counter()
-    Trainer(cfg).train()
-    budget = cfg.rollout.prompts_per_step * cfg.preset().group_size
+    tr.train()
+    budget = tr.cfg.rollout.prompts_per_step * tr.preset.group_size
     return read_metrics(run_dir), time.perf_counter() - t0, budget
 
 

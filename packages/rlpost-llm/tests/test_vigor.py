@@ -102,6 +102,15 @@ def test_a_step_with_vigor_trains_on_the_rank_of_its_gradient_norms(fast_cfg):
     tr.close()
 
 
+def test_the_confidence_signal_ranks_by_the_mean_token_logprob(fast_cfg):
+    tr = Trainer(fast_cfg("algo.vigor={signal: confidence}"))
+    col = tr.rollouts.collect()
+    b = col.batch
+    conf = (b.logprobs * b.mask).sum(1) / b.mask.sum(1)
+    assert torch.equal(tr.step_inputs(col)[Role.REWARDS], group_rank_rewards(-conf, b.group))
+    tr.close()
+
+
 def test_vigor_loads_from_the_cli_and_refuses_bad_settings(fast_overrides):
     load_config(None, [*fast_overrides, "algo.vigor={mix: 0.5}"])
     with pytest.raises(ValueError, match="chunk must be >= 1"):

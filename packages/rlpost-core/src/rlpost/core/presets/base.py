@@ -100,7 +100,9 @@ class PolicyBatch:
       filters; default everywhere the mask is); ``teacher_spans`` ``[B, T]``: each token's
       text block when a teacher tokenised differently (``sampled`` estimator);
     * ``turn_ids`` ``[B, T]``: turn index of each token (-1: not a policy token), for
-      turn-level reweighting (ATOD's T-DUR); without it each response is one turn.
+      turn-level reweighting (ATOD's T-DUR); without it each response is one turn;
+    * ``kl_scale`` ``[B]``: a per-row multiplier of ``kl_coef`` on the KL in the loss
+      (ASTOR's per-task KL coefficients); default 1.
     """
 
     logp: Tensor
@@ -126,6 +128,7 @@ class PolicyBatch:
     teacher_mask: Tensor | None = None
     teacher_spans: Tensor | None = None
     turn_ids: Tensor | None = None
+    kl_scale: Tensor | None = None
 
     def __post_init__(self) -> None:
         tw = self.token_weights
@@ -340,7 +343,7 @@ class Recipe:
         if self.kl_in_loss and self.kl is not None:
             kin = KLInput(b.logp, b.ref_logp, m, advantages=b.advantages, ref_entropy=b.ref_entropy)
             kl = self.kl(kin).kl
-            tok = tok + p.kl_coef * kl
+            tok = tok + p.kl_coef * (kl if b.kl_scale is None else kl * b.kl_scale[:, None])
             metrics["kl"] = masked_mean(kl.detach(), m).item()
         if p.entropy_coef != 0:
             tok = tok - p.entropy_coef * b.entropy * m

@@ -267,6 +267,10 @@ class MixtureSource:
     def events(self, step: int) -> list[str]:
         return []
 
+    def draw(self, name: str, n: int) -> list[Example]:
+        """``n`` prompts of domain ``name`` (a scheduler's own choice of domain, ASTOR's)."""
+        return [_domain(e, name) for e in self.sources[name].next_batch(n)]
+
     def next_batch(self, n: int) -> list[Example]:
         picks = self.rng.choices(self.names, weights=self.weights, k=n)
         return [_domain(self.sources[name].next_batch(1)[0], name) for name in picks]

@@ -111,8 +111,15 @@ class AlgoConfig(_Strict):
     """RAC (000-19): ``{rank, pair, margin, mask_rate, mask}`` (``{}``: 0.1, 0.1, 0, 0.5,
     " "); the ranking-aware and clean/corrupted confidence losses on the mean token
     log-probability, added to the policy loss (rlpost.llm.train.hooks.rac)."""
+    astor: dict[str, Any] | bool | None = None
+    """ASTOR (001-18): ``{tau, floor, lam, beta, synergy_every, oversample, adaptive_kl,
+    kl_min, kl_max}`` (``{}``: the defaults) over ``data.mixture``'s tasks: the step's
+    prompts routed by task utility (learning potential x (1 + synergy)), then to each
+    task's most informative prompts, and each task's KL coefficient scaled by its state
+    (rlpost.llm.rollout.sources.astor); False: off."""
     vigor: dict[str, Any] | bool | None = None
-    """VIGOR (001-03): ``{mix, length_correction, chunk}`` (``{}``: 0, true, 8); each
+    """VIGOR (001-03): ``{signal, mix, length_correction, chunk}`` (``{}``: grad_norm, 0,
+    true, 8); each
     completion's reward is the rank, within its group, of its sqrt(T)-corrected per-sample
     NLL gradient norm (smallest best), plus ``mix`` x the run's own reward
     (rlpost.llm.train.hooks.vigor)."""

@@ -40,6 +40,7 @@ class Role(StrEnum):
     TEACHER_MASK = "teacher_mask"  # [N, L] where the teacher's signal applies
     TRAINED = "trained"  # [N] bool: the rows the policy loss sees
     TRUNCATED = "truncated"  # [N] bool: cut by max_new_tokens
+    KL_SCALE = "kl_scale"  # [N] a per-row multiplier of kl_coef (ASTOR's per-task KL)
 
 
 class Turns(NamedTuple):
@@ -147,6 +148,7 @@ class StepInputs:
             kw["turn_ids"] = turns.ids
         kw["entropy"] = entropy
         kw["teacher_mask"] = self.rows_of(Role.TEACHER_MASK, idx)
+        kw["kl_scale"] = self.rows_of(Role.KL_SCALE, idx)
         old = self.rows_of(Role.OLD_LOGP, idx)
         return PolicyBatch(
             logp,

@@ -1,7 +1,7 @@
 """Rollout sources, one module each (see :mod:`.base`): ``groups`` (plain, the default
 generator), ``episodes`` (``data.env``), ``feedback`` (FBOS-RL), ``pilot_commit``
 (Pilot-Commit's budget allocation), ``lze`` (LZE's data selection), ``armor`` (ARMOR's
-anchor rollouts), ``dynamic_sampling``
+anchor rollouts), ``astor`` (ASTOR's multi-task schedule), ``dynamic_sampling``
 (refill rounds), ``stages`` (Mu-GRPO), and the ``train.pipeline`` schedules ``sync``,
 ``one_step_off``, ``dora``, ``bubblespec`` and ``rolloutpipe``.
 
@@ -17,6 +17,7 @@ from rlpost.core.presets import Choice
 from rlpost.core.registry import NoParams
 from rlpost.llm.rollout.sources import (  # noqa: F401  (each module registers its source)
     armor,
+    astor,
     bubblespec,
     dora,
     episodes,

@@ -3,9 +3,10 @@
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
 rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator), ``flops`` (RACE's FLOP accounting,
 ``run.flops``), ``rac`` (RAC's confidence losses, ``algo.rac``), ``vigor`` (VIGOR's intrinsic
-reward, ``algo.vigor``)."""
+reward, ``algo.vigor``), ``astor_kl`` (ASTOR's per-task KL)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
+    astor_kl,
     exchange,
     flops,
     kv_distill,

@@ -5,7 +5,9 @@ Before the advantages, each completion's teacher-forced mean-NLL gradient norm u
 current parameters is computed, batched (:func:`rlpost.llm.model.per_sample.grad_norms`),
 multiplied by ``sqrt(T)`` and turned into a reward by its rank within the group (the
 smallest norm, 1). With ``mix > 0`` the run's own reward, times ``mix``, is added
-(``mix: 0``: verifier-free, VIGOR's setting). Logged: ``vigor/grad_norm`` and
+(``mix: 0``: verifier-free, VIGOR's setting). ``signal: confidence`` ranks by the
+completion's mean token log-probability instead (the RLIF-style self-certainty baseline
+the paper compares against, for ablation). Logged: ``vigor/grad_norm`` and
 ``vigor/score`` (means), ``vigor/length_corr`` (the correlation of score and length over
 the step's rows) and ``vigor/agreement`` (of the verifier's reward with VIGOR's, in
 groups where both vary: the share of ordered pairs they order alike)."""
@@ -13,11 +15,12 @@ groups where both vary: the share of ordered pairs they order alike)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from rlpost.core.confidence import sequence_confidence
 from rlpost.core.contract import Declares, Property
 from rlpost.core.intrinsic import group_rank_rewards, length_corrected
 from rlpost.core.registry import make_params
@@ -28,6 +31,10 @@ from rlpost.llm.train.inputs import Role
 
 @dataclass(frozen=True)
 class Vigor:
+    signal: Literal["grad_norm", "confidence"] = "grad_norm"
+    """``grad_norm``: VIGOR's; ``confidence``: the RLIF-style baseline the paper compares
+    against, the completion's mean token log-probability under the sampling policy (the
+    most self-certain, 1), for ablation."""
     mix: float = 0.0
     """Weight of the run's own reward added to VIGOR's (0: verifier-free)."""
     length_correction: bool = True
@@ -83,10 +90,14 @@ class VigorHook(StepHook):
 
     def provide(self, step: Any) -> None:
         t, p, b = self.trainer, self.params, step.batch
-        sb = t.forwards.seq_batch(b, pack=False)
-        norms = grad_norms(t.model, sb, b.mask, t.sampling.temperature, p.chunk)
         lengths = b.mask.sum(1)
-        scores = length_corrected(norms, lengths) if p.length_correction else norms
+        if p.signal == "confidence":  # (a smaller score is better: minus the confidence)
+            norms = -sequence_confidence(b.logprobs, b.mask)
+            scores = norms
+        else:
+            sb = t.forwards.seq_batch(b, pack=False)
+            norms = grad_norms(t.model, sb, b.mask, t.sampling.temperature, p.chunk)
+            scores = length_corrected(norms, lengths) if p.length_correction else norms
         own = group_rank_rewards(scores, b.group)
         verifier = step[Role.REWARDS]
         step[Role.REWARDS] = own + p.mix * verifier if p.mix else own
