@@ -178,12 +178,12 @@ def test_countdown_samples_score_one_and_use_every_number_once():
 
 
 def test_make_task_and_registry():
-    assert set(TASKS) == {"arithmetic", "countdown", "knapsack", "pde"}
+    assert set(TASKS) == {"arithmetic", "countdown", "knapsack", "pde", "chat"}
     task = make_task("arithmetic", digits=2)
     assert isinstance(task, ArithmeticTask) and isinstance(task, Task) and task.digits == 2
     assert task.name == "arithmetic" and task.params() == {"digits": 2, "ops": "+"}
     assert make_task("countdown").name == "countdown"
-    with pytest.raises(ValueError, match=r"'sudoku'.*arithmetic, countdown"):
+    with pytest.raises(ValueError, match=r"'sudoku'.*arithmetic, chat, countdown"):
         make_task("sudoku")
 
 

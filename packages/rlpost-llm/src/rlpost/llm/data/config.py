@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from rlpost.core.contract import Property, Switch
 from rlpost.core.io.schema import Strict as _Strict
 
-TaskName = Literal["arithmetic", "countdown", "knapsack", "pde"]
+TaskName = Literal["arithmetic", "countdown", "knapsack", "pde", "chat"]
 
 
 class TaskStage(_Strict):
@@ -19,6 +19,13 @@ class TaskStage(_Strict):
     task: TaskName
     task_params: dict[str, Any] = {}
     steps: int = Field(ge=1)
+
+
+class TransferTask(_Strict):
+    """A task evaluated, never trained on (``data.transfer``)."""
+
+    task: TaskName
+    task_params: dict[str, Any] = {}
 
 
 class MixtureDomain(_Strict):
@@ -101,6 +108,10 @@ class DataConfig(_Strict):
     domain with probability proportional to its weight and carries the domain's name in
     ``example.meta["domain"]`` (what ``distill.teachers[].domains`` route by); each is
     scored by its own verifier and held out separately (``eval/<task>/accuracy``)."""
+    transfer: list[TransferTask] = []
+    """Tasks never trained on whose held-out greedy accuracy is logged at every evaluation
+    (``eval/transfer/<task>/accuracy``, each by its own verifier): what training on this
+    data teaches elsewhere (GRLO's transfer from conversation to reasoning)."""
     env: EnvConfig | None = None
     """A multi-turn text environment instead of single-turn prompts: episodes of
     ``rollout.max_new_tokens`` tokens per turn, rewarded by the environment, held-out
@@ -124,6 +135,8 @@ class DataConfig(_Strict):
         for i, d in enumerate([*self.curriculum, *self.mixture]):
             kind = "curriculum" if i < len(self.curriculum) else "mixture"
             check_task_params(d.task, d.task_params, f"data.{kind}[{d.task}].task_params")
+        for d in self.transfer:
+            check_task_params(d.task, d.task_params, f"data.transfer[{d.task}].task_params")
         return self
 
     def describe(self) -> str:

@@ -486,6 +486,73 @@ class PDETask(Task):
         return verify(extract_code(completion), example.meta["pde"], self.w_acc).reward
 
 
+# ----------------------------------------------------------------------------- chat
+
+_STATEMENT = re.compile(r"(\d+)([+\-*])(\d+)=(-?\d+)")
+
+
+@dataclass(frozen=True)
+class ChatTask(Task):
+    """Open-ended number talk, judged by a rubric (GRLO's conversational setting, 000-20).
+
+    The user says two numbers, ``"3 5:"``, and the assistant answers with a statement
+    about them; no single answer is right: ``"3+5=8"``, ``"5*3=15"`` and ``"5-3=2"`` are
+    all as good. The judge scores any reply on graded rubric items, so that a reply that is
+    partly there is preferred to one that is not (a judge's preference, not a verifier's
+    verdict):
+
+    * **attentive**: 0.1 for each of the user's two numbers the reply mentions;
+    * **a statement**: 0.1 for an operator and 0.1 for an ``=``; 0.1 more when the whole
+      reply is one statement ``x op y = z``;
+    * **relevant**: 0.1 when that statement is about the user's two numbers (either order);
+    * **true**: 0.4 when ``x op y`` equals ``z`` (0.2 for a true statement about other
+      numbers).
+
+    A relevant true statement scores 1; accuracy (a satisfying reply) is a score of 1.
+
+    ``base_task``: the tiny default model for this task is the ``arithmetic`` base: the
+    conversation is learned by RL from that pre-trained base, never by supervised
+    fine-tuning on chat.
+
+    Args:
+        max_number: the user's numbers are drawn from ``0 .. max_number``.
+    """
+
+    max_number: int = 9
+    name: ClassVar[str] = "chat"
+    base_task: ClassVar[str] = "arithmetic"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_number, int) or self.max_number < 1:
+            raise ValueError(f"max_number must be a positive int, got {self.max_number!r}")
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            a, b = rng.randint(0, self.max_number), rng.randint(0, self.max_number)
+            out.append(Example(f"{a} {b}:", f"{a}+{b}={a + b}", {"a": a, "b": b}))
+        return out
+
+    def score(self, completion: str, example: Example) -> float:
+        reply = extract_answer(completion)
+        said = re.findall(r"\d+", reply)
+        user = (example.meta["a"], example.meta["b"])
+        mentioned = [str(user[0]) in said, str(user[1]) in said and (
+            user[0] != user[1] or said.count(str(user[1])) > 1)]  # fmt: skip
+        score = 0.1 * sum(mentioned) + 0.1 * bool(re.search(r"[+\-*]", reply))
+        score += 0.1 * ("=" in reply)
+        m = _STATEMENT.fullmatch(reply)
+        if m is None:
+            return round(score, 6)
+        x, op, y, z = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        relevant = sorted((x, y)) == sorted(user)
+        true = _apply(op, x, y) == z
+        return round(score + 0.1 + 0.1 * relevant + (0.4 if relevant else 0.2) * true, 6)
+
+    def accuracy(self, completion: str, example: Example) -> float:
+        return 1.0 if self.score(completion, example) >= 1.0 - 1e-9 else 0.0
+
+
 # ----------------------------------------------------------------------------- registry
 
 #: Built-in task classes by name.
@@ -494,6 +561,7 @@ TASKS: dict[str, type[Task]] = {
     "countdown": CountdownTask,
     "knapsack": KnapsackTask,
     "pde": PDETask,
+    "chat": ChatTask,
 }
 
 

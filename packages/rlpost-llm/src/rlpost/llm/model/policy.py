@@ -22,6 +22,15 @@ and attention stay small)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def tiny_base_task(task: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The task whose tiny base a run on ``task`` starts from: its own, or, for a task
+    learned only by RL (``base_task``: GRLO's conversation), that task's with its defaults."""
+    from rlpost.llm.data.tasks import TASKS
+
+    base = getattr(TASKS[task], "base_task", None)
+    return (task, dict(params)) if base is None else (base, {})
+
+
 def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = None):
     """``(model, tokenizer)`` for ``cfg.model`` (LoRA applied when configured), on
     ``device`` when given (else where it was loaded: the CPU)."""
@@ -39,9 +48,10 @@ def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = N
     elif path in ("tiny", "tiny-bpe", "tiny-feedback", "tiny-reflect"):
         kind = "bpe" if path == "tiny-bpe" else "char"
         fb = 0.5 if path in ("tiny-feedback", "tiny-reflect") else None
+        task, params = tiny_base_task(cfg.data.task, cfg.data.task_params)
         base = tiny.build_base(
-            cfg.data.task, progress=progress, tokenizer=kind, feedback=fb,
-            reflect=0.25 if path == "tiny-reflect" else None, **cfg.data.task_params,
+            task, progress=progress, tokenizer=kind, feedback=fb,
+            reflect=0.25 if path == "tiny-reflect" else None, **params,
         )  # fmt: skip
         model, tok = tiny.load_base(base)
     elif path == "tiny-random":

@@ -46,15 +46,17 @@ def back_reference(trainer: Any) -> Any:
     return trainer if isinstance(trainer, weakref.ProxyType) else weakref.proxy(trainer)
 
 
-def greedy_accuracy(trainer: Any, examples: list[Example]) -> float:
+def greedy_accuracy(trainer: Any, examples: list[Example], task: Task | None = None) -> float:
     """The engine's greedy answers to ``examples``, verified (a score-based task says
-    what solving means itself, e.g. an optimal knapsack pick)."""
+    what solving means itself, e.g. an optimal knapsack pick); ``task``: verified by that
+    task instead of the run's (a transfer task's held-out set)."""
     t = trainer
     prompts = [encode_prompt(t.tok, e.prompt) for e in examples]
     greedy = SamplingParams(t.sampling.max_new_tokens, 0.0, stop=t.sampling.stop)
     batch = t.engine.generate(prompts, 1, greedy)
-    task = getattr(t.prompts, "task", None)
-    if task is not None and type(task).accuracy is not Task.accuracy:
+    given = task is not None
+    task = task if given else getattr(t.prompts, "task", None)
+    if given or (task is not None and type(task).accuracy is not Task.accuracy):
         texts = batch.texts(t.tok)
         hits = sum(task.accuracy(x, e) for x, e in zip(texts, examples, strict=True))
         return hits / max(len(examples), 1)

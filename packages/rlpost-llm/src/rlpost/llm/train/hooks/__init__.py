@@ -3,7 +3,8 @@
 term), ``regularizer`` (a gradient regulariser), ``peer_exchange`` (Mutual RL), ``traces`` (the
 rollout traces, ``run.traces``), ``verifier_noise`` (``reward.noise``'s generator), ``flops`` (RACE's FLOP accounting,
 ``run.flops``), ``rac`` (RAC's confidence losses, ``algo.rac``), ``vigor`` (VIGOR's intrinsic
-reward, ``algo.vigor``), ``astor_kl`` (ASTOR's per-task KL)."""
+reward, ``algo.vigor``), ``astor_kl`` (ASTOR's per-task KL),
+``transfer_eval`` (``data.transfer``'s held-out accuracy)."""
 
 from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its hook)
     astor_kl,
@@ -14,6 +15,7 @@ from rlpost.llm.train.hooks import (  # noqa: F401  (each module registers its h
     rac,
     regularizer,
     traces,
+    transfer,
     vapr,
     verifier_noise,
     vigor,
