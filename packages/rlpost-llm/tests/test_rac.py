@@ -79,3 +79,20 @@ def test_rac_loads_from_the_cli_and_refuses_bad_settings(fast_overrides):
         load_config(None, [*fast_overrides, "algo.rac={mask_rate: 0}"])
     with pytest.raises(ValueError, match="one > 0"):
         load_config(None, [*fast_overrides, "algo.rac={rank: 0, pair: 0}"])
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_the_corrupted_side_is_the_policys_answer_or_the_same_response(fast_cfg, own):
+    tr = Trainer(fast_cfg(f"algo.rac={{pair_sample: {str(own).lower()}, mask_rate: 1.0}}"),
+                 reward_fn=_one_first)  # fmt: skip
+    col = tr.rollouts.collect()
+    tr.step_inputs(col)  # the providers' and hooks' provide phase
+    hook = next(c for c in tr.components.items if c.name == "rac")
+    c = hook._corrupt
+    for i in range(len(col.batch)):
+        text = tr.tok.decode(c.prompt_ids[i])
+        assert not any(ch.isdigit() for ch in text)  # every digit masked at rate 1
+        assert len(text) == len(col.examples[i].prompt)
+    same = torch.equal(c.completion_ids, col.batch.completion_ids)
+    assert same != own and len(c) == len(col.batch)  # own: freshly sampled answers
+    tr.close()

@@ -108,9 +108,9 @@ class AlgoConfig(_Strict):
     the frozen reference policy join the group, trained off-policy with the reference's
     log-probs as their pi_old (rlpost.llm.rollout.sources.armor); False: off."""
     rac: dict[str, Any] | bool | None = None
-    """RAC (000-19): ``{rank, pair, margin, mask_rate, mask}`` (``{}``: 0.1, 0.1, 0, 0.5,
-    " "); the ranking-aware and clean/corrupted confidence losses on the mean token
-    log-probability, added to the policy loss (rlpost.llm.train.hooks.rac)."""
+    """RAC (000-19): ``{rank, pair, margin, pair_sample, mask_rate, mask}`` (``{}``: 0.1,
+    0.1, 0, true, 0.5, " "); the ranking-aware and clean/corrupted confidence losses on the
+    mean token log-probability, added to the policy loss (rlpost.llm.train.hooks.rac)."""
     astor: dict[str, Any] | bool | None = None
     """ASTOR (001-18): ``{tau, floor, lam, beta, synergy_every, oversample, adaptive_kl,
     kl_min, kl_max}`` (``{}``: the defaults) over ``data.mixture``'s tasks: the step's
