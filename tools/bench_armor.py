@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import plot_mean_curves, print_table, seed_row, write_result
-from llm_demo_runs import rollouts_to_target, train_demo
+from benchlib import plot_mean_curves, print_table, write_result
+from llm_demo_runs import demo_args, rollouts_to_target, run_methods, train_demo
 
 
 def methods(a: argparse.Namespace) -> dict[str, list[str]]:
@@ -56,7 +55,7 @@ def run(method: str, extra: list[str], a: argparse.Namespace, seed: int, root: P
         "eval_best": best,
         "eval_after": curve[-1][1],
         "fall": best - curve[-1][1],
-        "train_acc_last10": sum(r["accuracy"] for r in train[-10:]) / 10,
+        "train_acc_last10": sum(r["accuracy"] for r in train[-10:]) / len(train[-10:]),
         "anchor_acc": sum(r.get("armor/anchor_accuracy", float("nan")) for r in train) / len(train),
         "s_per_step": seconds / a.steps,
         "curve": curve,
@@ -65,24 +64,16 @@ def run(method: str, extra: list[str], a: argparse.Namespace, seed: int, root: P
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--eval-every", type=int, default=10)
+    demo_args(ap, 150, 10, "bench_results/armor.json")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--kl", type=float, default=0.1)
     ap.add_argument("--anchors", type=int, default=4)
     ap.add_argument("--methods", nargs="+", default=None, help="a subset (default: all)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_results/armor.json")
     ap.add_argument("--plot", default="docs/img/armor.png")
     a = ap.parse_args()
     t0 = time.perf_counter()
     chosen = {m: e for m, e in methods(a).items() if a.methods is None or m in a.methods}
-    results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method, extra in chosen.items():
-            results[method] = [run(method, extra, a, s, Path(tmp)) for s in a.seeds]
-    rows = [seed_row("method", m, runs) for m, runs in results.items()]
+    results, rows = run_methods(chosen, a.seeds, lambda m, s, root: run(m, chosen[m], a, s, root))
     print_table(rows, ["method", "eval_before", "eval_best", "eval_after", "fall",
                        "train_acc_last10", "anchor_acc", "s_per_step"])  # fmt: skip
     plot_mean_curves(

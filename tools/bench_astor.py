@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import plot_mean_curves, print_table, seed_row, write_result
-from llm_demo_runs import train_demo
+from benchlib import plot_mean_curves, print_table, write_result
+from llm_demo_runs import demo_args, run_methods, train_demo
 
 TASKS = ("arithmetic", "countdown")
 METHODS: dict[str, list[str]] = {
@@ -61,19 +60,11 @@ def run(method: str, a: argparse.Namespace, seed: int, root: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--eval-every", type=int, default=20)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_results/astor.json")
+    demo_args(ap, 200, 20, "bench_results/astor.json")
     ap.add_argument("--plot", default="docs/img/astor.png")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method in METHODS:
-            results[method] = [run(method, a, s, Path(tmp)) for s in a.seeds]
-    rows = [seed_row("method", m, runs) for m, runs in results.items()]
+    results, rows = run_methods(METHODS, a.seeds, lambda m, s, root: run(m, a, s, root))
     cols = ["method", "eval_before", "eval_after", "eval_best"]
     cols += [f"{t}_{k}" for t in TASKS for k in ("after", "share")] + ["s_per_step"]
     print_table(rows, cols)

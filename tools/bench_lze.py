@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import plot_mean_curves, print_table, seed_row, write_result
-from llm_demo_runs import rollouts_to_target, train_demo
+from benchlib import plot_mean_curves, print_table, write_result
+from llm_demo_runs import demo_args, rollouts_to_target, run_methods, train_demo
 
 
 def methods(pool: int) -> dict[str, list[str]]:
@@ -70,21 +69,14 @@ def run(method: str, extra: list[str], a: argparse.Namespace, seed: int, root: P
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--eval-every", type=int, default=10)
+    demo_args(ap, 200, 10, "bench_results/lze.json")
     ap.add_argument("--target", type=float, default=0.55)
     ap.add_argument("--pool", type=int, default=512)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_results/lze.json")
     ap.add_argument("--plot", default="docs/img/lze.png")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method, extra in methods(a.pool).items():
-            results[method] = [run(method, extra, a, s, Path(tmp)) for s in a.seeds]
-    rows = [seed_row("method", m, runs) for m, runs in results.items()]
+    chosen = methods(a.pool)
+    results, rows = run_methods(chosen, a.seeds, lambda m, s, root: run(m, chosen[m], a, s, root))
     print_table(rows, ["method", "eval_after", "eval_best", "rollouts_to_target",
                        "groups_per_step", "collapsed_frac", "pruned_frac_end", "epoch_rollouts_end",
                        "train_pflops", "s_per_step"])  # fmt: skip

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import print_table, seed_row, write_result
-from llm_demo_runs import demo_trainer
+from benchlib import print_table, write_result
+from llm_demo_runs import demo_args, demo_trainer, run_methods
 
 from rlpost.llm.data.corruption import corrupt_prompt
 from rlpost.llm.data.prompts import encode_prompt
@@ -112,20 +111,13 @@ def run(method: str, extra: list[str], a: argparse.Namespace, seed: int, root: P
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--eval-every", type=int, default=50)
+    demo_args(ap, 200, 50, "bench_results/rac.json")
     ap.add_argument("--weight", type=float, default=0.1)
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_results/rac.json")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method, extra in methods(a.weight).items():
-            results[method] = [run(method, extra, a, s, Path(tmp)) for s in a.seeds]
-    rows = [seed_row("method", m, runs) for m, runs in results.items()]
+    chosen = methods(a.weight)
+    _, rows = run_methods(chosen, a.seeds, lambda m, s, root: run(m, chosen[m], a, s, root))
     print_table(rows, ["method", "eval_after", "sampled_acc", "ece_clean", "ece_corrupt",
                        "conf_clean", "conf_corrupt", "acc_corrupt", "auroc_clean",
                        "s_per_step"])  # fmt: skip

@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import plot_mean_curves, print_table, seed_row, write_result
-from llm_demo_runs import train_demo
+from benchlib import plot_mean_curves, print_table, write_result
+from llm_demo_runs import demo_args, run_methods, train_demo
 
 METHODS: dict[str, list[str]] = {
     "grpo (verifier)": [],
@@ -58,7 +57,7 @@ def run(method: str, a: argparse.Namespace, seed: int, root: Path) -> dict:
         "eval_before": ev[0][1],
         "eval_after": ev[-1][1],
         "eval_best": max(v for _, v in ev),
-        "train_acc_last10": sum(r["accuracy"] for r in train[-10:]) / 10,
+        "train_acc_last10": sum(r["accuracy"] for r in train[-10:]) / len(train[-10:]),
         "agreement": _mean(train, "vigor/agreement"),
         "length_corr": _mean(train, "vigor/length_corr"),
         "s_per_step": seconds / a.steps,
@@ -68,19 +67,11 @@ def run(method: str, a: argparse.Namespace, seed: int, root: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_results/vigor.json")
+    demo_args(ap, 100, 10, "bench_results/vigor.json")
     ap.add_argument("--plot", default="docs/img/vigor.png")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method in METHODS:
-            results[method] = [run(method, a, s, Path(tmp)) for s in a.seeds]
-    rows = [seed_row("method", m, runs) for m, runs in results.items()]
+    results, rows = run_methods(METHODS, a.seeds, lambda m, s, root: run(m, a, s, root))
     print_table(rows, ["method", "eval_before", "eval_after", "eval_best", "train_acc_last10",
                        "agreement", "length_corr", "s_per_step"])  # fmt: skip
     plot_mean_curves(

@@ -4,8 +4,12 @@ read back (the data-selection benchmarks compare methods by the rollouts they sp
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from benchlib import seed_row
 
 from rlpost.llm.config import load_config
 from rlpost.llm.recipes import recipe_path
@@ -64,3 +68,25 @@ def rollouts_to_target(rows: list[dict], budget: int, target: float) -> tuple[fl
     ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     reached = next((spent[s] for s, v in ev if v >= target), float("nan"))
     return reached, [(spent[s], v) for s, v in ev]
+
+
+def demo_args(ap: argparse.ArgumentParser, steps: int, eval_every: int, out: str) -> None:
+    """The demo benchmarks' common options: steps, evaluation interval, seeds, threads and
+    the JSON output."""
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--eval-every", type=int, default=eval_every)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=out)
+
+
+def run_methods(
+    methods: Iterable[str], seeds: list[int], run: Callable[[str, int, Path], dict]
+) -> tuple[dict[str, list[dict]], list[dict]]:
+    """``run(method, seed, root)`` for every method and seed in one temporary root: the
+    results by method, and one row per method (mean and spread over seeds)."""
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in methods:
+            results[method] = [run(method, s, Path(tmp)) for s in seeds]
+    return results, [seed_row("method", m, runs) for m, runs in results.items()]
