@@ -16,6 +16,7 @@ rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" [--n
 rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, tamper]"
 rlpost-llm traces runs/x --step 20                # a step's best and worst groups (run.traces=true)
 rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update, feedback
+rlpost-llm relex runs/x --upto 30 --to 100 200 --out relex --eval   # RELEX's extrapolated checkpoints
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -199,6 +200,20 @@ def _flops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relex(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.relex import evaluate_written, relex
+
+    r = relex(args.run, args.upto, args.to, args.out)
+    print(f"observed steps {r['observed_steps']}: the rank-1 directions hold "
+          f"{r['energy']:.1%} of the deltas' energy")  # fmt: skip
+    for step, folder in r["written"].items():
+        print(f"step {step}: {folder}")
+    if args.eval:
+        print(evaluate_written(args.run, r))
+    print(f"report: {args.out}/relex.json")
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -294,6 +309,15 @@ def build_app() -> App:
     rm.add_argument("--out", default="runs/reward_model")
     fl = app.command("flops", _flops, "where runs' compute went: rollout, update, feedback")
     fl.add_argument("runs", nargs="+", help="run directories (several: RACE's pilot grid)")
+    rx = app.command(
+        "relex", _relex, "extrapolate a run's checkpoints along their rank-1 direction"
+    )
+    rx.add_argument("run", help="a run directory (its checkpoints up to --upto are observed)")
+    rx.add_argument("--upto", type=int, required=True, help="the last step of the window")
+    rx.add_argument("--to", type=int, nargs="+", required=True, help="steps to write")
+    rx.add_argument("--out", default="relex", help="the folder for the written checkpoints")
+    rx.add_argument("--eval", action="store_true", help="held-out accuracy of each (and of "
+                    "the run's own checkpoint at that step, when kept)")  # fmt: skip
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")
