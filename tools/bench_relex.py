@@ -29,7 +29,8 @@ from llm_demo_runs import train_demo
 
 from rlpost.llm.config import load_config
 from rlpost.llm.tools.evaluate import evaluate_config
-from rlpost.llm.tools.relex import checkpoint_steps, relex
+from rlpost.llm.tools.relex import relex
+from rlpost.llm.tools.weights import checkpoint_steps
 
 
 def one_seed(a: argparse.Namespace, seed: int, root: Path) -> dict:

@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_model
 from rlpost.core.extrapolate import fit
 from rlpost.llm.config import load_config
 from rlpost.llm.model.policy import load_policy
-from rlpost.llm.tools.relex import checkpoint_steps, relex
+from rlpost.llm.tools.relex import relex
+from rlpost.llm.tools.weights import checkpoint_steps
 from rlpost.llm.trainer import Trainer
 
 

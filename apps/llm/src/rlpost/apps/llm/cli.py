@@ -17,6 +17,7 @@ rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata, t
 rlpost-llm traces runs/x --step 20                # a step's best and worst groups (run.traces=true)
 rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update, feedback
 rlpost-llm relex runs/x --upto 30 --to 100 200 --out relex --eval   # RELEX's extrapolated checkpoints
+rlpost-llm sar runs/a runs/b --rank 8 --out merged --eval   # SAR: spectral cores, merged experts
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -214,6 +215,19 @@ def _relex(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sar(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.sar import evaluate_model, sar
+
+    r = sar(args.experts, args.out, args.rank, args.energy, not args.drop_vectors, args.lam)
+    for e in r["experts"]:
+        print(f"{e['checkpoint']}: core {e['param_share']:.2%} of the parameters, "
+              f"{e['norm_share']:.1%} of the update's squared norm")  # fmt: skip
+    print(f"written: {r['written']} (sar.json)")
+    if args.eval:
+        print(evaluate_model(args.experts, r["written"]))
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -318,6 +332,15 @@ def build_app() -> App:
     rx.add_argument("--out", default="relex", help="the folder for the written checkpoints")
     rx.add_argument("--eval", action="store_true", help="held-out accuracy of each (and of "
                     "the run's own checkpoint at that step, when kept)")  # fmt: skip
+    sa = app.command("sar", _sar, "keep runs' updates in the base's spectral subspace; merge")
+    sa.add_argument("experts", nargs="+", help="run directories (latest checkpoint) or checkpoints")
+    grp = sa.add_mutually_exclusive_group(required=True)
+    grp.add_argument("--rank", type=int, help="top singular directions kept per matrix")
+    grp.add_argument("--energy", type=float, help="or: the fewest holding this energy share")
+    sa.add_argument("--lam", type=float, nargs="+", default=None, help="experts' weights (1 each)")
+    sa.add_argument("--drop-vectors", action="store_true", help="drop norm / bias updates too")
+    sa.add_argument("--out", default="sar", help="the folder to write")
+    sa.add_argument("--eval", action="store_true", help="held-out accuracy on each expert's task")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

@@ -23,33 +23,7 @@ from typing import Any
 import torch
 
 from rlpost.core.extrapolate import Rank1Fit, fit, overall_energy
-
-
-def checkpoint_steps(run_dir: Path) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of the run's checkpoints that hold weights, by step."""
-    out = []
-    for p in sorted((Path(run_dir) / "checkpoints").glob("step-*")):
-        if (p / "model.safetensors").is_file():
-            out.append((int(p.name.split("-")[1]), p))
-    return out
-
-
-def _base(run_dir: Path) -> tuple[Any, Any, Any]:
-    """The run's config, and its initial model and tokenizer."""
-    from rlpost.llm.config import load_config
-    from rlpost.llm.model.policy import is_peft, load_policy
-
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise ValueError(f"relex: {run_dir}: no config.yaml (not a run directory)")
-    cfg = load_config(str(path), [])
-    model, tok = load_policy(cfg, progress=False)
-    if is_peft(model):
-        raise ValueError(
-            "relex: a LoRA run's adapters are not linear in their factors; export merged "
-            "checkpoints (rlpost-llm export) and extrapolate those"
-        )
-    return cfg, model, tok
+from rlpost.llm.tools.weights import checkpoint_steps, run_base, save_folder
 
 
 def fit_run(run_dir: Path, upto: int) -> tuple[Any, Any, Any, dict[str, Rank1Fit], dict]:
@@ -57,7 +31,7 @@ def fit_run(run_dir: Path, upto: int) -> tuple[Any, Any, Any, dict[str, Rank1Fit
     the checkpoints up to ``upto``, and the report."""
     from safetensors.torch import load_file
 
-    cfg, model, tok = _base(run_dir)
+    cfg, model, tok = run_base(run_dir, "relex")
     window = [(s, p) for s, p in checkpoint_steps(run_dir) if s <= upto]
     if len(window) < 2:
         raise ValueError(
@@ -89,19 +63,9 @@ def write_extrapolated(
 ) -> Path:
     """The model at ``step`` along the fits (``theta_0 + (a + b step) v`` per tensor) as a
     checkpoint folder that ``from_pretrained`` loads."""
-    from safetensors.torch import save_model
-
-    from rlpost.llm.model.policy import save_pretrained_files
-
     base = model.state_dict()
     moved = {k: base[k] + f.at(step).view_as(base[k]).to(base[k].dtype) for k, f in fits.items()}
-    clone = type(model)(model.config)
-    clone.load_state_dict({**base, **moved})
-    folder = Path(out) / f"step-{step:06d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(clone, str(folder / "model.safetensors"))
-    save_pretrained_files(clone, tok, folder)
-    return folder
+    return save_folder(model, tok, moved, Path(out) / f"step-{step:06d}")
 
 
 def relex(run_dir: str | Path, upto: int, targets: list[int], out: str | Path) -> dict:
