@@ -75,3 +75,22 @@ def test_a_window_without_two_checkpoints_is_refused_in_one_line(fast_cfg, tmp_p
     Trainer(cfg).train()
     with pytest.raises(ValueError, match="need at least 2"):
         relex(cfg.run.dir, upto=2, targets=[5], out=tmp_path / "x")
+
+
+def test_the_weight_tools_run_from_the_cli_and_refuse_a_non_run_in_one_line(
+    fast_cfg, tmp_path, capsys
+):
+    from rlpost.apps.llm.cli import main
+
+    cfg = fast_cfg("train.steps=3", "run.save_every=1", "run.keep_checkpoints=5")
+    Trainer(cfg).train()
+    run = str(cfg.run.dir)
+    assert main(["relex", run, "--upto", "2", "--to", "6", "--out", str(tmp_path / "rx")]) == 0
+    assert "of the deltas' energy" in capsys.readouterr().out
+    assert (tmp_path / "rx" / "step-000006" / "config.json").is_file()
+    assert main(["sar", run, "--rank", "2", "--out", str(tmp_path / "sar")]) == 0
+    assert "of the parameters" in capsys.readouterr().out
+    assert (tmp_path / "sar" / "sar.json").is_file()
+    assert main(["relex", str(tmp_path), "--upto", "2", "--to", "6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no config.yaml" in err[0]

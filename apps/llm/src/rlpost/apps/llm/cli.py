@@ -18,6 +18,7 @@ rlpost-llm traces runs/x --step 20                # a step's best and worst grou
 rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update, feedback
 rlpost-llm relex runs/x --upto 30 --to 100 200 --out relex --eval   # RELEX's extrapolated checkpoints
 rlpost-llm sar runs/a runs/b --rank 8 --out merged --eval   # SAR: spectral cores, merged experts
+rlpost-llm pust runs/proxy --to runs/primary --alpha 1 --out pust   # PUST: a proxy's update, transferred
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -228,6 +229,15 @@ def _sar(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pust(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.pust import pust
+
+    r = pust(args.proxy, args.to, args.out, args.alpha)
+    print(f"{r['tensors']} tensors moved by {args.alpha} x the proxy's update (norm "
+          f"{r['update_norm']:.4g}): {r['written']} (pust.json)")  # fmt: skip
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -341,6 +351,11 @@ def build_app() -> App:
     sa.add_argument("--drop-vectors", action="store_true", help="drop norm / bias updates too")
     sa.add_argument("--out", default="sar", help="the folder to write")
     sa.add_argument("--eval", action="store_true", help="held-out accuracy on each expert's task")
+    pu = app.command("pust", _pust, "transfer a proxy run's improvement to a primary model")
+    pu.add_argument("proxy", help="the proxy's run directory (latest checkpoint) or checkpoint")
+    pu.add_argument("--to", required=True, help="the primary: a model folder, run or checkpoint")
+    pu.add_argument("--alpha", type=float, default=1.0, help="the update's strength")
+    pu.add_argument("--out", default="pust", help="the folder to write")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")
