@@ -19,6 +19,7 @@ rlpost-llm flops runs/a runs/b                    # FLOPs split: rollout, update
 rlpost-llm relex runs/x --upto 30 --to 100 200 --out relex --eval   # RELEX's extrapolated checkpoints
 rlpost-llm sar runs/a runs/b --rank 8 --out merged --eval   # SAR: spectral cores, merged experts
 rlpost-llm pust runs/proxy --to runs/primary --alpha 1 --out pust   # PUST: a proxy's update, transferred
+rlpost-llm layers --config grpo_arithmetic train.steps=100 --out layers   # each layer's share of RL's gain
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -238,6 +239,21 @@ def _pust(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layers(args: argparse.Namespace) -> int:
+    from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.tools.layers import layer_contribution
+
+    path = recipe_path(args.config) if args.config else None
+    rows = layer_contribution(path, args.overrides, args.out)
+    print("run        held-out before -> after   share of full RL's gain")
+    for r in rows:
+        share = r["share_of_full_gain"]
+        print(f"{r['run']:<10} {r['heldout_before']:.3f} -> {r['heldout_after']:.3f}   "
+              f"{'-' if share is None else f'{share:.2f}'}")  # fmt: skip
+    print(f"table and plot: {args.out}/layers.json, {args.out}/layers.png")
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -356,6 +372,10 @@ def build_app() -> App:
     pu.add_argument("--to", required=True, help="the primary: a model folder, run or checkpoint")
     pu.add_argument("--alpha", type=float, default=1.0, help="the update's strength")
     pu.add_argument("--out", default="pust", help="the folder to write")
+    ly = app.command("layers", _layers, "train each layer alone: its share of full RL's gain")
+    ly.add_argument("--config", default=None, help="a recipe name or YAML (default: the demo)")
+    ly.add_argument("overrides", nargs="*", help="key=value overrides (train.steps=...)")
+    ly.add_argument("--out", default="runs/layers", help="a new folder for the runs and table")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from rlpost.core.contract import Property, Switch
 from rlpost.core.io import schema
@@ -31,6 +31,16 @@ class ModelConfig(_Strict):
     id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
+    train_layers: list[int] | None = None
+    """Only these decoder layers train (their every weight); the embeddings, the other
+    layers, the final norm and the head stay frozen (layer-wise RL, 004-23's layer
+    contribution: ``rlpost-llm layers``). None: every weight."""
+
+    @model_validator(mode="after")
+    def _layers_or_lora(self) -> ModelConfig:
+        if self.train_layers is not None and self.lora is not None:
+            raise ValueError("model.train_layers and model.lora are exclusive")
+        return self
 
     @field_validator("path")
     @classmethod
@@ -88,6 +98,12 @@ def check_local_model(path: str) -> None:
 
 
 SWITCHES = (
+    Switch.declare(
+        "model.train_layers",
+        lambda cfg: cfg.model.train_layers is not None,
+        breaks={Property.FULL_WEIGHTS: "trains some decoder layers only"},
+        example=["model.train_layers=[0]"],
+    ),
     Switch.declare(
         "model.lora",
         lambda cfg: cfg.model.lora is not None,

@@ -81,7 +81,21 @@ def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = N
         model = model.to(device)
     if cfg.model.lora is not None:
         model = apply_lora(model, cfg.model.lora)
+    if getattr(cfg.model, "train_layers", None) is not None:
+        freeze_but_layers(model, cfg.model.train_layers)
     return model, tok
+
+
+def freeze_but_layers(model: torch.nn.Module, layers: list[int]) -> None:
+    """Every weight frozen but those of the decoder layers ``layers`` (one line naming the
+    bad index when the model has no such layer)."""
+    n = int(getattr(model.config, "num_hidden_layers", 0))
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad or not layers:
+        raise ValueError(f"model.train_layers: {layers}: the model's decoder layers are 0..{n - 1}")
+    keep = tuple(f".layers.{i}." for i in layers)
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(k in f".{name}" for k in keep))
 
 
 def is_peft(model: torch.nn.Module) -> bool:
