@@ -20,6 +20,7 @@ rlpost-llm relex runs/x --upto 30 --to 100 200 --out relex --eval   # RELEX's ex
 rlpost-llm sar runs/a runs/b --rank 8 --out merged --eval   # SAR: spectral cores, merged experts
 rlpost-llm pust runs/proxy --to runs/primary --alpha 1 --out pust   # PUST: a proxy's update, transferred
 rlpost-llm layers --config grpo_arithmetic train.steps=100 --out layers   # each layer's share of RL's gain
+rlpost-llm retention runs/a runs/b --probe arithmetic "arithmetic:{digits: 1}"   # behaviour kept across runs
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -254,6 +255,19 @@ def _layers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retention(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.retention import retention
+
+    table = retention(args.runs, args.probe, args.out, args.size)
+    for run, rows in table["runs"].items():
+        print(run)
+        print("  step  " + "  ".join(f"{p[:22]:>22}" for p in table["probes"]))
+        for r in rows:
+            print(f"  {r['step']:>4}  " + "  ".join(f"{r[p]:>22.3f}" for p in table["probes"]))
+    print(f"table and plot: {args.out}/retention.json, {args.out}/retention.png")
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -376,6 +390,12 @@ def build_app() -> App:
     ly.add_argument("--config", default=None, help="a recipe name or YAML (default: the demo)")
     ly.add_argument("overrides", nargs="*", help="key=value overrides (train.steps=...)")
     ly.add_argument("--out", default="runs/layers", help="a new folder for the runs and table")
+    rt = app.command("retention", _retention, "probe behaviours across runs' checkpoints")
+    rt.add_argument("runs", nargs="+", help="run directories (their kept checkpoints)")
+    rt.add_argument("--probe", nargs="+", required=True,
+                    help="probe tasks: arithmetic, or 'arithmetic:{digits: 1}'")  # fmt: skip
+    rt.add_argument("--size", type=int, default=256, help="examples per probe")
+    rt.add_argument("--out", default="retention", help="the folder for the table and plot")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")
