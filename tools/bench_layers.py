@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import mean_std, print_table, write_result
 
 from rlpost.llm.recipes import recipe_path
-from rlpost.llm.tools.layers import _plot, layer_contribution
+from rlpost.llm.tools.layers import layer_contribution, plot_shares
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
                      "share_of_full_gain": share[0], "share_std": share[1]})  # fmt: skip
     print_table(rows, ["run", "heldout_before", "heldout_after", "heldout_after_std",
                        "share_of_full_gain", "share_std"])  # fmt: skip
-    _plot([{**r} for r in rows], Path(a.plot))
+    plot_shares([{**r} for r in rows], Path(a.plot))
     best = max(rows[1:], key=lambda r: r["share_of_full_gain"])
     write_result(
         a.out,

@@ -28,10 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import mean_std, print_table, write_result
 from llm_demo_runs import train_demo
 
+from rlpost.llm.model.tiny import build_base
 from rlpost.llm.tools.retention import retention
 
 PROBES = ["arithmetic:{digits: 2}", "arithmetic:{digits: 1}", "countdown"]
 RUNS = {"chat": ("grlo_chat", []), "add1": ("grpo_arithmetic", ["data.task_params={digits: 1}"])}
+# (both from the 2-digit addition base: a 1-digit run would otherwise get its own tiny base)
 
 
 def main() -> None:
@@ -46,12 +48,13 @@ def main() -> None:
     a.eval_every = a.steps
     t0 = time.perf_counter()
     per_seed = []
+    base = build_base("arithmetic", progress=False, digits=2, ops="+")
     with tempfile.TemporaryDirectory() as tmp:
         for s in a.seeds:
             dirs = {}
             for name, (recipe, extra) in RUNS.items():
                 dirs[name] = Path(tmp) / f"{name}-{s}"
-                train_demo(dirs[name], s, a, [f"run.save_every={a.every}",
+                train_demo(dirs[name], s, a, [f"run.save_every={a.every}", f"model.path={base}",
                                               "run.keep_checkpoints=100", *extra], recipe)  # fmt: skip
             table = retention(list(dirs.values()), PROBES, Path(tmp) / f"ret-{s}", a.size)
             per_seed.append({n: table["runs"][str(d)] for n, d in dirs.items()})

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from rlpost.llm.data.tasks import make_task

@@ -48,7 +48,7 @@ def layer_contribution(config: str | None, overrides: list[str], out: str | Path
     for r in rows:
         r["share_of_full_gain"] = contribution(base, full, r["heldout_after"])
     (out / "layers.json").write_text(json.dumps(rows, indent=1))
-    _plot(rows, out / "layers.png")
+    plot_shares(rows, out / "layers.png")
     return rows
 
 
@@ -59,7 +59,7 @@ def _n_layers(cfg: Any) -> int:
     return int(model.config.num_hidden_layers)
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def plot_shares(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
