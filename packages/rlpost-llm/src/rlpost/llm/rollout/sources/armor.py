@@ -29,12 +29,11 @@ from torch import Tensor
 
 from rlpost.core.contract import Declares, Property
 from rlpost.core.peers import OWN, TRAIN
-from rlpost.core.presets import Choice
 from rlpost.llm.model.policy import Reference
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines import make_local_engine
 from rlpost.llm.rollout.engines.base import RolloutBatch
-from rlpost.llm.rollout.sources.base import FILTER, RolloutSource, register_source
+from rlpost.llm.rollout.sources.base import FILTER, RolloutSource, register_source, settings_option
 
 
 @dataclass(frozen=True)
@@ -74,12 +73,7 @@ class ArmorSource(RolloutSource):
         self.reference = Reference(self.trainer.model)
         self._engine = None
 
-    @classmethod
-    def from_option(cls, value: Any, current: Choice | None) -> Choice | None:
-        if value is False:
-            return None
-        base = dict(current.params) if current is not None else {}
-        return Choice(cls.name, {**base, **(value if isinstance(value, dict) else {})})
+    from_option = classmethod(settings_option)
 
     @classmethod
     def rows_per_group(cls, params: Armor, group_size: int) -> int:

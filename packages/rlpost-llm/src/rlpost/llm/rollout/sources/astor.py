@@ -35,13 +35,17 @@ from torch import Tensor
 
 from rlpost.core.contract import Declares, Property
 from rlpost.core.multitask import allocate, kl_scales, learning_potential, synergy, utility
-from rlpost.core.presets import Choice
 from rlpost.core.selection import anchor_pass_rate
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Example
 from rlpost.llm.model.policy import make_seq_batch
 from rlpost.llm.rollout.collected import Collected
-from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
+from rlpost.llm.rollout.sources.base import (
+    GENERATE,
+    RolloutSource,
+    register_source,
+    settings_option,
+)
 from rlpost.llm.rollout.sources.groups import Round, add_score_metrics, assemble, generate
 from rlpost.llm.rollout.sources.lze import answer_logprobs
 from rlpost.llm.train.forward import host_logprobs
@@ -148,12 +152,7 @@ class AstorSource(RolloutSource):
         self.potential = torch.ones(k)  # (unmeasured: the most a task can have)
         self.synergy = torch.zeros(k)
 
-    @classmethod
-    def from_option(cls, value: Any, current: Choice | None) -> Choice | None:
-        if value is False:
-            return None
-        base = dict(current.params) if current is not None else {}
-        return Choice(cls.name, {**base, **(value if isinstance(value, dict) else {})})
+    from_option = classmethod(settings_option)
 
     @classmethod
     def check(cls, cfg: Any, preset: Any, params: Astor) -> None:

@@ -200,6 +200,18 @@ class RolloutSource:
         return [self, *(self.inner.chain() if self.inner is not None else [])]
 
 
+def settings_option(cls: type, value: Any, current: Any) -> Any:
+    """``from_option`` of a source whose ``algo.<option>`` is a mapping of its params:
+    ``False`` switches it off; a mapping (``{}``: the defaults) is merged over the preset's
+    current choice of it. Use as ``from_option = classmethod(settings_option)``."""
+    from rlpost.core.presets import Choice
+
+    if value is False:
+        return None
+    base = dict(current.params) if current is not None else {}
+    return Choice(cls.name, {**base, **(value if isinstance(value, dict) else {})})
+
+
 def with_options(values: Any, chosen: tuple, classes: Iterable[type]) -> tuple:
     """A preset's ``chosen`` components (``Choice`` s) after the config keys the
     ``classes`` answer to: each class with an ``option`` reads ``values.<option>`` and, when

@@ -37,13 +37,17 @@ import torch
 from torch import Tensor
 
 from rlpost.core.contract import Declares, Property
-from rlpost.core.presets import Choice
 from rlpost.core.selection import anchor_pass_rate, ema, energy, pruner_step, select_top
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Example
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines.base import RolloutBatch
-from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
+from rlpost.llm.rollout.sources.base import (
+    GENERATE,
+    RolloutSource,
+    register_source,
+    settings_option,
+)
 from rlpost.llm.rollout.sources.groups import Round, add_score_metrics, assemble, generate
 
 
@@ -198,12 +202,7 @@ class LZESource(RolloutSource):
         t = self.trainer
         self.pool = Pool(training_set(t.prompts, params, t.cfg.run.seed), params, t.cfg.run.seed)
 
-    @classmethod
-    def from_option(cls, value: Any, current: Choice | None) -> Choice | None:
-        if value is False:
-            return None
-        base = dict(current.params) if current is not None else {}
-        return Choice(cls.name, {**base, **(value if isinstance(value, dict) else {})})
+    from_option = classmethod(settings_option)
 
     @classmethod
     def check(cls, cfg: Any, preset: Any, params: LZE) -> None:

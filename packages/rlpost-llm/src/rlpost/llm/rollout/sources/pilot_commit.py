@@ -26,11 +26,15 @@ import torch
 from torch import Tensor
 
 from rlpost.core.contract import Declares, Property
-from rlpost.core.presets import Choice
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines.base import RolloutBatch
-from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
+from rlpost.llm.rollout.sources.base import (
+    GENERATE,
+    RolloutSource,
+    register_source,
+    settings_option,
+)
 from rlpost.llm.rollout.sources.groups import Round, add_score_metrics, assemble, generate
 
 
@@ -89,12 +93,7 @@ class PilotCommitSource(RolloutSource):
         breaks={Property.GROUPS_ON_DEMAND: "generate a fixed pilot-and-commit step"},
     )
 
-    @classmethod
-    def from_option(cls, value: Any, current: Choice | None) -> Choice | None:
-        if value is False:
-            return None
-        base = dict(current.params) if current is not None else {}
-        return Choice(cls.name, {**base, **(value if isinstance(value, dict) else {})})
+    from_option = classmethod(settings_option)
 
     @classmethod
     def check_preset(cls, preset: Any, params: PilotCommit) -> None:

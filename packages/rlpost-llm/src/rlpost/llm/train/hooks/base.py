@@ -33,6 +33,35 @@ class StepHook(StepComponent):
         return Choice(cls.name) if value else None
 
 
+class SettingsHook(StepHook):
+    """A hook switched on by ``algo.<setting>`` (a mapping of its ``settings`` dataclass's
+    fields, ``{}``: the defaults; ``None`` or ``False``: off), its params validated at
+    config load and kept as ``self.params``."""
+
+    setting: ClassVar[str]
+    settings: ClassVar[type]
+
+    @classmethod
+    def params_for(cls, cfg: Any) -> Any:
+        from rlpost.core.registry import make_params
+
+        value = getattr(cfg.algo, cls.setting)
+        kw = dict(value) if isinstance(value, dict) else {}
+        return make_params(cls.settings, f"algo.{cls.setting}", kw)
+
+    @classmethod
+    def on(cls, cfg: Any, preset: Any) -> bool:
+        return getattr(cfg.algo, cls.setting) not in (None, False)
+
+    @classmethod
+    def check(cls, cfg: Any, preset: Any, recipe: Any) -> None:
+        cls.params_for(cfg)
+
+    def __init__(self, trainer: Any):
+        super().__init__(trainer)
+        self.params = self.params_for(trainer.cfg)
+
+
 STEP_HOOKS = ComponentRegistry("step hook")
 
 

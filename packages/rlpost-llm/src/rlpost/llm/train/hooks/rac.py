@@ -24,11 +24,10 @@ from torch import Tensor
 
 from rlpost.core.confidence import corruption_loss, ranking_loss, sequence_confidence
 from rlpost.core.contract import Declares, Property
-from rlpost.core.registry import make_params
 from rlpost.llm.data.corruption import corrupt_prompt
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.train.forward import host_logprobs
-from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook
+from rlpost.llm.train.hooks.base import STEP_HOOKS, SettingsHook
 
 
 @dataclass(frozen=True)
@@ -54,14 +53,11 @@ class RAC:
             raise ValueError(f"mask_rate must be in (0, 1], got {self.mask_rate}")
 
 
-def params_of(cfg: Any) -> RAC:
-    value = cfg.algo.rac
-    return make_params(RAC, "algo.rac", dict(value) if isinstance(value, dict) else {})
-
-
 @STEP_HOOKS.register
-class RacHook(StepHook):
+class RacHook(SettingsHook):
     name = "rac"
+    setting = "rac"
+    settings = RAC
     label = "algo.rac (RAC's confidence losses)"
     example = ("algo.rac={}",)
     declares = Declares(
@@ -73,17 +69,8 @@ class RacHook(StepHook):
         }
     )
 
-    @classmethod
-    def on(cls, cfg: Any, preset: Any) -> bool:
-        return cfg.algo.rac not in (None, False)
-
-    @classmethod
-    def check(cls, cfg: Any, preset: Any, recipe: Any) -> None:
-        params_of(cfg)
-
     def __init__(self, trainer: Any):
         super().__init__(trainer)
-        self.params = params_of(trainer.cfg)
         self._corrupt: Any = None  # this step's corrupted rows (provide)
 
     def corrupted(self, step: Any) -> list[list[int]]:

@@ -23,9 +23,8 @@ from torch import Tensor
 from rlpost.core.confidence import sequence_confidence
 from rlpost.core.contract import Declares, Property
 from rlpost.core.intrinsic import group_rank_rewards, length_corrected
-from rlpost.core.registry import make_params
 from rlpost.llm.model.per_sample import grad_norms
-from rlpost.llm.train.hooks.base import STEP_HOOKS, StepHook
+from rlpost.llm.train.hooks.base import STEP_HOOKS, SettingsHook
 from rlpost.llm.train.inputs import Role
 
 
@@ -49,11 +48,6 @@ class Vigor:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
 
 
-def params_of(cfg: Any) -> Vigor:
-    value = cfg.algo.vigor
-    return make_params(Vigor, "algo.vigor", dict(value) if isinstance(value, dict) else {})
-
-
 def pair_agreement(a: Tensor, b: Tensor, group: Tensor) -> float:
     """The share of a group's pairs ordered strictly by both ``a`` and ``b`` that they order
     the same way (NaN: none)."""
@@ -64,8 +58,10 @@ def pair_agreement(a: Tensor, b: Tensor, group: Tensor) -> float:
 
 
 @STEP_HOOKS.register
-class VigorHook(StepHook):
+class VigorHook(SettingsHook):
     name = "vigor"
+    setting = "vigor"
+    settings = Vigor
     label = "algo.vigor (VIGOR's intrinsic reward)"
     order = 15  # after the batch provider's rewards, before anything reads them
     example = ("algo.vigor={}",)
@@ -75,18 +71,6 @@ class VigorHook(StepHook):
             Property.SINGLE_TURN: "scores single-turn completions",
         }
     )
-
-    @classmethod
-    def on(cls, cfg: Any, preset: Any) -> bool:
-        return cfg.algo.vigor not in (None, False)
-
-    @classmethod
-    def check(cls, cfg: Any, preset: Any, recipe: Any) -> None:
-        params_of(cfg)
-
-    def __init__(self, trainer: Any):
-        super().__init__(trainer)
-        self.params = params_of(trainer.cfg)
 
     def provide(self, step: Any) -> None:
         t, p, b = self.trainer, self.params, step.batch
