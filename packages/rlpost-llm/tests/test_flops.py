@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM
 
-from rlpost.core.flops import FlopCounter, flop_params
+from rlpost.core.flops import FlopCounter, flop_params, forward_flops
 from rlpost.llm.model import tiny
 from rlpost.llm.rollout.engines.fake import FakeEngine
 from rlpost.llm.trainer import Trainer
@@ -115,3 +115,33 @@ def test_an_engine_copy_is_counted_as_rollouts_and_its_evaluations_as_eval(fast_
     assert all(r["flops/rollout"] > 0 and r["flops/eval"] > 0 for r in steps)
     n, _ = flop_params(tr.model)
     assert all(r["flops/update"] % (2 * n) == 0 for r in steps)
+
+
+def test_a_generator_threads_flops_go_to_the_step_that_trains_on_them_whenever_they_run(fast_cfg):
+    """One step off: the next batch's generation may finish before or after the update's
+    end; either way its FLOPs are the next step's rollouts, and a checkpoint holds them."""
+    import threading
+
+    tr = Trainer(fast_cfg(), reward_fn=parity)
+    hook = _hook(tr)
+    hook._drain()
+
+    def generate():  # the generator thread's forward of 5 tokens
+        with torch.no_grad():
+            tr.model(torch.ones(1, 5, dtype=torch.long))
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    worker.join()  # it ran during step t's update (before its end)...
+    want = forward_flops(hook.counters[0].n_params, 5)
+    metrics: dict[str, float] = {}
+    hook.end_update(None, metrics)
+    assert metrics["flops/rollout"] == 0  # ...and is not step t's
+    state, _ = hook.state_dict()
+    assert state["ahead"] == want and "ahead" not in hook.totals
+    hook.ahead = 0
+    hook.load_state_dict(state, {})  # (a resumed run gets it back from the checkpoint)
+    hook.collected(type("Col", (), {"batch": []})())
+    hook.end_update(None, metrics)
+    assert metrics["flops/rollout"] == want  # step t+1's, which trains on that batch
+    tr.close()

@@ -7,7 +7,11 @@ a distillation teacher's forwards go to ``feedback``. A forward with gradients o
 update's (forward + backward); an inference forward in the generator's own thread, or
 between the end of an update and the next step's rollouts arriving, is ``rollout``
 (``eval`` when the evaluation that follows an update ran it); one inside the update
-(old log-probs, the reference, a self-teacher) is ``update``. An engine outside this
+(old log-probs, the reference, a self-teacher) is ``update``. A generator thread's
+forwards (one step off, DORA) count to the step that trains on what they generated: they
+are held until the next rollouts arrive, whenever the thread ran them, so the per-step
+split does not depend on thread timing (and the held count is checkpointed with the
+batch generated ahead). An engine outside this
 process (Ray workers, vLLM) is counted from the batch it returns: ``2 N`` x (prompt +
 completion tokens) per row. Rule-based rewards cost no model FLOPs.
 
@@ -48,6 +52,7 @@ class FlopsHook(StepHook):
         self.hooked: set[int] = set()
         self.totals = dict.fromkeys(BUCKETS, 0)
         self.step_counts = dict.fromkeys(BUCKETS, 0)
+        self.ahead = 0  # a generator thread's, for the rollouts that arrive next
         self._count(trainer.model, self._bucket)
 
     # ------------------------------------------------------------------ counting
@@ -57,7 +62,7 @@ class FlopsHook(StepHook):
         if grad:
             return "update"
         if threading.get_ident() != self.main_thread:
-            return "rollout"
+            return "ahead"
         return self.phase
 
     def _count(self, model: Any, bucket: Any) -> None:
@@ -86,13 +91,23 @@ class FlopsHook(StepHook):
 
     def _add(self, counts: dict[str, int], pending_to: str) -> None:
         for k, v in counts.items():
-            self.step_counts[pending_to if k == "pending" else k] += v
+            if k == "ahead":
+                self.ahead += v
+            else:
+                self.step_counts[pending_to if k == "pending" else k] += v
 
     # ------------------------------------------------------------------ phases
     def collected(self, col: Any) -> Any:
         counts = self._drain()
         self._add(counts, "rollout")
-        if not counts.get("rollout") and not counts.get("pending") and len(col.batch):
+        generated, self.ahead = self.ahead, 0
+        self.step_counts["rollout"] += generated
+        if (
+            not generated
+            and not counts.get("rollout")
+            and not counts.get("pending")
+            and len(col.batch)
+        ):
             self.step_counts["rollout"] += self._outside(col)  # Ray workers, vLLM
         return col
 
@@ -131,9 +146,12 @@ class FlopsHook(StepHook):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> tuple[Any, dict]:
-        return dict(self.totals), {}
+        self._add(self._drain(), "rollout")  # (a generator thread's so far: held)
+        return {**self.totals, "ahead": self.ahead}, {}
 
     def load_state_dict(self, state: Any, tensors: dict) -> None:
+        state = dict(state)
+        self.ahead = int(state.pop("ahead", 0))
         self.totals.update({k: int(v) for k, v in state.items()})
 
     def close(self) -> None:
