@@ -21,6 +21,8 @@ rlpost-llm sar runs/a runs/b --rank 8 --out merged --eval   # SAR: spectral core
 rlpost-llm pust runs/proxy --to runs/primary --alpha 1 --out pust   # PUST: a proxy's update, transferred
 rlpost-llm layers --config grpo_arithmetic train.steps=100 --out layers   # each layer's share of RL's gain
 rlpost-llm retention runs/a runs/b --probe arithmetic "arithmetic:{digits: 1}"   # behaviour kept across runs
+rlpost-llm value-gradient base-300 base-600 runs/x --samples 8   # RL's signal x headroom per model
+rlpost-llm features --base BASE runs/rl runs/sft --probe arithmetic countdown   # RL vs SFT, feature level
 rlpost-llm reward-model --out runs/rm             # variance-aware reward model (mean, spread)
 rlpost-llm build-base --task arithmetic         # (re)build the embedded default model
 rlpost-llm presets | doctor
@@ -268,6 +270,40 @@ def _retention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _value_gradient(args: argparse.Namespace) -> int:
+    from rlpost.llm.config import load_config
+    from rlpost.llm.recipes import recipe_path
+    from rlpost.llm.tools.value_gradient import value_gradient
+
+    cfg = load_config(recipe_path(args.config), args.set)
+    rows = value_gradient(args.models, cfg, args.out, args.prompts, args.samples, args.seed)
+    print(f"{'model':<24} {'mean':>6} {'reach':>6} {'headroom':>8} {'signal':>9} {'snr':>7} "
+          f"{'criterion':>9}")  # fmt: skip
+    for r in rows:
+        print(f"{r['model'][-24:]:<24} {r['mean_reward']:>6.3f} {r['reachable_reward']:>6.3f} "
+              f"{r['headroom']:>8.3f} {r['signal']:>9.4f} {r['snr']:>7.3f} {r['criterion']:>9.4f}")  # fmt: skip
+    print(f"table and plot: {args.out}/value_gradient.json, {args.out}/value_gradient.png")
+    return 0
+
+
+def _features(args: argparse.Namespace) -> int:
+    from rlpost.llm.tools.features import feature_study
+
+    r = feature_study(args.base, args.runs, args.probe, args.out, args.layer, args.features,
+                      args.k, args.size, args.top, args.gamma, args.sae_steps)  # fmt: skip
+    print(f"layer {r['layer']}, {r['features']} features (top-{r['k']}), unexplained variance "
+          f"{r['unexplained_variance']:.3f}")  # fmt: skip
+    for run, x in r["runs"].items():
+        last = x["trajectory"][-1]
+        print(f"{run}: at step {last['step']} {last['changed']} changed, {last['new']} new, "
+              f"{last['lost']} lost of {last['live']} live; mean drift {last['mean_drift']:.3f}; "
+              f"{x['wins']} wins over the base")  # fmt: skip
+        for name, acc in x["accuracy"].items():
+            print(f"  {name:<28} " + "  ".join(f"{a:.3f}" for a in acc))
+    print(f"report and plot: {args.out}/features.json, {args.out}/features.png")
+    return 0
+
+
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.llm.model.tiny import build_base
 
@@ -396,6 +432,29 @@ def build_app() -> App:
                     help="probe tasks: arithmetic, or 'arithmetic:{digits: 1}'")  # fmt: skip
     rt.add_argument("--size", type=int, default=256, help="examples per probe")
     rt.add_argument("--out", default="retention", help="the folder for the table and plot")
+    vg = app.command(
+        "value-gradient", _value_gradient, "RL's value-gradient signal and headroom per model"
+    )
+    vg.add_argument("models", nargs="+", help="model folders, or runs (every kept checkpoint)")
+    vg.add_argument("--config", default="grpo_arithmetic", help="the task and sampling")
+    vg.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    vg.add_argument("--prompts", type=int, default=64, help="prompts measured")
+    vg.add_argument("--samples", type=int, default=8, help="responses per prompt (k >= 2)")
+    vg.add_argument("--seed", type=int, default=0)
+    vg.add_argument("--out", default="value_gradient", help="the folder for the table and plot")
+    fe = app.command("features", _features, "RL vs SFT in one sparse feature space, per layer")
+    fe.add_argument("runs", nargs="+", help="runs tuned from the base (their checkpoints)")
+    fe.add_argument("--base", required=True, help="the base model's folder")
+    fe.add_argument("--probe", nargs="+", default=["arithmetic"],
+                    help="input tasks: arithmetic, or 'arithmetic:{digits: 1}'")  # fmt: skip
+    fe.add_argument("--layer", type=int, default=None, help="decoder layer (default: middle)")
+    fe.add_argument("--features", type=int, default=512, help="autoencoder features")
+    fe.add_argument("--k", type=int, default=16, help="active features per token")
+    fe.add_argument("--sae-steps", type=int, default=2000)
+    fe.add_argument("--size", type=int, default=128, help="examples per probe")
+    fe.add_argument("--top", type=int, default=8, help="mediating features to steer")
+    fe.add_argument("--gamma", type=float, default=2.0, help="their amplification in the base")
+    fe.add_argument("--out", default="features", help="the folder for the report and plot")
     b = app.command("build-base", _build_base, "build (or find) the embedded default model")
     b.add_argument("--task", default="arithmetic")
     b.add_argument("--force", action="store_true")

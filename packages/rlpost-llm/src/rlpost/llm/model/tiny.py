@@ -46,6 +46,7 @@ __all__ = [
     "build_tokenizer",
     "default_cache_dir",
     "greedy_accuracy",
+    "greedy_scores",
     "load_base",
     "sft_train",
     "tiny_config",
@@ -481,7 +482,22 @@ def greedy_accuracy(
     max_new_tokens: int | None = None,
 ) -> float:
     """Mean ``task.accuracy`` of greedy completions of ``examples``' prompts (the score,
-    for tasks whose score is right / wrong).
+    for tasks whose score is right / wrong): the mean of :func:`greedy_scores` (0.0 for no
+    examples)."""
+    scores = greedy_scores(model, tokenizer, task, examples, batch_size, max_new_tokens)
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+@torch.inference_mode()
+def greedy_scores(
+    model,
+    tokenizer,
+    task: Task,
+    examples: list[Example],
+    batch_size: int = 256,
+    max_new_tokens: int | None = None,
+) -> list[float]:
+    """``task.accuracy`` of the greedy completion of each of ``examples``' prompts.
 
     Prompts are left-padded into batches of ``batch_size`` (with an attention
     mask) and completed with ``model.generate(do_sample=False)``; only the new
@@ -490,12 +506,9 @@ def greedy_accuracy(
     Args:
         max_new_tokens: generation budget; default: the longest reference answer
             in tokens + 2 (room for ``<eos>`` and one stray token).
-
-    Returns:
-        accuracy in ``[0, 1]`` (0.0 for no examples).
     """
     if not examples:
-        return 0.0
+        return []
     if max_new_tokens is None:
         answers = tokenizer([e.answer for e in examples], add_special_tokens=False)["input_ids"]
         max_new_tokens = max(map(len, answers)) + 2
@@ -504,7 +517,7 @@ def greedy_accuracy(
     model.eval()
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
-    total = 0.0
+    scores: list[float] = []
     try:
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
@@ -525,11 +538,11 @@ def greedy_accuracy(
             texts = tokenizer.batch_decode(
                 out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
             )
-            total += sum(task.accuracy(t, e) for t, e in zip(texts, chunk, strict=True))
+            scores += [task.accuracy(t, e) for t, e in zip(texts, chunk, strict=True)]
     finally:
         tokenizer.padding_side = old_side
         model.train(was_training)
-    return total / len(examples)
+    return scores
 
 
 # ----------------------------------------------------------------------------- cache
