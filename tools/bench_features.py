@@ -77,6 +77,9 @@ def main() -> None:
             reports[-1]["runs"] = {Path(k).name.split("-")[0]: v for k, v in
                                    reports[-1]["runs"].items()}  # fmt: skip
     rows, traj = table(reports, a.seeds)
+    fit = mean_std(r["unexplained_variance"] for r in reports)
+    print(f"autoencoder: unexplained variance {fit[0]:.3f} +- {fit[1]:.3f}")
+    rows.append({"run": "autoencoder", "unexplained_variance": fit[0], "std": fit[1]})
     print_table(traj, ["run", "step", "changed", "new", "lost", "mean_drift",
                        "drift_from_previous"])  # fmt: skip
     print_table(rows, ["run", "arm", *PROBES])
