@@ -46,8 +46,9 @@ def test_a_method_registered_by_the_test_trains_through_the_cli(tmp_path, monkey
 
     import torch
 
+    from rlpost.core.contract import Input
     from rlpost.core.presets import Choice
-    from rlpost.diffusion.methods import METHODS, LossOutput, Method, Needs, register_method
+    from rlpost.diffusion.methods import METHODS, LossOutput, Method, register_method
 
     seen = {}
 
@@ -64,11 +65,12 @@ def test_a_method_registered_by_the_test_trains_through_the_cli(tmp_path, monkey
         Method(
             name="toy_pull",
             paper="a test",
-            sampler="ode",
+            sampler=Choice("ode"),
+            family="renoise",
             advantage=Choice("rloo"),
             loss=toy,
             params=ToyParams,
-            needs=frozenset({Needs.REFERENCE}),
+            needs=frozenset({Input.REF_VELOCITY}),
         )
     )
     monkeypatch.setenv("RLPOST_CACHE", str(tmp_path / "cache"))

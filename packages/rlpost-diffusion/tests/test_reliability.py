@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from rlpost.core.guard import RunStopped
 from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.diffusion.config import ConfigError, load_config
+from rlpost.diffusion.methods import METHODS
 from rlpost.diffusion.models.digits import DigitsPolicy
 from rlpost.diffusion.recipes import recipe_path
 from rlpost.diffusion.rewards import RewardScorer
@@ -162,10 +163,14 @@ def test_an_unknown_reward_fails_at_load():
         load_config(recipe_path("ram_digits"), ["reward.name=no_such_pkg:fn"])
 
 
-CLI = [sys.executable, "-m", "rlpost.apps.diffusion.cli", "train", "--config", "flow_grpo_digits"]
+CLI = [sys.executable, "-m", "rlpost.apps.diffusion.cli", "train", "--config"]
 
 
-def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, one_thread):
+@pytest.mark.parametrize(  # every registered method; all but one in the slow tier (time)
+    "method",
+    [m if m == "flow_grpo" else pytest.param(m, marks=pytest.mark.slow) for m in METHODS.names()],
+)
+def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, one_thread, method):
     """The classifier behind ``geneval`` is built lazily, mid-run: resuming must not let
     its construction shift the random stream the checkpoint restored."""
     args = [
@@ -183,13 +188,13 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, one_thread):
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     ref = tmp_path / "ref"  # uninterrupted, in this process (same code, seeds and threads)
-    Trainer(load_config(recipe_path("flow_grpo_digits"), [*args, f"run.dir={ref}"])).train()
+    recipe = f"{method}_digits"
+    Trainer(load_config(recipe_path(recipe), [*args, f"run.dir={ref}"])).train()
     killed = tmp_path / "killed"
-    killed_at = kill_at_first_checkpoint([*CLI, *args, f"run.dir={killed}"], killed, env)
+    cli = [*CLI, recipe, *args, f"run.dir={killed}"]
+    killed_at = kill_at_first_checkpoint(cli, killed, env)
     assert killed_at < 10, "the run must be killed mid-training"
-    subprocess.run(
-        [*CLI, *args, f"run.dir={killed}", "--resume"], check=True, env=env, capture_output=True
-    )
+    subprocess.run([*cli, "--resume"], check=True, env=env, capture_output=True)
     a = load_file(ref / "checkpoints" / "step-000010" / "model.safetensors")
     b = load_file(killed / "checkpoints" / "step-000010" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

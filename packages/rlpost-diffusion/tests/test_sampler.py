@@ -8,10 +8,10 @@ from rlpost.diffusion.sampler import (
     flow_sigmas,
     gaussian_logprob,
     ode_step,
-    sample,
     sde_step,
-    step,
 )
+from rlpost.diffusion.samplers import SAMPLERS, sample, step
+from rlpost.diffusion.samplers.dance import DanceParams
 
 
 def _t(v):
@@ -39,7 +39,7 @@ def test_dance_step_hand_worked_with_its_own_score_form():
     score = -(x - (1 - sig) * x0_hat) / sig**2  # -2.5
     mean = x + (nxt - sig) * (v - 0.5 * eta**2 * score)  # 0.846875
     assert mean == pytest.approx(0.846875)
-    out = step("dance", _t(x), _t(v), sig, nxt, eta=eta, noise=_t(0.0))
+    out = step("dance", _t(x), _t(v), sig, nxt, params=DanceParams(eta), noise=_t(0.0))
     assert float(out.mean) == pytest.approx(mean)
     assert float(out.std) == pytest.approx(eta * math.sqrt(sig - nxt))
     assert float(out.x_next) == pytest.approx(mean)
@@ -103,7 +103,7 @@ def _gaussian_velocity(mu: float, tau: float):
     return v
 
 
-@pytest.mark.parametrize("kind", ["ode", "flow_grpo", "dance"])
+@pytest.mark.parametrize("kind", SAMPLERS.names())
 def test_all_samplers_preserve_the_data_marginal(kind):
     # with the exact velocity of a Gaussian data law, every sampler ends at that law
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def test_all_samplers_preserve_the_data_marginal(kind):
     assert x0.mean() == pytest.approx(mu, abs=0.05)
     assert x0.std() == pytest.approx(tau, abs=0.05)
     assert traj.xs.shape == (n, 201, 1)
-    assert (traj.logprobs is None) == (kind == "ode")
+    assert (traj.logprobs is None) == (not SAMPLERS.get(kind).stochastic)
 
 
 def test_sample_records_velocity_norm_ratio():
@@ -139,5 +139,29 @@ def test_shared_init_noise_and_generator_determinism():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="num_steps"):
         flow_sigmas(0)
-    with pytest.raises(ValueError, match="unknown sampler"):
+    with pytest.raises(ValueError, match="unknown diffusion sampler 'euler'"):
         step("euler", torch.zeros(1, 1), torch.zeros(1, 1), 0.5, 0.4)
+    with pytest.raises(ValueError, match="eta must be > 0"):
+        SAMPLERS.params("dance", {"eta": 0.0})
+    with pytest.raises(ValueError, match="'b'"):
+        SAMPLERS.params("flow_grpo", {"b": 1.0})
+
+
+@pytest.mark.parametrize("kind", SAMPLERS.names())
+def test_every_sampler_at_zero_noise_is_the_euler_step_and_replays_at_ratio_one(kind):
+    """Golden values of every registered sampler: with no noise drawn its next state is
+    its step mean, the ODE's is plain Euler exactly (no log-probability); a stochastic
+    sampler's own sample, re-scored with the same velocity, has log-ratio exactly 0."""
+    g = torch.Generator().manual_seed(2)
+    x, v = torch.randn(3, 1, 2, 2, generator=g), torch.randn(3, 1, 2, 2, generator=g)
+    quiet = step(kind, x, v, 0.6, 0.4, sigma_max=0.9, noise=torch.zeros_like(x))
+    assert torch.equal(quiet.x_next, quiet.mean)
+    euler = x + (torch.tensor(0.4) - torch.tensor(0.6)) * v  # (float32 sigmas, as the step's)
+    if not SAMPLERS.get(kind).stochastic:
+        assert quiet.logprob is None and torch.equal(quiet.x_next, euler)
+        return
+    drawn = step(kind, x, v, 0.6, 0.4, sigma_max=0.9, generator=g)
+    replay = step(kind, x, v, 0.6, 0.4, sigma_max=0.9, x_next=drawn.x_next)
+    assert torch.equal(replay.logprob - drawn.logprob, torch.zeros(3))
+    # (the SDE mean moves off Euler by the score correction, which vanishes as s -> 0)
+    assert not torch.allclose(quiet.mean, euler)

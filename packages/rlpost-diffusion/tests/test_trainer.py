@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
-from rlpost.diffusion.config import ConfigError, load_config
+from rlpost.diffusion.config import Config, ConfigError, load_config
+from rlpost.diffusion.methods import METHODS as REGISTRY
 from rlpost.diffusion.models.digits import DigitsPolicy
 from rlpost.diffusion.recipes import recipe_names, recipe_path
 from rlpost.diffusion.trainer import Trainer
 
-METHODS = ["flow_grpo", "dance_grpo", "slas", "ram", "awm", "rwr"]
+METHODS = REGISTRY.names()  # (every registered method: each needs a <name>_digits recipe)
 
 
 def brightness(images, prompts):
@@ -123,22 +124,44 @@ def test_ram_with_zero_advantage_regresses_to_the_reference(tmp_path):
     assert gap() < 0.7 * g0
 
 
-def test_resume_is_exact(tmp_path):
-    full = _trainer(_cfg(tmp_path / "a", "flow_grpo", "train.steps=4"))
+@pytest.mark.parametrize("method", METHODS)
+def test_resume_is_exact(tmp_path, method):
+    # (the SIGKILL-and-resume form runs in a subprocess: test_reliability.py)
+    full = _trainer(_cfg(tmp_path / "a", method, "train.steps=3", "run.eval_every=0"))
     full.train(resume=False)
-    half = _trainer(_cfg(tmp_path / "b", "flow_grpo", "train.steps=2"))
+    half = _trainer(_cfg(tmp_path / "b", method, "train.steps=1", "run.eval_every=0"))
     half.train(resume=False)
-    resumed = _trainer(_cfg(tmp_path / "b", "flow_grpo", "train.steps=4"), seed=0)
+    resumed = _trainer(_cfg(tmp_path / "b", method, "train.steps=3", "run.eval_every=0"), seed=0)
     resumed.train(resume=True)
     assert torch.equal(_params(full), _params(resumed))
-    rows_a = [
-        json.loads(x) for x in (tmp_path / "a/flow_grpo/metrics.jsonl").read_text().splitlines()
-    ]
-    rows_b = [
-        json.loads(x) for x in (tmp_path / "b/flow_grpo/metrics.jsonl").read_text().splitlines()
-    ]
-    assert [r["step"] for r in rows_b] == [0, 1, 2, 3, 4]
-    assert rows_a[-1]["reward/mean"] == rows_b[-1]["reward/mean"]
+
+    def rows(run):
+        return [
+            {k: v for k, v in json.loads(x).items() if not k.startswith("time/")}
+            for x in (run / method / "metrics.jsonl").read_text().splitlines()
+        ]
+
+    assert [r["step"] for r in rows(tmp_path / "b")] == [0, 1, 2, 3]
+    assert rows(tmp_path / "a")[1:] == rows(tmp_path / "b")[1:]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_methods_config_round_trips(method):
+    cfg = load_config(recipe_path(f"{method}_digits"))
+    again = Config.model_validate(cfg.model_dump())
+    assert again == cfg and again.sampler_params() == cfg.sampler_params()
+    assert again.algo.family_params() == cfg.algo.family_params()
+    assert again.algo.regularizers() == cfg.algo.regularizers()
+
+
+def test_an_old_config_with_flat_sampler_knobs_loads_as_it_behaved():
+    # before samplers took typed params: sampler.a / sampler.eta applied to their sampler
+    old = load_config(recipe_path("dance_grpo_digits"), ["sampler.eta=0.2", "sampler.a=0.9"])
+    assert old.sampler.params == {"eta": 0.2} and old.sampler_params().eta == 0.2
+    flow = load_config(recipe_path("flow_grpo_digits"), ["sampler.a=0.5"])
+    assert flow.sampler_params().a == 0.5
+    with pytest.raises(ConfigError, match=r"sampler\.params"):
+        load_config(recipe_path("dance_grpo_digits"), ["sampler.params={a: 0.5}"])
 
 
 def test_normguard_alone_pulls_inflated_norms_back_to_the_reference(tmp_path):

@@ -69,6 +69,8 @@ class Input(StrEnum):
     TEACHER_TOPK = "teacher_topk"  # [B, T, K] student and teacher over the teacher's top-K ids
     TEACHER_FULL = "teacher_full"  # [B, T, V] student and teacher over the whole vocabulary
     TEACHER_SPANS = "teacher_spans"  # [B, T] text block of each token (cross-tokenizer teachers)
+    REF_VELOCITY = "ref_velocity"  # [B, ...] a frozen reference flow's velocity, same points
+    SAMPLING_VELOCITY = "sampling_velocity"  # [B, ...] the sampling flow's velocity (pre-update)
 
 
 class Coupling(IntEnum):

@@ -13,6 +13,7 @@ overrides its advantage, both validated against the registries at load.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,10 +166,10 @@ class SamplerConfig(_Strict):
     """Denoising steps of training rollouts (SDE methods) and endpoint samples (RAM...)."""
     eval_steps: int = Field(20, ge=1)
     shift: float = Field(1.0, gt=0)
-    a: float = Field(0.7, gt=0)
-    """Flow-GRPO noise level: s = a sqrt(sigma / (1 - sigma))."""
-    eta: float = Field(0.3, gt=0)
-    """DanceGRPO noise level."""
+    params: dict[str, Any] = {}
+    """The method's sampler's own parameters, merged over the method's (``a`` of
+    ``flow_grpo``: s = a sqrt(sigma / (1 - sigma)); ``eta`` of ``dance``), validated
+    against that sampler (``rlpost-diffusion methods`` lists each method's sampler)."""
 
 
 class NormGuardConfig(_Strict):
@@ -235,6 +236,30 @@ class AlgoConfig(_Strict):
             return 0.0
         return self.kl_coef if self.kl_coef is not None else m.kl_coef
 
+    def regularizers(self) -> list[Choice]:
+        """The method's regularisers with the run's KL coefficient and NormGuard: the
+        active ones (``coef > 0``), KL first."""
+        m = METHODS.get(self.method)
+        out = [r for r in m.regularizers if r.name not in ("kl", "normguard")]
+        kl = self.resolved_kl()
+        if kl > 0:
+            listed = next((r.params for r in m.regularizers if r.name == "kl"), {})
+            out.insert(0, Choice("kl", {**listed, "coef": kl}))
+        if self.normguard.coef > 0:
+            out.append(Choice("normguard", self.normguard.model_dump()))
+        return out
+
+    def family_params(self) -> Any:
+        """The method's training family's parameters, from this section's knobs."""
+        from rlpost.diffusion.families import FAMILIES
+
+        fam = FAMILIES.get(METHODS.get(self.method).family)
+        knobs = {"timestep_fraction": self.resolved_fraction(), "renoise_k": self.renoise_k,
+                 "sigma_dist": self.sigma_dist, "sigma_loc": self.sigma_loc,
+                 "sigma_scale": self.sigma_scale}  # fmt: skip
+        names = {f.name for f in dataclasses.fields(fam.params)}
+        return FAMILIES.params(fam.name, {k: v for k, v in knobs.items() if k in names})
+
     def resolved_fraction(self) -> float:
         if self.timestep_fraction is not None:
             return self.timestep_fraction
@@ -276,6 +301,29 @@ class Config(_Strict):
     train: TrainConfig = TrainConfig()
     run: RunConfig = RunConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_sampler_knobs(cls, data: Any) -> Any:
+        """``sampler.a`` / ``sampler.eta`` (before samplers took typed ``params``): moved
+        into ``sampler.params`` when the method's sampler has them, else dropped (they
+        never applied to it), so an old run's config loads and behaves as it did."""
+        if not isinstance(data, dict) or not isinstance(data.get("sampler"), dict):
+            return data
+        sampler = dict(data["sampler"])
+        legacy = {k: sampler.pop(k) for k in ("a", "eta") if k in sampler}
+        if not legacy:
+            return data
+        from rlpost.diffusion.samplers import SAMPLERS
+
+        algo = data.get("algo") or {}
+        method = algo.get("method", "flow_grpo") if isinstance(algo, dict) else "flow_grpo"
+        if method in METHODS:
+            names = {f.name for f in dataclasses.fields(SAMPLERS.get(
+                METHODS.get(method).sampler.name).params)}  # fmt: skip
+            params = dict(sampler.get("params") or {})
+            sampler["params"] = {**params, **{k: v for k, v in legacy.items() if k in names}}
+        return {**data, "sampler": sampler}
+
     @model_validator(mode="after")
     def _check(self) -> Config:
         if not self.prompts.prompts:
@@ -284,11 +332,23 @@ class Config(_Strict):
             bad = [p for p in self.prompts.prompts if str(p) not in {str(i) for i in range(10)}]
             if bad:
                 raise ValueError(f"prompts.prompts: the digits model takes classes 0-9, got {bad}")
+        try:
+            self.sampler_params()
+        except RegistryError as exc:
+            raise ValueError(f"sampler.params: {exc}") from exc
         return self
 
     @property
     def sampler_kind(self) -> str:
-        return METHODS.get(self.algo.method).sampler
+        """The method's sampler (a :data:`rlpost.diffusion.samplers.SAMPLERS` entry)."""
+        return METHODS.get(self.algo.method).sampler.name
+
+    def sampler_params(self) -> Any:
+        """The sampler's validated parameters: ``sampler.params`` over the method's."""
+        from rlpost.diffusion.samplers import SAMPLERS
+
+        choice = METHODS.get(self.algo.method).sampler
+        return SAMPLERS.params(choice.name, {**choice.params, **self.sampler.params})
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -61,6 +61,9 @@ def plot_comparison(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     return out
 
 
+PEAK_REFERENCE = "flow_grpo"  # the method whose peak reward the others' speed is measured to
+
+
 def run_demo(
     out: str | Path = "runs/diffusion-demo",
     steps: int | None = None,
@@ -104,7 +107,7 @@ def run_demo(
             before.replace(out / "samples_before.png")
     plot_comparison(runs, out / "reward_curves.png")
     save_comparison(columns, eval_prompts, out / "samples.png", per_prompt, show=min(4, per_prompt))
-    peak_source = "flow_grpo" if "flow_grpo" in runs else methods[0]
+    peak_source = PEAK_REFERENCE if PEAK_REFERENCE in runs else methods[0]
     peak = max(r["eval/reward"] for r in runs[peak_source] if "eval/reward" in r)
     table = []
     for name, rows in runs.items():

@@ -28,22 +28,19 @@ flow follows from ``eps_hat = x + (1 - sigma) v``. Writing the reverse-time SDE
   the score written as ``-(x - (1 - sigma) x0_hat) / sigma^2`` with
   ``x0_hat = x - sigma v`` (the same quantity as step 2).
 * **ODE** (``FlowMatchEulerDiscreteScheduler.step``): ``x_next = x + d_sigma v`` (s = 0).
+
+This module is the shared math; each sampler is a registered entry of
+:data:`rlpost.diffusion.samplers.SAMPLERS` (one module each), and
+:func:`rlpost.diffusion.samplers.sample` integrates a trajectory with one of them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
-
-from rlpost.diffusion.models.base import Cond
-
-SamplerKind = Literal["ode", "flow_grpo", "dance"]
-SAMPLERS: tuple[str, ...] = ("ode", "flow_grpo", "dance")
 
 
 def flow_sigmas(num_steps: int, shift: float = 1.0) -> Tensor:
@@ -123,109 +120,3 @@ def flow_grpo_diffusion(sigma: Tensor | float, sigma_max: float, a: float = 0.7)
     sigma = torch.as_tensor(sigma, dtype=torch.float32)
     denom = torch.where(sigma >= 1, torch.full_like(sigma, sigma_max), sigma)
     return a * torch.sqrt(sigma / (1 - denom))
-
-
-def step(
-    kind: SamplerKind,
-    x: Tensor,
-    v: Tensor,
-    sigma: Tensor | float,
-    sigma_next: Tensor | float,
-    *,
-    sigma_max: float = 1.0,
-    a: float = 0.7,
-    eta: float = 0.3,
-    noise: Tensor | None = None,
-    x_next: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    reduce: str = "mean",
-) -> StepOut:
-    """Dispatch one step of sampler ``kind`` (``ode``, ``flow_grpo`` or ``dance``)."""
-    if kind == "ode":
-        nxt = ode_step(x, v, sigma, sigma_next)
-        return StepOut(nxt, nxt, torch.zeros((), device=x.device), None)
-    if kind == "flow_grpo":
-        s = flow_grpo_diffusion(sigma, sigma_max, a).to(x.device)
-    elif kind == "dance":
-        s = torch.as_tensor(eta, dtype=x.dtype, device=x.device)
-    else:
-        raise ValueError(f"unknown sampler {kind!r}; choose one of {SAMPLERS}")
-    return sde_step(
-        x, v, sigma, sigma_next, s, noise=noise, x_next=x_next, generator=generator, reduce=reduce
-    )
-
-
-@dataclass
-class Trajectory:
-    """A batch of sampled trajectories over the grid ``sigmas``."""
-
-    xs: Tensor  # [B, T + 1, ...] states at sigmas[0] = 1 ... sigmas[T] = 0
-    sigmas: Tensor  # [T + 1]
-    logprobs: Tensor | None  # [B, T] log p(x_{t+1} | x_t) under the sampling policy
-    velocity_norm_ratio: Tensor | None = None  # [B, T] ||v_theta|| / ||v_ref|| per step
-
-    @property
-    def x0(self) -> Tensor:
-        return self.xs[:, -1]
-
-
-VelocityFn = Callable[[Tensor, Tensor, Cond], Tensor]
-
-
-@torch.no_grad()
-def sample(
-    velocity: VelocityFn,
-    cond: Cond,
-    shape: tuple[int, ...],
-    *,
-    kind: SamplerKind = "ode",
-    num_steps: int = 10,
-    shift: float = 1.0,
-    a: float = 0.7,
-    eta: float = 0.3,
-    init_noise: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    device: torch.device | str = "cpu",
-    reference: VelocityFn | None = None,
-    reduce: str = "mean",
-) -> Trajectory:
-    """Integrate from noise to data with ``velocity`` and record the trajectory.
-
-    ``init_noise`` ``[B, *shape]`` fixes x at sigma = 1 (DanceGRPO shares it within a
-    group). With ``reference``, the per-step velocity-norm ratio ``||v|| / ||v_ref||``
-    along this trajectory is recorded too (NormGuard's diagnostic).
-    """
-    batch = next(iter(cond.values())).shape[0]
-    sigmas = flow_sigmas(num_steps, shift).to(device)
-    if init_noise is None:
-        init_noise = torch.randn((batch, *shape), generator=generator, device=device)
-    x = init_noise.to(device=device, dtype=torch.float32)
-    xs, lps, ratios = [x], [], []
-    for i in range(num_steps):
-        sig = sigmas[i].expand(batch)
-        v = velocity(x, sig, cond).float()
-        if reference is not None:
-            v_ref = reference(x, sig, cond).float()
-            ratios.append(v.flatten(1).norm(dim=1) / v_ref.flatten(1).norm(dim=1).clamp_min(1e-12))
-        out = step(
-            kind,
-            x,
-            v,
-            sigmas[i],
-            sigmas[i + 1],
-            sigma_max=float(sigmas[1]) if num_steps > 1 else 1.0,
-            a=a,
-            eta=eta,
-            generator=generator,
-            reduce=reduce,
-        )
-        x = out.x_next
-        xs.append(x)
-        if out.logprob is not None:
-            lps.append(out.logprob)
-    return Trajectory(
-        xs=torch.stack(xs, 1),
-        sigmas=sigmas,
-        logprobs=torch.stack(lps, 1) if lps else None,
-        velocity_norm_ratio=torch.stack(ratios, 1) if ratios else None,
-    )

@@ -1,17 +1,20 @@
 """The diffusion post-training loop: one trainer for every method.
 
 The method (``algo.method``, an entry of :data:`rlpost.diffusion.methods.METHODS`) names
-its sampler, its advantage, its loss and what the loss reads; the trainer holds no method
-names. Each step:
+its sampler, its training family, its advantage, its loss, what the loss reads and its
+regularisers; the trainer dispatches through those registries and holds no method,
+sampler or family names. Each step:
 
 1. draw ``prompts.per_step`` prompts and ``group_size`` samples per prompt;
-2. sample with the method's sampler (an SDE recording the per-step log-probabilities, or
-   the deterministic ODE);
+2. sample with the method's sampler (:data:`rlpost.diffusion.samplers.SAMPLERS`: an SDE
+   recording the per-step log-probabilities, or the deterministic ODE);
 3. decode, score with the reward, compute the method's advantage (core ``ADVANTAGES``);
-4. update: SDE methods replay the stored transitions of the trained denoising steps
-   through their loss (+ KL on the step means); ODE methods re-noise each clean endpoint
-   ``K`` times and evaluate their loss on the velocity there (+ KL on the velocity);
-   NormGuard, when on, adds its hinge at every velocity the loss evaluates;
+4. update through the method's family (:data:`rlpost.diffusion.families.FAMILIES`): its
+   plan, drawn before any update, orders the positions to train; each micro-batch's loss
+   is the family's (``sde_replay``: the stored transitions of the trained denoising steps
+   replayed; ``renoise``: each clean endpoint re-noised ``K`` times, the velocity
+   regressed there), the run's regularisers (:data:`rlpost.diffusion.regularizers.
+   REGULARIZERS`: the KL to the reference, NormGuard) added at every velocity it evaluates;
 5. log metrics; every ``eval_every`` steps sample fixed prompts with fixed noise using
    the ODE and log reward, extra quality metrics and the velocity-norm ratio
    ``||v_theta|| / ||v_ref||`` along the model's own trajectories.
@@ -39,13 +42,14 @@ from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkp
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
-from rlpost.diffusion import objectives as obj
 from rlpost.diffusion.config import Config
-from rlpost.diffusion.methods import LossInput, Needs
-from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_index, cond_repeat
+from rlpost.diffusion.families import FAMILIES
+from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_repeat
+from rlpost.diffusion.regularizers import REGULARIZERS
 from rlpost.diffusion.rewards import RewardFn, RewardScorer, quality_metrics
 from rlpost.diffusion.runlog import plot_curves, save_grid, summary_table
-from rlpost.diffusion.sampler import Trajectory, flow_sigmas, sample, step
+from rlpost.diffusion.sampler import flow_sigmas
+from rlpost.diffusion.samplers import Trajectory, sample
 
 
 def load_policy(cfg: Config, device: torch.device) -> FlowPolicy:
@@ -105,6 +109,12 @@ class Trainer:
         self.reward = reward if reward is not None else cfg.reward.load()
         self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
         self.method = cfg.algo.bound_method()
+        self.sampler_name, self.sampler_params = cfg.sampler_kind, cfg.sampler_params()
+        self.family = FAMILIES.get(self.method.method.family)
+        self.family_params = cfg.algo.family_params()
+        self.regularizers = [(REGULARIZERS.get(r.name), REGULARIZERS.params(r.name, r.params))
+                             for r in cfg.algo.regularizers()]  # fmt: skip
+        self.regularizer_names = REGULARIZERS.names()  # (each logged, 0 when off)
         self.params = self.policy.trainable_parameters()
         self.opt = torch.optim.AdamW(
             self.params,
@@ -172,11 +182,10 @@ class Trainer:
             self._velocity,
             cond,
             shape,
-            kind=cfg.sampler_kind,
+            kind=self.sampler_name,
+            params=self.sampler_params,
             num_steps=cfg.sampler.steps,
             shift=cfg.sampler.shift,
-            a=cfg.sampler.a,
-            eta=cfg.sampler.eta,
             init_noise=noise,
             device=self.device,
         )
@@ -211,130 +220,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ updates
 
-    def _sde_loss(self, b: Batch, idx: Tensor, steps: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """Summed (not averaged) loss of samples ``idx`` over denoising steps ``steps``."""
-        a, cfg = self.cfg.algo, self.cfg
-        cond = cond_index(b.cond, idx)
-        adv = b.advantages[idx]
-        kl_coef = a.resolved_kl()
-        total = torch.zeros((), device=self.device)
-        sums = {"kl": 0.0, "normguard": 0.0, "clip_frac": 0.0, "vnorm_ratio": 0.0}
-        for j in steps.tolist():
-            x, x_next = b.traj.xs[idx, j], b.traj.xs[idx, j + 1]
-            sig = self.sigmas[j].expand(len(idx))
-            v = self.policy.velocity(x, sig, cond).float()
-            kw = dict(sigma_max=float(self.sigmas[1]), a=cfg.sampler.a, eta=cfg.sampler.eta)
-            out = step(
-                cfg.sampler_kind, x, v, self.sigmas[j], self.sigmas[j + 1], x_next=x_next, **kw
-            )
-            old = b.traj.logprobs[idx, j]
-            res = self.method.loss(LossInput(v, adv, logprob=out.logprob, old_logprob=old))
-            loss = res.loss
-            sums["clip_frac"] += res.metrics.get("clip_frac", 0.0)
-            need_ref = kl_coef > 0 or a.normguard.coef > 0
-            if need_ref:
-                v_ref = self.policy.reference_velocity(x, sig, cond).float()
-                sums["vnorm_ratio"] += (
-                    (obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)).mean().item()
-                )
-            if kl_coef > 0:
-                ref = step(
-                    cfg.sampler_kind,
-                    x,
-                    v_ref,
-                    self.sigmas[j],
-                    self.sigmas[j + 1],
-                    x_next=x_next,
-                    **kw,
-                )
-                kl = obj.step_mean_kl(out.mean, ref.mean, out.std)
-                loss = loss + kl_coef * kl
-                sums["kl"] += kl.mean().item()
-            if a.normguard.coef > 0:
-                pen = obj.normguard(v, v_ref, a.normguard.form, a.normguard.margin)
-                loss = loss + a.normguard.coef * pen
-                sums["normguard"] += pen.mean().item()
-            total = total + loss.sum()
-        n = max(len(steps), 1)
-        return total / n, {k: v / n for k, v in sums.items()}
-
-    def _renoise_plan(self, rows: Tensor, b: Batch) -> dict[str, Tensor]:
-        """Noise levels and noise for every re-noised row, drawn before any update; for a
-        method that reads the sampling model's velocity, with several minibatches, also
-        ``v_old`` there."""
-        a = self.cfg.algo
-        x0 = b.traj.x0[rows]
-        sig = obj.sample_sigmas(
-            len(rows), a.sigma_dist, a.sigma_loc, a.sigma_scale, device=self.device
-        )
-        plan = {"rows": rows, "sigma": sig, "eps": torch.randn_like(x0)}
-        if Needs.SAMPLING in self.method.method.needs and self.cfg.optim.minibatches > 1:
-            with torch.no_grad():
-                olds = []
-                for mb in torch.arange(len(rows), device=self.device).split(
-                    self.cfg.optim.micro_batch_size
-                ):
-                    xs, _ = obj.renoise(x0[mb], sig[mb], plan["eps"][mb])
-                    olds.append(self.policy.velocity(xs, sig[mb], cond_index(b.cond, rows[mb])))
-                plan["v_old"] = torch.cat(olds).float()
-        return plan
-
-    def _velocity_loss(
-        self, b: Batch, plan: dict[str, Tensor], j: Tensor
-    ) -> tuple[Tensor, dict[str, float]]:
-        """Summed loss of the re-noised rows ``j`` of ``plan``."""
-        a = self.cfg.algo
-        idx = plan["rows"][j]
-        cond = cond_index(b.cond, idx)
-        adv = b.advantages[idx]
-        sig = plan["sigma"][j]
-        xs, u = obj.renoise(b.traj.x0[idx], sig, plan["eps"][j])
-        v = self.policy.velocity(xs, sig, cond).float()
-        needs = self.method.method.needs
-        kl = a.resolved_kl()
-        need_ref = Needs.REFERENCE in needs or kl > 0 or a.normguard.coef > 0
-        v_ref = self.policy.reference_velocity(xs, sig, cond).float() if need_ref else None
-        v_old = None
-        if Needs.SAMPLING in needs:
-            v_old = plan["v_old"][j] if "v_old" in plan else v.detach()
-        res = self.method.loss(
-            LossInput(
-                v,
-                adv,
-                target=u,
-                v_ref=v_ref if Needs.REFERENCE in needs else None,
-                v_old=v_old,
-            )
-        )
-        loss = res.loss
-        metrics: dict[str, float] = dict(res.metrics)
-        if kl > 0:
-            kl_term = obj.regression_loss(v, v_ref)
-            loss = loss + kl * kl_term
-            metrics["kl"] = kl_term.mean().item()
-        if v_ref is not None:
-            ratio = obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)
-            metrics["vnorm_ratio"] = ratio.mean().item()
-        if a.normguard.coef > 0:
-            pen = obj.normguard(v, v_ref, a.normguard.form, a.normguard.margin)
-            loss = loss + a.normguard.coef * pen
-            metrics["normguard"] = pen.mean().item()
-        return loss.sum(), metrics
-
     def update(self, b: Batch) -> dict[str, float]:
-        cfg, a = self.cfg, self.cfg.algo
-        B = b.rewards.numel()
-        sde = self.method.method.sde
-        if sde:
-            T = cfg.sampler.steps
-            n_train = max(1, round(a.resolved_fraction() * T))
-            steps = torch.randperm(T)[:n_train].sort().values
-            perm = torch.randperm(B, device=self.device)
-        else:  # positions in the re-noising plan (each endpoint K times)
-            rows = torch.arange(B, device=self.device).repeat_interleave(a.renoise_k)
-            plan = self._renoise_plan(rows, b)
-            perm = torch.randperm(len(rows), device=self.device)
-        chunks = perm.chunk(cfg.optim.minibatches)
+        cfg = self.cfg
+        plan = self.family.plan(self, b, self.family_params)  # (drawn before any update)
+        chunks = plan.order.chunk(cfg.optim.minibatches)
         acc: dict[str, list[float]] = {}
         losses, norms = [], []
         bad: list[str] = []  # why minibatch updates were skipped
@@ -343,10 +232,7 @@ class Trainer:
             denom = len(chunk)
             total = 0.0
             for mb in chunk.split(cfg.optim.micro_batch_size):
-                if sde:
-                    loss, m = self._sde_loss(b, mb, steps)
-                else:
-                    loss, m = self._velocity_loss(b, plan, mb)
+                loss, m = self.family.loss(self, b, plan, mb)
                 (loss / denom).backward()
                 total += loss.item() / denom
                 for k, v in m.items():

@@ -3,28 +3,28 @@
 =================  ===========================================================
 module             methods
 =================  ===========================================================
-``sde``            flow_grpo, dance_grpo, slas (SDE rollouts, PPO clip per step)
-``velocity``       ram, awm, rwr (ODE endpoints re-noised, velocity regression)
+``sde``            flow_grpo, dance_grpo, slas (SDE replay: PPO clip per step)
+``velocity``       ram, awm, rwr (ODE endpoints re-noised: velocity regression)
 =================  ===========================================================
 """
 
 from rlpost.diffusion.methods import sde, velocity  # noqa: F401  (registration)
 from rlpost.diffusion.methods.base import (
     METHODS,
+    NEEDS,
     BoundMethod,
     LossInput,
     LossOutput,
     Method,
-    Needs,
     register_method,
 )
 
 __all__ = [
     "METHODS",
+    "NEEDS",
     "BoundMethod",
     "LossInput",
     "LossOutput",
     "Method",
-    "Needs",
     "register_method",
 ]

@@ -1,21 +1,26 @@
 """The method registry of the diffusion trainer: ``METHODS``.
 
 A :class:`Method` names everything that makes a post-training method of a flow-matching
-generator, so that the trainer holds no method names:
+generator, each a choice from a registry, so that the trainer holds no method names:
 
-* ``sampler``: how training rollouts are drawn (``ode``: the deterministic ODE, then the
-  clean endpoints are re-noised as in pretraining; ``flow_grpo`` / ``dance``: an SDE whose
-  per-step Gaussian transitions are stored with their log-probabilities and replayed);
+* ``sampler``: how rollouts are drawn, a :data:`rlpost.diffusion.samplers.SAMPLERS` entry
+  and its parameters (``ode``; the SDEs ``flow_grpo`` and ``dance``, whose per-step
+  Gaussian transitions carry log-probabilities);
+* ``family``: how a batch becomes loss inputs, a :data:`rlpost.diffusion.families.FAMILIES`
+  entry (``sde_replay``: the stored SDE transitions replayed with ratios; ``renoise``: the
+  clean endpoints re-noised as in pretraining, velocity regression);
 * ``advantage``: a :data:`rlpost.core.advantages.ADVANTAGES` entry and its parameters
   (per prompt group or per batch), computed from the rewards of each step's samples;
 * ``loss``: ``fn(LossInput, params) -> LossOutput``, per sample ``[B]``, with ``params``
   the method's own frozen dataclass (validated at config load, errors name the field);
-* ``needs``: what the loss reads beyond the current velocity and the advantages (the
-  reference's velocity, the sampling model's velocity), so the trainer evaluates them only
-  for methods that declare them;
-* the defaults of the knobs the trainer applies around any loss: the KL coefficient
-  (``kl_term=False`` for methods whose loss already contains it), the fraction of
-  denoising steps trained, shared initial noise per prompt group.
+* ``needs``: what the loss reads beyond the current velocity and the advantages, in the
+  core's :class:`~rlpost.core.contract.Input` vocabulary (``REF_VELOCITY``,
+  ``SAMPLING_VELOCITY``), so the family evaluates them only for methods that declare them;
+* ``regularizers``: :data:`rlpost.diffusion.regularizers.REGULARIZERS` entries added to
+  the loss (the KL to the reference, NormGuard), the run's ``algo.kl_coef`` and
+  ``algo.normguard`` overriding or adding them (``kl_term=False``: the loss already holds
+  the KL, RAM's target); and the fraction of denoising steps trained and shared initial
+  noise per prompt group.
 
 Adding a method is one module with its loss and one :func:`register_method` call.
 """
@@ -24,72 +29,45 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Literal
-
-from torch import Tensor
+from dataclasses import dataclass
+from typing import Any
 
 from rlpost.core.advantages import ADVANTAGES
+from rlpost.core.contract import Input
 from rlpost.core.presets import Choice
 from rlpost.core.registry import Bound, NamedRegistry, NoParams, make_params
+from rlpost.diffusion.families import FAMILIES
+from rlpost.diffusion.families.base import LossInput, LossOutput
+from rlpost.diffusion.regularizers import REGULARIZERS
+from rlpost.diffusion.samplers import SAMPLERS
 
-SamplerKind = Literal["ode", "flow_grpo", "dance"]
+__all__ = ["METHODS", "NEEDS", "BoundMethod", "LossInput", "LossOutput", "Method",
+           "register_method"]  # fmt: skip
 
-
-class Needs(StrEnum):
-    """What a method's loss reads beyond ``v`` and the advantages."""
-
-    REFERENCE = "reference"  # v_ref: the frozen reference's velocity at the same inputs
-    SAMPLING = "sampling"  # v_old: the sampling model's velocity (before this step's updates)
-
-
-@dataclass(frozen=True)
-class LossInput:
-    """One micro-batch of a method's loss (``B`` samples; image dims ``...``).
-
-    * ``v`` ``[B, ...]``: the current velocity at the evaluated points (differentiable);
-    * ``advantages`` ``[B]``: the method's advantage (RWR: non-negative weights);
-    * ``logprob`` / ``old_logprob`` ``[B]``: SDE methods, the stored transition's
-      log-probability under the current (differentiable) and the sampling policy;
-    * ``target`` ``[B, ...]``: ODE methods, the conditional flow-matching target
-      ``u = eps - x0`` of the re-noised endpoint;
-    * ``v_ref`` / ``v_old`` ``[B, ...]``: when the method declares them (:class:`Needs`).
-    """
-
-    v: Tensor
-    advantages: Tensor
-    logprob: Tensor | None = None
-    old_logprob: Tensor | None = None
-    target: Tensor | None = None
-    v_ref: Tensor | None = None
-    v_old: Tensor | None = None
-
-
-@dataclass(frozen=True)
-class LossOutput:
-    loss: Tensor  # [B] per-sample loss (to be minimised)
-    metrics: dict[str, float] = field(default_factory=dict)
+# what a method's loss may read beyond ``v`` and the advantages
+NEEDS = frozenset({Input.REF_VELOCITY, Input.SAMPLING_VELOCITY})
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
     paper: str
-    sampler: SamplerKind
+    sampler: Choice  # a SAMPLERS entry and its parameters
+    family: str  # a FAMILIES entry
     advantage: Choice
     loss: Callable[[LossInput, Any], LossOutput]
     params: type = NoParams
-    needs: frozenset[Needs] = frozenset()
-    kl_coef: float = 0.0  # default weight of the trainer's KL term
+    needs: frozenset[Input] = frozenset()
+    regularizers: tuple[Choice, ...] = ()  # REGULARIZERS entries (e.g. kl, its coef)
     kl_term: bool = True  # False: the loss already holds the KL (RAM's target)
-    timestep_fraction: float = 1.0  # SDE methods: fraction of denoising steps trained
+    timestep_fraction: float = 1.0  # SDE replay: fraction of denoising steps trained
     shared_noise: bool = False  # one initial noise per prompt group
 
     @property
-    def sde(self) -> bool:
-        """Whether training replays stored SDE transitions (else re-noised endpoints)."""
-        return self.sampler != "ode"
+    def kl_coef(self) -> float:
+        """The default weight of the KL regulariser (0: none listed)."""
+        return float(next((r.params.get("coef", 0.0) for r in self.regularizers
+                           if r.name == "kl"), 0.0))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -119,6 +97,17 @@ class MethodRegistry(NamedRegistry[Method]):
         if not dataclasses.is_dataclass(method.params):
             raise TypeError(f"method {method.name!r}: params must be a frozen dataclass")
         ADVANTAGES.build(method.advantage.name, **dict(method.advantage.params))
+        SAMPLERS.params(method.sampler.name, method.sampler.params)
+        family = FAMILIES.get(method.family)
+        if family.stochastic != SAMPLERS.get(method.sampler.name).stochastic:
+            kind = "a stochastic" if family.stochastic else "a deterministic"
+            raise TypeError(f"method {method.name!r}: family {family.name!r} needs {kind} "
+                            f"sampler, not {method.sampler.name!r}")  # fmt: skip
+        for r in method.regularizers:
+            REGULARIZERS.params(r.name, r.params)
+        if not method.needs <= NEEDS:
+            raise TypeError(f"method {method.name!r}: needs {sorted(method.needs - NEEDS)} "
+                            f"is not among what a loss may read, {sorted(NEEDS)}")  # fmt: skip
         return super().register(method)
 
     def build(
@@ -135,14 +124,15 @@ class MethodRegistry(NamedRegistry[Method]):
         return BoundMethod(m, p, ADVANTAGES.build(adv.name, **dict(adv.params)))
 
     def table(self) -> str:
-        """One line per method: sampler, advantage, what the loss reads, KL default, paper."""
-        lines = [f"{'method':<12}{'sampler':<11}{'advantage':<17}{'reads':<20}{'kl':>6}  paper"]
+        """One line per method: sampler, family, advantage, what the loss reads, KL default,
+        paper."""
+        head = f"{'method':<12}{'sampler':<11}{'family':<12}{'advantage':<17}{'reads':<32}"
+        lines = [f"{head}{'kl':>6}  paper"]
         for m in map(self.get, self.names()):
             reads = ",".join(sorted(m.needs)) or "-"
             kl = f"{m.kl_coef:g}" if m.kl_term else "(loss)"
-            lines.append(
-                f"{m.name:<12}{m.sampler:<11}{m.advantage.name:<17}{reads:<20}{kl:>6}  {m.paper}"
-            )
+            lines.append(f"{m.name:<12}{m.sampler.name:<11}{m.family:<12}{m.advantage.name:<17}"
+                         f"{reads:<32}{kl:>6}  {m.paper}")  # fmt: skip
         return "\n".join(lines)
 
 

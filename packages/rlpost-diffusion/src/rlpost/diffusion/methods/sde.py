@@ -36,11 +36,12 @@ register_method(
     Method(
         name="flow_grpo",
         paper="Liu et al. 2025, Flow-GRPO, arXiv:2505.05470",
-        sampler="flow_grpo",
+        sampler=Choice("flow_grpo", {"a": 0.7}),
+        family="sde_replay",
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=sde_clip,
         params=SDEClipParams,
-        kl_coef=0.04,
+        regularizers=(Choice("kl", {"coef": 0.04}),),
         timestep_fraction=1.0,
     )
 )
@@ -48,7 +49,8 @@ register_method(
     Method(
         name="dance_grpo",
         paper="Xue et al. 2025, DanceGRPO, arXiv:2505.07818",
-        sampler="dance",
+        sampler=Choice("dance", {"eta": 0.3}),
+        family="sde_replay",
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=sde_clip,
         params=SDEClipParams,
@@ -60,7 +62,8 @@ register_method(
     Method(
         name="slas",
         paper="SLAS: super-linear advantage shaping (catalog 000-29)",
-        sampler="dance",
+        sampler=Choice("dance", {"eta": 0.3}),
+        family="sde_replay",
         advantage=Choice("slas", {"gamma": 0.5, "eps": 1e-4}),
         loss=sde_clip,
         params=SDEClipParams,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlpost.core.contract import Input
 from rlpost.core.presets import Choice
 from rlpost.core.registry import NoParams
 from rlpost.diffusion import objectives as obj
@@ -17,7 +18,6 @@ from rlpost.diffusion.methods.base import (
     LossInput,
     LossOutput,
     Method,
-    Needs,
     register_method,
 )
 
@@ -53,11 +53,12 @@ register_method(
     Method(
         name="ram",
         paper="RAM: Reinforce Adjoint Matching (catalog 001-01)",
-        sampler="ode",
+        sampler=Choice("ode"),
+        family="renoise",
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=ram,
         params=RAMParams,
-        needs=frozenset({Needs.REFERENCE, Needs.SAMPLING}),
+        needs=frozenset({Input.REF_VELOCITY, Input.SAMPLING_VELOCITY}),
         kl_term=False,  # the KL is the reference in the target (strength m)
     )
 )
@@ -65,7 +66,8 @@ register_method(
     Method(
         name="awm",
         paper="Advantage-weighted flow matching (AWM baseline)",
-        sampler="ode",
+        sampler=Choice("ode"),
+        family="renoise",
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=awm,
     )
@@ -74,7 +76,8 @@ register_method(
     Method(
         name="rwr",
         paper="Reward-weighted regression (Peters & Schaal 2007) for flow matching",
-        sampler="ode",
+        sampler=Choice("ode"),
+        family="renoise",
         advantage=Choice("reward_weighted", {"temperature": 0.1}),
         loss=rwr,
     )
