@@ -182,9 +182,10 @@ def test_a_toy_algorithm_registered_here_trains_through_the_cli(tmp_path, monkey
             success = sum(e.success for e in episodes) / len(episodes)
             return {"loss": loss.item(), "moved": moved, "online_success": success}
 
-    def run(policy, task, demos, cfg, log=None, progress=True):
-        history = online_loop(ToyLearner(policy, task, cfg), cfg.episodes, cfg.envs, cfg.seed, log)
-        return {"history": history}
+    def run(ctx):  # a RunContext: policy, task, demos, config, log, progress, checkpoints
+        cfg = ctx.config
+        learner = ToyLearner(ctx.policy, ctx.task, cfg)
+        return {"history": online_loop(learner, cfg.episodes, cfg.envs, cfg.seed, ctx.log)}
 
     register_algorithm(
         Algorithm("toy_bc", "TOY", "(this test)", ToyConfig, policy_kind="flow", run=run)

@@ -121,3 +121,16 @@ def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
     assert control_preset(load_job("control", None, ["kl_coef=0.1"])).kl_coef == 0.1
     with pytest.raises(ValueError, match="kl_coef: preset 'river' has no KL estimator"):
         load_job("control", None, ["preset=river", "kl_coef=0.1"])
+
+
+def test_importing_the_config_imports_neither_torch_nor_gymnasium_nor_mujoco():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rlpost.robot.config; "
+        "heavy = [m for m in ('torch', 'gymnasium', 'mujoco') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -19,11 +19,18 @@ from safetensors.torch import load_file
 
 from rlpost.apps.robot.cli import main
 from rlpost.core.testing import kill_at_first_checkpoint
-from rlpost.robot.algos import common
-from rlpost.robot.config import load_config, recipe_path
+from rlpost.robot.algos import ALGORITHMS, common
+from rlpost.robot.config import load_config, recipe_path, recipes_dir
 from rlpost.robot.train import train_from_config
 
 CLI = [sys.executable, "-m", "rlpost.apps.robot.cli", "train"]
+ALGORITHM_NAMES = ALGORITHMS.names()
+
+
+def recipe_names() -> list[str]:
+    return [p.stem for p in recipes_dir().glob("*.yaml")]
+
+
 COMMON = [
     "demos.n_good=2",
     "demos.n_poor=2",
@@ -39,22 +46,6 @@ OTQL = [
     "algo.params.updates_per_round=3",
     "algo.params.critic_pretrain_steps=5",
     "algo.params.batch_size=32",
-    "policy.bc_steps=20",
-    "policy.hidden=32",
-    *COMMON,
-]
-PAC_ACT = [
-    "algo.params.envs=2",
-    "algo.params.updates_per_round=2",
-    "algo.params.critic_pretrain_steps=2",
-    "algo.params.batch_size=32",
-    "policy.bc_steps=10",
-    "policy.dim_model=16",
-    *COMMON,
-]
-CRAFT = [
-    "algo.params.envs=2",
-    "algo.params.value_steps=5",
     "policy.bc_steps=20",
     "policy.hidden=32",
     *COMMON,
@@ -163,17 +154,40 @@ def _crash_at(monkeypatch, crash_round: int) -> type[Exception]:
     return Crash
 
 
-@pytest.mark.parametrize(
-    ("recipe", "overrides"),
-    [("pac_act_contour", PAC_ACT), ("craft_multimodal_reach", CRAFT)],
-    ids=["pac_act", "craft"],
-)
-def test_resume_after_a_crash_equals_the_uninterrupted_run(
-    recipe, overrides, tmp_path, cache, monkeypatch
-):
-    """PAC-ACT (actor, prior, target actor, critic, target, buffer, counter) and CRAFT
-    (policy, EMA teacher, value baseline) resume in-process to the uninterrupted run."""
-    args = [*overrides, "algo.params.episodes=8"]  # 4 rounds
+def _recipe_of(algo: str) -> str:
+    """The first shipped recipe that trains ``algo`` (every registered algorithm ships one)."""
+    for name in sorted(recipe_names()):
+        if load_config(recipe_path(name)).algo.name == algo:
+            return name
+    raise AssertionError(f"algorithm {algo!r} has no recipe")
+
+
+SMALL_ALGO = {"envs": 2, "updates_per_round": 2, "critic_pretrain_steps": 2, "batch_size": 32,
+              "value_steps": 5, "offline_steps": 5}  # fmt: skip
+SMALL_POLICY = {"bc_steps": 10, "hidden": 32, "dim_model": 16}
+
+
+def _small(algo: str, episodes: int) -> list[str]:
+    """Overrides that make any algorithm's recipe quick: its own knobs of SMALL_ALGO."""
+    import dataclasses
+
+    from rlpost.robot.algos import ALGORITHMS
+
+    fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(algo).config)}
+    return [
+        *(f"algo.params.{k}={v}" for k, v in SMALL_ALGO.items() if k in fields),
+        *(f"policy.{k}={v}" for k, v in SMALL_POLICY.items()),
+        f"algo.params.episodes={episodes}",
+        *COMMON,
+    ]
+
+
+@pytest.mark.parametrize("algo", ALGORITHM_NAMES)
+def test_resume_after_a_crash_equals_the_uninterrupted_run(algo, tmp_path, cache, monkeypatch):
+    """Every registered algorithm (its learner's whole state: actors, critics, targets,
+    teachers, value baselines, buffers, counters, generators) resumes in-process to the
+    uninterrupted run."""
+    recipe, args = _recipe_of(algo), _small(algo, episodes=8)  # 4 rounds
     ref, crashed = tmp_path / "ref", tmp_path / "crashed"
     want = train_from_config(load_config(recipe_path(recipe), [*args, f"run.dir={ref}"]))
     cfg = load_config(recipe_path(recipe), [*args, f"run.dir={crashed}"])
@@ -186,6 +200,21 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(
     got = train_from_config(cfg, resume=True)
     assert [_without_time(r) for r in got["history"]] == [_without_time(r) for r in want["history"]]
     assert_same_run(ref, crashed)
+
+
+@pytest.mark.parametrize(  # every registered algorithm; OTQL's (above) in the default tier
+    "algo", [pytest.param(a, marks=pytest.mark.slow) for a in ALGORITHM_NAMES if a != "otql"]
+)
+def test_every_algorithm_resumes_after_sigkill(algo, tmp_path, cache):
+    recipe, args = _recipe_of(algo), _small(algo, episodes=6)
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    train_from_config(load_config(recipe_path(recipe), [*args, f"run.dir={ref}"]))
+    cli = [*CLI, "--config", recipe, *args, f"run.dir={killed}"]
+    assert kill_at_first_checkpoint(cli, killed, env) < 6, "killed mid-training"
+    done = subprocess.run([*cli, "--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(ref, killed)
 
 
 SUMMARY_KEYS = ("domain", "run_dir", "steps", "seconds", "first", "last", "before", "after")

@@ -22,83 +22,101 @@ registry                  input -> output                        subpackage
 
 Presets (:mod:`rlpost.core.presets`, one module per family) combine entries with a
 paper's hyper-parameters; ``Preset.build()`` gives the :class:`Recipe` a trainer calls.
+
+The names below are imported on first use (``__getattr__``): ``import rlpost.core``
+and its light modules (``registry``, ``contract``, ``io``) import no torch, so a domain's
+configuration can be validated without it.
 """
 
-from rlpost.core._env import MissingDependency, pick_device
-from rlpost.core.advantages import (
-    ADVANTAGES,
-    AdvantageInput,
-    AdvantageOutput,
-    TrainingDynamics,
-)
-from rlpost.core.advantages.turns import A2TGPOParams
-from rlpost.core.aggregation import AGGREGATIONS, AggregationInput, AggregationOutput
-from rlpost.core.contract import ContractError, Coupling, Input
-from rlpost.core.distill import (
-    DISTILL_ESTIMATORS,
-    DistillInput,
-    DistillOutput,
-    DistillSchedule,
-    TeacherDistributions,
-)
-from rlpost.core.kl import KL_ESTIMATORS, KLInput, KLOutput, kl_reward_penalty
-from rlpost.core.logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
-from rlpost.core.masked import (
-    group_stats,
-    group_sum,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
-)
-from rlpost.core.objectives import OBJECTIVES, ObjectiveInput, ObjectiveOutput
-from rlpost.core.optim import OPTIMIZERS, OptimizerInput
-from rlpost.core.preference import PREFERENCE_LOSSES, PreferenceInput, PreferenceOutput
-from rlpost.core.presets import (
-    PRESETS,
-    Choice,
-    PolicyBatch,
-    PolicyLoss,
-    Preset,
-    Recipe,
-    get_preset,
-    register_preset,
-)
-from rlpost.core.ratios import (
-    CORRECTIONS,
-    RATIOS,
-    CorrectionOutput,
-    RatioInput,
-    RatioOutput,
-    TokenDistributions,
-)
-from rlpost.core.registry import Bound, NoParams, Registry, RegistryError
-from rlpost.core.regularizers import REGULARIZERS, GradientInput, GradientOutput
-from rlpost.core.weights import (
-    TOKEN_WEIGHTINGS,
-    AnchorExplorerMasks,
-    TokenSubset,
-    anchor_explorer_masks,
-    attention_entropy,
-    dynamic_entropy_weights,
-    random_token_subset,
-)
+import importlib
+from typing import Any
+
+_LAZY = {  # name -> the submodule it lives in (imported on first use: PEP 562)
+    "MissingDependency": "rlpost.core._env",
+    "pick_device": "rlpost.core._env",
+    "ADVANTAGES": "rlpost.core.advantages",
+    "AdvantageInput": "rlpost.core.advantages",
+    "AdvantageOutput": "rlpost.core.advantages",
+    "TrainingDynamics": "rlpost.core.advantages",
+    "A2TGPOParams": "rlpost.core.advantages.turns",
+    "AGGREGATIONS": "rlpost.core.aggregation",
+    "AggregationInput": "rlpost.core.aggregation",
+    "AggregationOutput": "rlpost.core.aggregation",
+    "ContractError": "rlpost.core.contract",
+    "Coupling": "rlpost.core.contract",
+    "Input": "rlpost.core.contract",
+    "DISTILL_ESTIMATORS": "rlpost.core.distill",
+    "DistillInput": "rlpost.core.distill",
+    "DistillOutput": "rlpost.core.distill",
+    "DistillSchedule": "rlpost.core.distill",
+    "TeacherDistributions": "rlpost.core.distill",
+    "KL_ESTIMATORS": "rlpost.core.kl",
+    "KLInput": "rlpost.core.kl",
+    "KLOutput": "rlpost.core.kl",
+    "kl_reward_penalty": "rlpost.core.kl",
+    "entropy_from_logits": "rlpost.core.logprobs",
+    "logprobs_and_entropy": "rlpost.core.logprobs",
+    "logprobs_from_logits": "rlpost.core.logprobs",
+    "group_stats": "rlpost.core.masked",
+    "group_sum": "rlpost.core.masked",
+    "masked_mean": "rlpost.core.masked",
+    "masked_sum": "rlpost.core.masked",
+    "masked_var": "rlpost.core.masked",
+    "masked_whiten": "rlpost.core.masked",
+    "OBJECTIVES": "rlpost.core.objectives",
+    "ObjectiveInput": "rlpost.core.objectives",
+    "ObjectiveOutput": "rlpost.core.objectives",
+    "OPTIMIZERS": "rlpost.core.optim",
+    "OptimizerInput": "rlpost.core.optim",
+    "PREFERENCE_LOSSES": "rlpost.core.preference",
+    "PreferenceInput": "rlpost.core.preference",
+    "PreferenceOutput": "rlpost.core.preference",
+    "PRESETS": "rlpost.core.presets",
+    "Choice": "rlpost.core.presets",
+    "PolicyBatch": "rlpost.core.presets",
+    "PolicyLoss": "rlpost.core.presets",
+    "Preset": "rlpost.core.presets",
+    "Recipe": "rlpost.core.presets",
+    "get_preset": "rlpost.core.presets",
+    "register_preset": "rlpost.core.presets",
+    "CORRECTIONS": "rlpost.core.ratios",
+    "RATIOS": "rlpost.core.ratios",
+    "CorrectionOutput": "rlpost.core.ratios",
+    "RatioInput": "rlpost.core.ratios",
+    "RatioOutput": "rlpost.core.ratios",
+    "TokenDistributions": "rlpost.core.ratios",
+    "Bound": "rlpost.core.registry",
+    "NoParams": "rlpost.core.registry",
+    "Registry": "rlpost.core.registry",
+    "RegistryError": "rlpost.core.registry",
+    "REGULARIZERS": "rlpost.core.regularizers",
+    "GradientInput": "rlpost.core.regularizers",
+    "GradientOutput": "rlpost.core.regularizers",
+    "TOKEN_WEIGHTINGS": "rlpost.core.weights",
+    "AnchorExplorerMasks": "rlpost.core.weights",
+    "TokenSubset": "rlpost.core.weights",
+    "anchor_explorer_masks": "rlpost.core.weights",
+    "attention_entropy": "rlpost.core.weights",
+    "dynamic_entropy_weights": "rlpost.core.weights",
+    "random_token_subset": "rlpost.core.weights",
+}
+
+_REGISTRIES = {  # kind -> the registry's name in _LAZY
+    "advantage": "ADVANTAGES",
+    "ratio": "RATIOS",
+    "correction": "CORRECTIONS",
+    "objective": "OBJECTIVES",
+    "aggregation": "AGGREGATIONS",
+    "kl": "KL_ESTIMATORS",
+    "distill": "DISTILL_ESTIMATORS",
+    "preference": "PREFERENCE_LOSSES",
+    "optimizer": "OPTIMIZERS",
+    "regularizer": "REGULARIZERS",
+    "token_weighting": "TOKEN_WEIGHTINGS",
+}
 
 __version__ = "0.1.0"
 
-REGISTRIES = {
-    "advantage": ADVANTAGES,
-    "ratio": RATIOS,
-    "correction": CORRECTIONS,
-    "objective": OBJECTIVES,
-    "aggregation": AGGREGATIONS,
-    "kl": KL_ESTIMATORS,
-    "distill": DISTILL_ESTIMATORS,
-    "preference": PREFERENCE_LOSSES,
-    "optimizer": OPTIMIZERS,
-    "regularizer": REGULARIZERS,
-    "token_weighting": TOKEN_WEIGHTINGS,
-}
 
 __all__ = [
     "ADVANTAGES",
@@ -170,3 +188,26 @@ __all__ = [
     "random_token_subset",
     "register_preset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule holding ``name`` on first use, so that ``import rlpost.core``
+    (and a light module under it: ``registry``, ``contract``, ``io.schema``) does not
+    import torch; every public name resolves as before."""
+    if name == "REGISTRIES":
+        value: Any = {k: __getattr__(v) for k, v in _REGISTRIES.items()}
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:  # a submodule (``rlpost.core.presets``), as an attribute before its import
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'rlpost.core' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

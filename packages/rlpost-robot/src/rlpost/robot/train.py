@@ -12,13 +12,12 @@ directory that already holds a run is refused unless the run is resumed
 (``--overwrite``). Checkpoints are written by the online loop
 (:func:`rlpost.robot.algos.common.online_loop`) every ``run.save_every`` rounds and
 after the last, into ``run.dir/checkpoints/step-<episodes used>/``; they also hold the
-evaluation before fine-tuning, so a resumed run reports the same table. An algorithm
-whose runner takes no ``checkpoints`` argument runs without them.
+evaluation before fine-tuning, so a resumed run reports the same table. Every algorithm
+runs on one typed :class:`~rlpost.robot.algos.base.RunContext`.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.core.io.rundir import open_run_dir, resume_checkpoint
     from rlpost.robot.algos import ALGORITHMS
+    from rlpost.robot.algos.base import RunContext
     from rlpost.robot.algos.common import Checkpoints, checkpoint_state, evaluate_policy
     from rlpost.robot.demos import success_rate
 
@@ -89,21 +89,11 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     t1 = time.perf_counter()
     logger = MetricsLogger.for_run(out, cfg.run, saved["step"] if saved is not None else None)
     algo = ALGORITHMS.get(cfg.algo.name)
-    # an algorithm whose runner takes no ``checkpoints`` (registered elsewhere, written
-    # before them) runs as before: no checkpoints, so nothing to resume
-    takes = "checkpoints" in inspect.signature(algo.run).parameters
-    if ckpt is not None and not takes:
-        raise ValueError(f"--resume: algorithm {algo.name!r} cannot restore a checkpoint")
+    ctx = RunContext(policy, cfg.task, demos, cfg.algorithm_config(),
+                     log=lambda row: logger.log(row["episodes"], row),
+                     progress=cfg.run.progress, checkpoints=checkpoints)  # fmt: skip
     try:
-        history = algo.run(
-            policy,
-            cfg.task,
-            demos,
-            cfg.algorithm_config(),
-            log=lambda row: logger.log(row["episodes"], row),
-            progress=cfg.run.progress,
-            **({"checkpoints": checkpoints} if takes else {}),
-        )["history"]
+        history = algo.run(ctx)["history"]
     finally:
         logger.close()
     experience = recorder.finish() if recorder is not None else None

@@ -3,7 +3,7 @@
 =================  ===========================================================
 module             contents
 =================  ===========================================================
-``base``           ALGORITHMS, Algorithm, register_algorithm
+``base``           ALGORITHMS, Algorithm, RunContext, register_algorithm
 ``common``         chunk transitions, evaluation, force statistics, the online loop
 ``otql``           otql (004-16): flow policy, IQL chunk critic, OT flow matching
 ``pac_act``        pac_act (004-10): lerobot ACT, chunk actor-critic, safety prior
@@ -16,6 +16,6 @@ Importing this package registers every algorithm (each module registers its own)
 """
 
 from rlpost.robot.algos import craft, lwd, otql, pac_act  # noqa: F401  (registration)
-from rlpost.robot.algos.base import ALGORITHMS, Algorithm, register_algorithm
+from rlpost.robot.algos.base import ALGORITHMS, Algorithm, RunContext, register_algorithm
 
-__all__ = ["ALGORITHMS", "Algorithm", "register_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "RunContext", "register_algorithm"]

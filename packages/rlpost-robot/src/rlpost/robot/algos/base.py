@@ -6,11 +6,12 @@ algorithm names:
 * ``config``: its frozen dataclass of hyper-parameters (``algo.params`` in a recipe, with
   ``seed`` from ``run.seed``), validated at load like a core registry's parameters;
 * ``policy_kind``: the :data:`rlpost.robot.pretrain.POLICY_KINDS` entry it fine-tunes;
-* ``run``: ``run(policy, task, demos, config, log, progress, checkpoints) ->
-  {"history": [...]}``, the algorithm's fine-tuning, usually its learner plugged into
+* ``run``: ``run(ctx) -> {"history": [...], "config": {...}}`` with ``ctx`` the typed
+  :class:`RunContext` (policy, task, demonstrations, config, logger, progress,
+  checkpoints), the algorithm's fine-tuning, usually its learner plugged into
   :func:`rlpost.robot.algos.common.online_loop` (which saves and resumes the
-  ``checkpoints``, a :class:`~rlpost.robot.algos.common.Checkpoints` or None, through the
-  learner's ``export_state`` / ``import_state``);
+  ``ctx.checkpoints``, a :class:`~rlpost.robot.algos.common.Checkpoints` or None, through
+  the learner's ``export_state`` / ``import_state``);
 * ``check``: an optional ``check(task, config)`` run at config load (e.g. CRAFT needs a
   counterfactual model of the task).
 
@@ -19,11 +20,28 @@ Adding an algorithm is one module and one :func:`register_algorithm` call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlpost.core.registry import NamedRegistry, make_params
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything an algorithm's run receives: the policy to fine-tune in place, the task,
+    the demonstrations (the BC policy's; an algorithm may not read them), its validated
+    config, a logger of per-round rows (None: not logged), whether to show progress, and
+    the checkpoints (:class:`~rlpost.robot.algos.common.Checkpoints`; None: none written,
+    nothing resumed)."""
+
+    policy: Any
+    task: str
+    demos: Sequence[Any]
+    config: Any
+    log: Callable[[dict[str, Any]], None] | None = None
+    progress: bool = True
+    checkpoints: Any = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +51,7 @@ class Algorithm:
     paper: str
     config: type
     policy_kind: str
-    run: Callable[..., dict[str, Any]]
+    run: Callable[[RunContext], dict[str, Any]]
     check: Callable[[str, Any], None] | None = None
     episodes_field: str = "episodes"  # the config field holding the online budget
 

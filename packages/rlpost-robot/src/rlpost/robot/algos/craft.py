@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
 from rlpost.robot.algos.common import Checkpoints, LearnerState, online_loop
 
 
@@ -410,12 +410,7 @@ def run_craft(
     ``kl_coef`` * the Gaussian asymmetric KL to the EMA teacher. ``checkpoints``: the
     loop's checkpointing (:class:`~rlpost.robot.algos.common.Checkpoints`).
     """
-    if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
-        have = {t: sorted(p) for t, p in PROXIES.items()}
-        raise ValueError(
-            f"no counterfactual model {cfg.proxy!r} for task {task!r} (have {have}); "
-            "use mode='real' or register one in rlpost.robot.algos.craft.PROXIES"
-        )
+    _check_proxy(task, cfg)
     torch.manual_seed(cfg.seed)
     rounds = _CRAFTRounds(policy, task, cfg)
     history = online_loop(
@@ -427,27 +422,21 @@ def run_craft(
 
 
 def _check_proxy(task: str, cfg: CRAFTConfig) -> None:
+    """At config load and at run: the proxy mode needs a counterfactual model of the task."""
     if cfg.mode != "real" and cfg.proxy not in PROXIES.get(task, {}):
         have = sorted(PROXIES.get(task, {}))
         raise ValueError(
             f"proxy={cfg.proxy!r} is not a counterfactual model of task {task!r} (have "
-            f"{have}); use mode=real or another task"
+            f"{have}); use mode=real, another task, or register one in "
+            "rlpost.robot.algos.craft.PROXIES"
         )
 
 
-def _run(
-    policy: Any,
-    task: str,
-    demos: Any,
-    cfg: CRAFTConfig,
-    log=None,
-    progress=True,
-    checkpoints: Checkpoints | None = None,
-):
-    """CRAFT fine-tunes from its own closed-loop rollouts (the demonstrations only built
-    the BC policy)."""
-    del demos
-    return run_craft(policy, task, cfg, log=log, progress=progress, checkpoints=checkpoints)
+def run(ctx: RunContext) -> dict[str, Any]:
+    """The registered runner: :func:`run_craft` on the run's context. CRAFT fine-tunes from
+    its own closed-loop rollouts; the demonstrations only built the BC policy."""
+    return run_craft(ctx.policy, ctx.task, ctx.config, ctx.log, ctx.progress,
+                     ctx.checkpoints)  # fmt: skip
 
 
 register_algorithm(
@@ -457,7 +446,7 @@ register_algorithm(
         paper="CRAFT: counterfactual proxy + grounded residual policy gradients (catalog 001-19)",
         config=CRAFTConfig,
         policy_kind="gaussian",
-        run=_run,
+        run=run,
         check=_check_proxy,
     )
 )

@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
 from rlpost.robot.algos.common import (
     Checkpoints,
     ChunkBuffer,
@@ -603,6 +603,13 @@ __all__ = [
     "transitions",
 ]
 
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    """The registered runner: :func:`run_lwd` on the run's context."""
+    return run_lwd(ctx.policy, ctx.task, ctx.demos, ctx.config, ctx.log, ctx.progress,
+                   ctx.checkpoints)  # fmt: skip
+
+
 register_algorithm(
     Algorithm(
         name="lwd",
@@ -610,6 +617,6 @@ register_algorithm(
         paper="Learning While Deploying: DIVL values + QAM flow policy extraction (catalog 001-23)",
         config=LWDConfig,
         policy_kind="flow",
-        run=run_lwd,
+        run=run,
     )
 )

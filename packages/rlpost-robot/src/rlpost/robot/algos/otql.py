@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
 from rlpost.robot.algos.common import (
     Checkpoints,
     ChunkBuffer,
@@ -352,6 +352,13 @@ __all__ = [
     "straightness",
 ]
 
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    """The registered runner: :func:`run_otql` on the run's context."""
+    return run_otql(ctx.policy, ctx.task, ctx.demos, ctx.config, ctx.log, ctx.progress,
+                    ctx.checkpoints)  # fmt: skip
+
+
 register_algorithm(
     Algorithm(
         name="otql",
@@ -359,6 +366,6 @@ register_algorithm(
         paper="OTQL: optimal-transport Q-learning for flow policies (catalog 004-16)",
         config=OTQLConfig,
         policy_kind="flow",
-        run=run_otql,
+        run=run,
     )
 )

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, check_ranges, register_algorithm
+from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
 from rlpost.robot.algos.common import (
     Checkpoints,
     ChunkBuffer,
@@ -417,6 +417,13 @@ __all__ = [
     "shaped_episodes",
 ]
 
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    """The registered runner: :func:`run_pac_act` on the run's context."""
+    return run_pac_act(ctx.policy, ctx.task, ctx.demos, ctx.config, ctx.log, ctx.progress,
+                       ctx.checkpoints)  # fmt: skip
+
+
 register_algorithm(
     Algorithm(
         name="pac_act",
@@ -424,6 +431,6 @@ register_algorithm(
         paper="PAC-ACT: safe actor-critic fine-tuning of ACT (catalog 004-10)",
         config=PACACTConfig,
         policy_kind="act",
-        run=run_pac_act,
+        run=run,
     )
 )
