@@ -1,8 +1,9 @@
 """Launched by test_distributed.py under torch.distributed.run: one rank of a
 :class:`~rlpost.llm.train.parallel.Learner` over a small model, its gradients written by rank 0.
 
-Rows are split unevenly (``argv[2]``: rank 0's share), so the ranks take different numbers
-of micro-batches, and a rank may have none at all."""
+Rows are split unevenly (``argv[2]``: rank 0's shares, comma-separated, each a fresh model
+and learner in the one process group), so the ranks take different numbers of
+micro-batches, and a rank may have none at all."""
 
 import sys
 
@@ -16,10 +17,7 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) ->
     return ((model(x) - y) ** 2).sum() / n  # normalised by the global row count
 
 
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    out, share, mbs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def gradients(share: int, mbs: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(dist.get_rank())  # different initial weights: DDP must broadcast rank 0's
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     g = torch.Generator().manual_seed(0)
@@ -31,6 +29,14 @@ if __name__ == "__main__":
         learner.sync(last=j == len(chunks) - 1)
         loss = learner(loss_of, x[idx], y[idx], len(x))
         (loss * (weight * learner.scale)).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    out, shares, mbs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    grads = {int(s): gradients(int(s), mbs) for s in shares.split(",")}
     if dist.get_rank() == 0:
-        torch.save({n: p.grad for n, p in model.named_parameters()}, out)
+        torch.save(grads, out)
     dist.destroy_process_group()

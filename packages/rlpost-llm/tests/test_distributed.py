@@ -81,20 +81,22 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset, parallel):
     assert any(not torch.allclose(a[k], initial[k]) for k in a), "training must move the weights"
 
 
-@pytest.mark.parametrize("share", [7, 10])  # rank 1: 3 rows, or none (a zero-weight pass)
-def test_learner_gradient_equals_the_full_batch_gradient(tmp_path, share):
-    """At the gradient level: the ranks' micro-batches (3 on rank 0, 1 or none on rank 1,
-    all-reduced once) give the one-process gradient of all 10 rows, from rank 0's
-    weights although rank 1 started from others."""
-    _launch(LEARNER_WORKER, tmp_path / "grads.pt", share, 3)
+def test_learner_gradient_equals_the_full_batch_gradient(tmp_path):
+    """At the gradient level: the ranks' micro-batches (3 on rank 0, and on rank 1 either 1
+    or none: a zero-weight pass; both splits in one launch), all-reduced once, give the
+    one-process gradient of all 10 rows, from rank 0's weights although rank 1 started
+    from others."""
+    _launch(LEARNER_WORKER, tmp_path / "grads.pt", "7,10", 3)
     got = torch.load(tmp_path / "grads.pt")
+    assert sorted(got) == [7, 10]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(10, 4, generator=g), torch.randn(10, 1, generator=g)
     ((model(x) - y) ** 2).sum().div(10).backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-5, msg=n)
+    for share, grads in got.items():
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, atol=1e-6, rtol=1e-5, msg=f"{share}: {n}")
 
 
 @pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
