@@ -76,11 +76,15 @@ def test_data_and_pretrained_fields():
         "multimodal_reach",
     )
     assert load_config(None).demo_source() == {"n_good": 10, "n_poor": 30}  # scripted
-    with pytest.raises(ConfigError, match=r"policy.pretrained: a lerobot ACT checkpoint"):
+    # (a lerobot ACT checkpoint is a setting of the act kind only)
+    with pytest.raises(ConfigError, match=r"policy\.params: pretrained: not a setting of policy "
+                       r"kind 'flow' \(its settings: bc_steps, hidden, horizon\)"):  # fmt: skip
         load_config(None, ["policy.pretrained=ckpt"])
+    with pytest.raises(ConfigError, match=r"policy\.params: bc_steps: Input should be"):
+        load_config(None, ["policy.params.bc_steps=0"])
     with pytest.raises(ConfigError, match=r"data\.rename"):
         load_config(None, ["data.rename=[1]"])
-    with pytest.raises(ConfigError, match=r"policy\.pretrained: deploy runs a train run's"):
+    with pytest.raises(ConfigError, match=r"policy\.params: pretrained: deploy runs a train run's"):
         load_job("deploy", recipe_path("contour", "deploy"), ["policy.pretrained=ckpt"])
     with pytest.raises(ConfigError, match=r"data\.nope"):
         load_config(None, ["data.nope=1"])
@@ -121,6 +125,16 @@ def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
     assert control_preset(load_job("control", None, ["kl_coef=0.1"])).kl_coef == 0.1
     with pytest.raises(ValueError, match="kl_coef: preset 'river' has no KL estimator"):
         load_job("control", None, ["preset=river", "kl_coef=0.1"])
+
+
+def test_the_flat_policy_form_of_older_recipes_reads_into_the_kinds_settings():
+    new = load_config(recipe_path("pac_act_contour"))
+    assert new.policy.params == {"horizon": 8, "dim_model": 64, "bc_steps": 2000}
+    old = load_config(recipe_path("pac_act_contour"), ["policy.bc_steps=10"])  # flat override
+    assert old.policy.params == {"horizon": 8, "dim_model": 64, "bc_steps": 10}
+    assert old.policy.settings.bc_steps == 10 and old.policy.settings.pretrained is None
+    again = type(old).model_validate(old.model_dump())  # round trip
+    assert again == old
 
 
 def test_importing_the_config_imports_neither_torch_nor_gymnasium_nor_mujoco():

@@ -168,15 +168,18 @@ SMALL_POLICY = {"bc_steps": 10, "hidden": 32, "dim_model": 16}
 
 
 def _small(algo: str, episodes: int) -> list[str]:
-    """Overrides that make any algorithm's recipe quick: its own knobs of SMALL_ALGO."""
+    """Overrides that make any algorithm's recipe quick: its own knobs of SMALL_ALGO, its
+    policy kind's settings of SMALL_POLICY."""
     import dataclasses
 
-    from rlpost.robot.algos import ALGORITHMS
+    from rlpost.robot.policies.kinds import POLICY_KINDS
 
-    fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(algo).config)}
+    a = ALGORITHMS.get(algo)
+    fields = {f.name for f in dataclasses.fields(a.config)}
+    settings = POLICY_KINDS[a.policy_kind].config.model_fields
     return [
         *(f"algo.params.{k}={v}" for k, v in SMALL_ALGO.items() if k in fields),
-        *(f"policy.{k}={v}" for k, v in SMALL_POLICY.items()),
+        *(f"policy.params.{k}={v}" for k, v in SMALL_POLICY.items() if k in settings),
         f"algo.params.episodes={episodes}",
         *COMMON,
     ]

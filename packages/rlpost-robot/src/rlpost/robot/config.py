@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rlpost.core.io import schema
 from rlpost.core.io.config import ConfigError, load_validated
@@ -38,30 +38,70 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 
 class PolicyConfig(_Strict):
     kind: str = "flow"
-    """A :data:`rlpost.robot.pretrain.POLICY_KINDS` entry: ``flow`` (our flow-matching chunk
-    policy), ``act`` (lerobot's ACT, lerobot extra), ``gaussian`` (a Gaussian chunk policy
-    with log-probabilities for policy gradients)."""
+    """A :data:`rlpost.robot.policies.kinds.POLICY_KINDS` entry: ``flow`` (our flow-matching
+    chunk policy), ``act`` (lerobot's ACT, lerobot extra), ``gaussian`` (a Gaussian chunk
+    policy with log-probabilities for policy gradients)."""
+    params: dict[str, Any] = {}
+    """The kind's own settings, validated against its configuration module
+    (``rlpost/robot/policies/configuration_<kind>.py``): ``horizon``, ``bc_steps``, and
+    ``hidden`` (flow, gaussian) or ``dim_model`` and ``pretrained`` (act). The flat form
+    of older recipes and runs (``policy: {kind: flow, horizon: 4}``, ``policy.hidden=32``)
+    is read into ``params``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_settings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        flat = {k: v for k, v in data.items() if k not in cls.model_fields}
+        if not flat:
+            return data
+        own = {k: v for k, v in data.items() if k in cls.model_fields}
+        return {**own, "params": {**dict(own.get("params") or {}), **flat}}
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, v: str) -> str:
-        from rlpost.robot.pretrain import POLICY_KINDS
+        from rlpost.robot.policies.kinds import POLICY_KINDS
 
         if v not in POLICY_KINDS:
-            raise ValueError(f"must be one of {sorted(POLICY_KINDS)}, got {v!r}")
+            raise ValueError(f"must be one of {POLICY_KINDS.names()}, got {v!r}")
         return v
 
-    horizon: int = Field(4, ge=1)
-    hidden: int = Field(256, ge=8)
-    """MLP width (``flow`` and ``gaussian``)."""
-    dim_model: int = Field(64, ge=8)
-    """ACT transformer width (``act`` only)."""
-    bc_steps: int = Field(3000, ge=1)
-    pretrained: str | None = None
-    """A lerobot ACT checkpoint to fine-tune instead of behaviour cloning one (``act`` only):
-    the ``pretrained_model/`` folder ``lerobot-train`` writes (``config.json``,
-    ``model.safetensors``, ``policy_preprocessor*``), trained on ``data`` (whose feature
-    names place its inputs in the task's observation); ``horizon`` is its chunk size."""
+    @field_validator("params")
+    @classmethod
+    def _kind_settings(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from pydantic import ValidationError
+
+        from rlpost.robot.policies.kinds import POLICY_KINDS
+
+        kind = info.data.get("kind")
+        if kind is None:  # (an unknown kind is reported on its own)
+            return v
+        try:
+            POLICY_KINDS.settings(kind, v)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(map(str, err["loc"]))
+            if err["type"] == "extra_forbidden":
+                fields = sorted(POLICY_KINDS[kind].config.model_fields)
+                raise ValueError(f"{where}: not a setting of policy kind {kind!r} (its "
+                                 f"settings: {', '.join(fields)})") from None  # fmt: skip
+            raise ValueError(f"{where}: {err['msg']}") from None
+        return v
+
+    @property
+    def settings(self) -> Any:
+        """The kind's validated settings (its configuration module's model)."""
+        from rlpost.robot.policies.kinds import POLICY_KINDS
+
+        return POLICY_KINDS.settings(self.kind, self.params)
+
+    def build(self, task: str, demos: Any, progress: bool, force: bool = False) -> Any:
+        """The cached BC policy of these settings (its folder), built on first use."""
+        from rlpost.robot.policies.kinds import POLICY_KINDS
+
+        return POLICY_KINDS[self.kind].builder()(task, demos, self.settings, progress, force)
 
 
 class DataConfig(_Strict):
@@ -143,10 +183,6 @@ class Config(_Strict):
                 algo.check(self.task, params)
             except ValueError as exc:
                 raise ValueError(f"algo.params: {exc}") from exc
-        if self.policy.pretrained is not None and self.policy.kind != "act":
-            raise ValueError(
-                f"policy.pretrained: a lerobot ACT checkpoint; policy.kind is {self.policy.kind!r}"
-            )
         return self
 
     def demo_source(self) -> Any:
@@ -228,13 +264,13 @@ class DeployPolicy(PolicyConfig):
     sample_steps: int = Field(10, ge=1)
     """Integration steps (flow policies; ACT decodes a chunk in one pass)."""
 
-    @field_validator("pretrained")
+    @field_validator("params")
     @classmethod
-    def _no_pretrained(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _no_pretrained(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v.get("pretrained") is not None:
             raise ValueError(
-                "deploy runs a train run's policy (policy.run); fine-tune a checkpoint with "
-                "rlpost-robot train policy.pretrained=... first"
+                "pretrained: deploy runs a train run's policy (policy.run); fine-tune a "
+                "checkpoint with rlpost-robot train policy.pretrained=... first"
             )
         return v
 
@@ -363,13 +399,15 @@ class FleetJob(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> FleetJob:
+        from rlpost.robot.algos import ALGORITHMS
         from rlpost.robot.envs import TASKS, make_env
         from rlpost.robot.fleet.human import InterventionConfig
         from rlpost.robot.fleet.variants import apply_variant
 
-        if self.policy.kind != "flow":
+        need = ALGORITHMS.get("lwd").policy_kind  # (the fleet's learner is LWD's)
+        if self.policy.kind != need:
             raise ValueError(
-                f"policy.kind: the fleet learner fine-tunes a flow policy, got {self.policy.kind!r}"
+                f"policy.kind: the fleet learner fine-tunes a {need} policy, got {self.policy.kind!r}"
             )
         if TASKS[self.task].image_shape is not None:
             raise ValueError(f"task: the fleet runs state tasks; {self.task} has a camera")

@@ -166,11 +166,11 @@ def build_robot(
 
 
 def _deploy_policy(job: Any) -> tuple[Any, str, Any]:
-    """The policy to deploy, its :data:`~rlpost.robot.pretrain.POLICY_KINDS` kind and its
+    """The policy to deploy, its :data:`~rlpost.robot.policies.kinds.POLICY_KINDS` kind and its
     :class:`~rlpost.robot.features.FeatureMap` (the run's ``policy/features.json``: the
     names of the data it was trained on; else the task's)."""
     from rlpost.robot.features import FeatureMap
-    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset, load_bc_policy, policy_kind
+    from rlpost.robot.pretrain import build_demo_dataset, load_bc_policy, policy_kind
 
     p = job.policy
     if p.run is not None:
@@ -180,7 +180,7 @@ def _deploy_policy(job: Any) -> tuple[Any, str, Any]:
     else:
         demos = job.demos.model_dump()
         build_demo_dataset(job.task, **demos)
-        folder = POLICY_KINDS[p.kind].build(job.task, demos, p, job.run.progress)
+        folder = p.build(job.task, demos, job.run.progress)
     features = FeatureMap.load(folder / "policy", job.task)
     return load_bc_policy(folder), policy_kind(folder), features
 
@@ -195,7 +195,7 @@ def run_deploy(job: Any, overwrite: bool = False) -> dict[str, Any]:
     from rlpost.core.io.metrics import MetricsLogger
     from rlpost.robot.lerobot_robot import deploy
     from rlpost.robot.policies.bc import ChunkController
-    from rlpost.robot.pretrain import POLICY_KINDS
+    from rlpost.robot.policies.kinds import POLICY_KINDS
 
     out = _start(job, overwrite)
     policy, kind, features = _deploy_policy(job)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlpost.core.io.cache import cache_entry, merge_params, publish_directory
+from rlpost.robot.policies.kinds import POLICY_KINDS
 
 #: Bump when a recipe changes in a way that invalidates cached builds.
 ROBOT_VERSION = 3
@@ -183,7 +183,7 @@ def _build_policy(
 
     source = demo_source(task, demos, cache_dir)
     target = _folder(
-        "bc" if kind == "flow" else kind, task, {**recipe, "demos": source.recipe()}, cache_dir
+        POLICY_KINDS[kind].cache_name, task, {**recipe, "demos": source.recipe()}, cache_dir
     )
     if (target / "bc_info.json").is_file() and not force:
         return target
@@ -339,73 +339,24 @@ def build_gaussian_policy(
 
 
 # ---------------------------------------------------------------------- policy kinds
+# The kinds are registered by their light configuration modules
+# (:mod:`rlpost.robot.policies.kinds`); these are their builds: each kind's settings to its
+# cached BC policy (the cache keys, and so the cached policies, as before the registry).
 
 
-@dataclass(frozen=True)
-class PolicyKind:
-    """A policy kind the robot trainer can behaviour-clone and fine-tune.
-
-    ``build(task, demos, policy_cfg, progress, force=False) -> folder``: the cached BC policy of a run
-    config's ``policy`` section (``horizon``, ``hidden``, ``dim_model``, ``bc_steps``);
-    ``load(folder) -> policy``: the saved policy of such a folder's ``policy/``;
-    ``multi_step``: whether the number of integration steps matters when it acts (a flow
-    policy) or a chunk is decoded in one pass.
-    """
-
-    name: str
-    build: Callable[..., Path]
-    load: Callable[[Path], Any]
-    multi_step: bool = False
+def build_flow_kind(task: str, demos: Any, p: Any, progress: bool, force: bool = False) -> Path:
+    return build_bc_policy(task, progress=progress, demos=demos, steps=p.bc_steps,
+                           horizon=p.horizon, hidden=p.hidden, force=force)  # fmt: skip
 
 
-def _load_flow(folder: Path):
-    from rlpost.robot.policies.flow import FlowChunkPolicy
-
-    return FlowChunkPolicy.load(folder)
-
-
-def _load_act(folder: Path):
-    from rlpost.robot.policies.act import ActChunkPolicy
-
-    return ActChunkPolicy.load(folder)
+def build_act_kind(task: str, demos: Any, p: Any, progress: bool, force: bool = False) -> Path:
+    return build_act_policy(task, demos=demos, steps=p.bc_steps, horizon=p.horizon,
+                            dim_model=p.dim_model, force=force)  # fmt: skip
 
 
-def _load_gaussian(folder: Path):
-    from rlpost.robot.policies.gaussian import GaussianChunkPolicy
-
-    return GaussianChunkPolicy.load(folder)
-
-
-POLICY_KINDS: dict[str, PolicyKind] = {
-    k.name: k
-    for k in (
-        PolicyKind(
-            "flow",
-            lambda task, demos, p, progress, force=False: build_bc_policy(
-                task, progress=progress, demos=demos, steps=p.bc_steps, horizon=p.horizon,
-                hidden=p.hidden, force=force,
-            ),
-            _load_flow,
-            multi_step=True,
-        ),
-        PolicyKind(
-            "act",
-            lambda task, demos, p, progress, force=False: build_act_policy(
-                task, demos=demos, steps=p.bc_steps, horizon=p.horizon, dim_model=p.dim_model,
-                force=force,
-            ),
-            _load_act,
-        ),
-        PolicyKind(
-            "gaussian",
-            lambda task, demos, p, progress, force=False: build_gaussian_policy(
-                task, demos=demos, steps=p.bc_steps, horizon=p.horizon, hidden=p.hidden,
-                force=force,
-            ),
-            _load_gaussian,
-        ),
-    )
-}  # fmt: skip
+def build_gaussian_kind(task: str, demos: Any, p: Any, progress: bool, force: bool = False) -> Path:
+    return build_gaussian_policy(task, demos=demos, steps=p.bc_steps, horizon=p.horizon,
+                                 hidden=p.hidden, force=force)  # fmt: skip
 
 
 def policy_kind(path: str | os.PathLike) -> str:
@@ -421,4 +372,4 @@ def policy_kind(path: str | os.PathLike) -> str:
 def load_bc_policy(path: str | os.PathLike):
     """The policy of a BC policy folder of any kind (:data:`POLICY_KINDS`; the kind is
     read from the saved config; safetensors + JSON only)."""
-    return POLICY_KINDS[policy_kind(path)].load(Path(path) / "policy")
+    return POLICY_KINDS[policy_kind(path)].loader()(Path(path) / "policy")

@@ -108,7 +108,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
         "algo": cfg.algo.name,
         "algo_title": algo.title,
         "policy": cfg.policy.kind,
-        "start": "pretrained" if cfg.policy.pretrained else "BC",
+        "start": "pretrained" if getattr(cfg.policy.settings, "pretrained", None) else "BC",
         "demos": "data" if cfg.data.given else "scripted",
         "episodes": getattr(cfg.algorithm_config(), algo.episodes_field),
         "eval_episodes": cfg.run.eval_episodes,
@@ -171,7 +171,7 @@ def save_lerobot_copy(policy: Any, task: str, path: Path) -> str:
 def evaluation_steps(cfg: Any) -> tuple[int, ...]:
     """The integration steps a run is evaluated with: ``run.eval_steps`` for kinds that
     integrate (a flow), one pass otherwise (ACT decodes a chunk at once)."""
-    from rlpost.robot.pretrain import POLICY_KINDS
+    from rlpost.robot.policies.kinds import POLICY_KINDS
 
     return tuple(cfg.run.eval_steps) if POLICY_KINDS[cfg.policy.kind].multi_step else (1,)
 
@@ -185,11 +185,8 @@ def demo_episodes(cfg: Any) -> list[Any]:
 
 def build_policy_for(cfg: Any) -> Path:
     """The cached BC policy folder of a run config (its task, demonstrations and policy
-    kind, :data:`rlpost.robot.pretrain.POLICY_KINDS`); built on first use."""
-    from rlpost.robot.pretrain import POLICY_KINDS
-
-    kind = POLICY_KINDS[cfg.policy.kind]
-    return kind.build(cfg.task, cfg.demo_source(), cfg.policy, cfg.run.progress)
+    kind, :data:`rlpost.robot.policies.kinds.POLICY_KINDS`); built on first use."""
+    return cfg.policy.build(cfg.task, cfg.demo_source(), cfg.run.progress)
 
 
 def initial_policy(cfg: Any) -> Any:
@@ -198,7 +195,8 @@ def initial_policy(cfg: Any) -> Any:
     a data set), or else the cached BC policy of :func:`build_policy_for`."""
     from rlpost.robot.pretrain import load_bc_policy
 
-    if cfg.policy.pretrained is None:
+    pretrained = getattr(cfg.policy.settings, "pretrained", None)
+    if pretrained is None:
         return load_bc_policy(build_policy_for(cfg))
     from rlpost.robot.envs import TASKS
     from rlpost.robot.lerobot_data import dataset_names, obs_split
@@ -225,9 +223,7 @@ def initial_policy(cfg: Any) -> Any:
             )
     else:
         state_idx, env_idx = (tuple(int(i) for i in a) for a in obs_split(cfg.task))
-    return ActChunkPolicy.from_lerobot(
-        cfg.policy.pretrained, spec.obs_dim, spec.act_dim, state_idx, env_idx
-    )
+    return ActChunkPolicy.from_lerobot(pretrained, spec.obs_dim, spec.act_dim, state_idx, env_idx)
 
 
 # ------------------------------------------------------------------------ report

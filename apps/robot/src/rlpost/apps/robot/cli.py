@@ -182,7 +182,8 @@ def _algorithms(_: argparse.Namespace) -> int:
 def _build_base(args: argparse.Namespace) -> int:
     from rlpost.robot.config import DemoConfig, PolicyConfig
     from rlpost.robot.envs import TASKS
-    from rlpost.robot.pretrain import POLICY_KINDS, build_demo_dataset
+    from rlpost.robot.policies.kinds import POLICY_KINDS
+    from rlpost.robot.pretrain import build_demo_dataset
 
     if args.task not in TASKS:
         raise ValueError(f"unknown task {args.task!r}; tasks: {sorted(TASKS)}")
@@ -193,7 +194,7 @@ def _build_base(args: argparse.Namespace) -> int:
     demos = DemoConfig().model_dump()
     print(build_demo_dataset(args.task, force=args.force, **demos))
     policy = PolicyConfig(kind=args.kind)
-    print(POLICY_KINDS[args.kind].build(args.task, demos, policy, True, force=args.force))
+    print(policy.build(args.task, demos, True, force=args.force))
     return 0
 
 

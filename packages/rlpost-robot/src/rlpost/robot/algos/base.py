@@ -5,7 +5,7 @@ algorithm names:
 
 * ``config``: its frozen dataclass of hyper-parameters (``algo.params`` in a recipe, with
   ``seed`` from ``run.seed``), validated at load like a core registry's parameters;
-* ``policy_kind``: the :data:`rlpost.robot.pretrain.POLICY_KINDS` entry it fine-tunes;
+* ``policy_kind``: the :data:`rlpost.robot.policies.kinds.POLICY_KINDS` entry it fine-tunes;
 * ``run``: ``run(ctx) -> {"history": [...], "config": {...}}`` with ``ctx`` the typed
   :class:`RunContext` (policy, task, demonstrations, config, logger, progress,
   checkpoints), the algorithm's fine-tuning, usually its learner plugged into

@@ -70,7 +70,7 @@ class FleetRuntime:
     def __init__(self, job: Any, out: Path, resume: bool = False, progress: bool = True):
         from rlpost.core.io.rundir import notice
         from rlpost.robot.fleet.store import ExperienceStore
-        from rlpost.robot.pretrain import POLICY_KINDS, demo_source
+        from rlpost.robot.pretrain import demo_source
 
         self.job, self.out, self.progress = job, Path(out).resolve(), progress
         self.store, recovery = ExperienceStore.open(self.out / "store", job.task)
@@ -79,7 +79,7 @@ class FleetRuntime:
         self.recovery = str(recovery)
         self._view_stale = not self.store.view_ok  # damaged: rebuilt from the spool at once
         source = demo_source(job.task, job.demos.model_dump())
-        self.policy_dir = Path(POLICY_KINDS["flow"].build(job.task, source, job.policy, progress))
+        self.policy_dir = Path(job.policy.build(job.task, source, progress))
         self.policy_dir = self.policy_dir.resolve()
         self.demos = source.load()
         self.variants = job.fleet.variant_list()

@@ -1,0 +1,46 @@
+"""The robot package dispatches through its registries: no source compares a value with
+the name of a registered algorithm or policy kind (but for two names that mean something
+else there), and every algorithm's policy kind is registered with light settings."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import rlpost.robot
+from rlpost.robot.algos import ALGORITHMS
+from rlpost.robot.policies.kinds import POLICY_KINDS
+
+ROOT = Path(rlpost.robot.__file__).parent
+OTHER_MEANINGS = {
+    ("policies/act.py", "act"),  # lerobot's own policy type in a checkpoint's config
+    ("algos/craft.py", "craft"),  # one of CRAFT's advantage modes
+}
+
+
+def _comparisons(names: set[str]) -> set[tuple[str, str]]:
+    found = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in [node.left, *node.comparators]:
+                consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                for c in consts:
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.add((str(path.relative_to(ROOT)), c.value))
+    return found
+
+
+def test_no_source_compares_with_an_algorithm_or_policy_kind_name():
+    names = set(ALGORITHMS.names()) | set(POLICY_KINDS.names())
+    assert _comparisons(names) == OTHER_MEANINGS
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_algorithms_policy_kind_is_registered(name):
+    kind = POLICY_KINDS[ALGORITHMS.get(name).policy_kind]
+    assert kind.config.model_validate({}) is not None  # (settings with defaults)
+    assert callable(kind.loader()) and callable(kind.builder())
