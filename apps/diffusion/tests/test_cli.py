@@ -66,7 +66,7 @@ def test_a_method_registered_by_the_test_trains_through_the_cli(tmp_path, monkey
             name="toy_pull",
             paper="a test",
             sampler=Choice("ode"),
-            family="renoise",
+            family=Choice("renoise"),
             advantage=Choice("rloo"),
             loss=toy,
             params=ToyParams,

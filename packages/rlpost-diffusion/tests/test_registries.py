@@ -41,7 +41,7 @@ def test_no_source_compares_with_a_sampler_method_or_family_name():
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_methods_choices_are_registered_and_fit(name):
     m = METHODS.get(name)
-    family = FAMILIES.get(m.family)
+    family = FAMILIES.get(m.family.name)
     assert family.stochastic == SAMPLERS.get(m.sampler.name).stochastic
     SAMPLERS.params(m.sampler.name, m.sampler.params)
     for r in m.regularizers:
@@ -53,7 +53,7 @@ def test_a_method_whose_family_and_sampler_do_not_fit_is_refused():
     from rlpost.core.presets import Choice
     from rlpost.diffusion.methods import Method, register_method
 
-    bad = Method(name="bad", paper="-", sampler=Choice("ode"), family="sde_replay",
+    bad = Method(name="bad", paper="-", sampler=Choice("ode"), family=Choice("sde_replay"),
                  advantage=Choice("grpo"), loss=lambda inp, p: None)  # fmt: skip
     with pytest.raises(TypeError, match="needs a stochastic sampler"):
         register_method(bad)

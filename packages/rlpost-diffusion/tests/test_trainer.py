@@ -162,6 +162,13 @@ def test_an_old_config_with_flat_sampler_knobs_loads_as_it_behaved():
     assert flow.sampler_params().a == 0.5
     with pytest.raises(ConfigError, match=r"sampler\.params"):
         load_config(recipe_path("dance_grpo_digits"), ["sampler.params={a: 0.5}"])
+    # and the flat family knobs: read into algo.family where the family has them
+    ram = load_config(recipe_path("ram_digits"), ["algo.renoise_k=2", "algo.sigma_loc=0.5"])
+    assert ram.algo.family_params().renoise_k == 2 and ram.algo.family_params().sigma_loc == 0.5
+    dance = load_config(recipe_path("dance_grpo_digits"), ["algo.renoise_k=2"])
+    assert dance.algo.family == {"timestep_fraction": 0.6}  # (never applied to an SDE replay)
+    with pytest.raises(ConfigError, match=r"algo\.family"):
+        load_config(recipe_path("dance_grpo_digits"), ["algo.family.renoise_k=2"])
 
 
 def test_normguard_alone_pulls_inflated_norms_back_to_the_reference(tmp_path):

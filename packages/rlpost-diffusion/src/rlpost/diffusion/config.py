@@ -196,16 +196,36 @@ class AlgoConfig(_Strict):
     kl_coef: float | None = Field(None, ge=0)
     """KL on the step means (SDE methods) or on the velocity (velocity methods); None: the
     method's default."""
-    timestep_fraction: float | None = Field(None, gt=0, le=1)
-    """Fraction of denoising steps trained per sample (SDE methods); None: the method's."""
+    family: dict[str, Any] = {}
+    """The method's training family's own parameters, merged over the method's and
+    validated against that family: ``timestep_fraction`` (``sde_replay``: the share of
+    denoising steps trained per sample), ``renoise_k``, ``sigma_dist``, ``sigma_loc``,
+    ``sigma_scale`` (``renoise``: re-noisings of each clean endpoint per step and their
+    noise-level distribution). An older config's flat ``algo.<knob>`` is read into it."""
     shared_noise: bool | None = None
     """Same initial noise for a prompt's group (DanceGRPO); None: the method's default."""
-    renoise_k: int = Field(4, ge=1)
-    """Velocity-local methods: re-noisings of each clean endpoint per step."""
-    sigma_dist: Literal["logit_normal", "uniform"] = "logit_normal"
-    sigma_loc: float = 0.0
-    sigma_scale: float = Field(1.0, gt=0)
     normguard: NormGuardConfig = NormGuardConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_family_knobs(cls, data: Any) -> Any:
+        """``algo.renoise_k`` / ``sigma_*`` / ``timestep_fraction`` (before families took
+        typed parameters): moved into ``family`` when the method's family has them, else
+        dropped (they never applied to it)."""
+        knobs = ("timestep_fraction", "renoise_k", "sigma_dist", "sigma_loc", "sigma_scale")
+        if not isinstance(data, dict) or not any(k in data for k in knobs):
+            return data
+        from rlpost.diffusion.families import FAMILIES
+
+        data = dict(data)
+        legacy = {k: data.pop(k) for k in knobs if k in data}
+        method = data.get("method", "flow_grpo")
+        if method in METHODS:
+            fam = FAMILIES.get(METHODS.get(method).family.name)
+            names = {f.name for f in dataclasses.fields(fam.params)}
+            ok = {k: v for k, v in legacy.items() if k in names and v is not None}
+            data["family"] = {**dict(data.get("family") or {}), **ok}
+        return data
 
     @model_validator(mode="after")
     def _check_method(self) -> AlgoConfig:
@@ -217,6 +237,10 @@ class AlgoConfig(_Strict):
             self.bound_method()
         except RegistryError as exc:
             raise ValueError(f"algo.params / algo.advantage: {exc}") from exc
+        try:
+            self.family_params()
+        except RegistryError as exc:
+            raise ValueError(f"algo.family: {exc}") from exc
         return self
 
     def bound_method(self) -> BoundMethod:
@@ -250,20 +274,11 @@ class AlgoConfig(_Strict):
         return out
 
     def family_params(self) -> Any:
-        """The method's training family's parameters, from this section's knobs."""
+        """The training family's validated parameters: ``family`` over the method's."""
         from rlpost.diffusion.families import FAMILIES
 
-        fam = FAMILIES.get(METHODS.get(self.method).family)
-        knobs = {"timestep_fraction": self.resolved_fraction(), "renoise_k": self.renoise_k,
-                 "sigma_dist": self.sigma_dist, "sigma_loc": self.sigma_loc,
-                 "sigma_scale": self.sigma_scale}  # fmt: skip
-        names = {f.name for f in dataclasses.fields(fam.params)}
-        return FAMILIES.params(fam.name, {k: v for k, v in knobs.items() if k in names})
-
-    def resolved_fraction(self) -> float:
-        if self.timestep_fraction is not None:
-            return self.timestep_fraction
-        return METHODS.get(self.method).timestep_fraction
+        choice = METHODS.get(self.method).family
+        return FAMILIES.params(choice.name, {**choice.params, **self.family})
 
     def resolved_shared_noise(self) -> bool:
         if self.shared_noise is not None:

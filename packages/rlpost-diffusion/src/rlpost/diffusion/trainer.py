@@ -110,7 +110,7 @@ class Trainer:
         self.quality = metrics if metrics is not None else quality_metrics(cfg.model.name)
         self.method = cfg.algo.bound_method()
         self.sampler_name, self.sampler_params = cfg.sampler_kind, cfg.sampler_params()
-        self.family = FAMILIES.get(self.method.method.family)
+        self.family = FAMILIES.get(self.method.method.family.name)
         self.family_params = cfg.algo.family_params()
         self.regularizers = [(REGULARIZERS.get(r.name), REGULARIZERS.params(r.name, r.params))
                              for r in cfg.algo.regularizers()]  # fmt: skip

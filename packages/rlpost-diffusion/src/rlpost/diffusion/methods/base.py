@@ -7,7 +7,8 @@ generator, each a choice from a registry, so that the trainer holds no method na
   and its parameters (``ode``; the SDEs ``flow_grpo`` and ``dance``, whose per-step
   Gaussian transitions carry log-probabilities);
 * ``family``: how a batch becomes loss inputs, a :data:`rlpost.diffusion.families.FAMILIES`
-  entry (``sde_replay``: the stored SDE transitions replayed with ratios; ``renoise``: the
+  entry and its parameters (``sde_replay``: the stored SDE transitions replayed with
+  ratios, on ``timestep_fraction`` of the steps; ``renoise``: the
   clean endpoints re-noised as in pretraining, velocity regression);
 * ``advantage``: a :data:`rlpost.core.advantages.ADVANTAGES` entry and its parameters
   (per prompt group or per batch), computed from the rewards of each step's samples;
@@ -19,8 +20,7 @@ generator, each a choice from a registry, so that the trainer holds no method na
 * ``regularizers``: :data:`rlpost.diffusion.regularizers.REGULARIZERS` entries added to
   the loss (the KL to the reference, NormGuard), the run's ``algo.kl_coef`` and
   ``algo.normguard`` overriding or adding them (``kl_term=False``: the loss already holds
-  the KL, RAM's target); and the fraction of denoising steps trained and shared initial
-  noise per prompt group.
+  the KL, RAM's target); and shared initial noise per prompt group.
 
 Adding a method is one module with its loss and one :func:`register_method` call.
 """
@@ -53,14 +53,13 @@ class Method:
     name: str
     paper: str
     sampler: Choice  # a SAMPLERS entry and its parameters
-    family: str  # a FAMILIES entry
+    family: Choice  # a FAMILIES entry and its parameters
     advantage: Choice
     loss: Callable[[LossInput, Any], LossOutput]
     params: type = NoParams
     needs: frozenset[Input] = frozenset()
     regularizers: tuple[Choice, ...] = ()  # REGULARIZERS entries (e.g. kl, its coef)
     kl_term: bool = True  # False: the loss already holds the KL (RAM's target)
-    timestep_fraction: float = 1.0  # SDE replay: fraction of denoising steps trained
     shared_noise: bool = False  # one initial noise per prompt group
 
     @property
@@ -98,7 +97,8 @@ class MethodRegistry(NamedRegistry[Method]):
             raise TypeError(f"method {method.name!r}: params must be a frozen dataclass")
         ADVANTAGES.build(method.advantage.name, **dict(method.advantage.params))
         SAMPLERS.params(method.sampler.name, method.sampler.params)
-        family = FAMILIES.get(method.family)
+        family = FAMILIES.get(method.family.name)
+        FAMILIES.params(family.name, method.family.params)
         if family.stochastic != SAMPLERS.get(method.sampler.name).stochastic:
             kind = "a stochastic" if family.stochastic else "a deterministic"
             raise TypeError(f"method {method.name!r}: family {family.name!r} needs {kind} "
@@ -131,7 +131,7 @@ class MethodRegistry(NamedRegistry[Method]):
         for m in map(self.get, self.names()):
             reads = ",".join(sorted(m.needs)) or "-"
             kl = f"{m.kl_coef:g}" if m.kl_term else "(loss)"
-            lines.append(f"{m.name:<12}{m.sampler.name:<11}{m.family:<12}{m.advantage.name:<17}"
+            lines.append(f"{m.name:<12}{m.sampler.name:<11}{m.family.name:<12}{m.advantage.name:<17}"
                          f"{reads:<32}{kl:>6}  {m.paper}")  # fmt: skip
         return "\n".join(lines)
 

@@ -37,12 +37,11 @@ register_method(
         name="flow_grpo",
         paper="Liu et al. 2025, Flow-GRPO, arXiv:2505.05470",
         sampler=Choice("flow_grpo", {"a": 0.7}),
-        family="sde_replay",
+        family=Choice("sde_replay", {"timestep_fraction": 1.0}),
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=sde_clip,
         params=SDEClipParams,
         regularizers=(Choice("kl", {"coef": 0.04}),),
-        timestep_fraction=1.0,
     )
 )
 register_method(
@@ -50,11 +49,10 @@ register_method(
         name="dance_grpo",
         paper="Xue et al. 2025, DanceGRPO, arXiv:2505.07818",
         sampler=Choice("dance", {"eta": 0.3}),
-        family="sde_replay",
+        family=Choice("sde_replay", {"timestep_fraction": 0.6}),
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=sde_clip,
         params=SDEClipParams,
-        timestep_fraction=0.6,
         shared_noise=True,
     )
 )
@@ -63,11 +61,10 @@ register_method(
         name="slas",
         paper="SLAS: super-linear advantage shaping (catalog 000-29)",
         sampler=Choice("dance", {"eta": 0.3}),
-        family="sde_replay",
+        family=Choice("sde_replay", {"timestep_fraction": 0.6}),
         advantage=Choice("slas", {"gamma": 0.5, "eps": 1e-4}),
         loss=sde_clip,
         params=SDEClipParams,
-        timestep_fraction=0.6,
         shared_noise=True,
     )
 )

@@ -54,7 +54,7 @@ register_method(
         name="ram",
         paper="RAM: Reinforce Adjoint Matching (catalog 001-01)",
         sampler=Choice("ode"),
-        family="renoise",
+        family=Choice("renoise", {"renoise_k": 4}),
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=ram,
         params=RAMParams,
@@ -67,7 +67,7 @@ register_method(
         name="awm",
         paper="Advantage-weighted flow matching (AWM baseline)",
         sampler=Choice("ode"),
-        family="renoise",
+        family=Choice("renoise", {"renoise_k": 4}),
         advantage=Choice("grpo", {"eps": 1e-4, "clip": 5.0}),
         loss=awm,
     )
@@ -77,7 +77,7 @@ register_method(
         name="rwr",
         paper="Reward-weighted regression (Peters & Schaal 2007) for flow matching",
         sampler=Choice("ode"),
-        family="renoise",
+        family=Choice("renoise", {"renoise_k": 4}),
         advantage=Choice("reward_weighted", {"temperature": 0.1}),
         loss=rwr,
     )
