@@ -49,7 +49,9 @@ def test_a_hanging_exiting_raising_or_nan_reward_is_bounded_and_counted():
     try:
         t0 = time.monotonic()
         out = scorer(images, [0, 1, 2, 3, 4])
-        assert time.monotonic() - t0 < 15
+        # bounded: the 100 s hang is cut at its 1 s limit (the margin covers a worker's
+        # start on a loaded machine: 15 s was once exceeded beside a busy process)
+        assert time.monotonic() - t0 < 60
     finally:
         scorer.close()
     assert torch.isnan(out.rewards[[0, 1, 2, 4]]).all() and out.rewards[3] == 0.5

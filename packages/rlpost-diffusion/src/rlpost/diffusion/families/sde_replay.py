@@ -51,7 +51,6 @@ def loss(tr: Any, b: Any, plan: Plan, idx: Tensor) -> tuple[Tensor, dict[str, fl
     cond, adv, steps = cond_index(b.cond, idx), b.advantages[idx], plan.state["steps"]
     total = torch.zeros((), device=tr.device)
     sums = {r: 0.0 for r in tr.regularizer_names} | {"clip_frac": 0.0, "vnorm_ratio": 0.0}
-    transition = any(r.transition for r, _ in tr.regularizers)
     for j in steps.tolist():
         x, x_next = b.traj.xs[idx, j], b.traj.xs[idx, j + 1]
         sig = tr.sigmas[j].expand(len(idx))
@@ -64,17 +63,25 @@ def loss(tr: Any, b: Any, plan: Plan, idx: Tensor) -> tuple[Tensor, dict[str, fl
             sums[k] = sums.get(k, 0.0) + m
         step_loss = res.loss
         if tr.regularizers:
-            v_ref = tr.policy.reference_velocity(x, sig, cond).float()
-            ratio = obj.velocity_norm(v.detach()) / obj.velocity_norm(v_ref)
-            sums["vnorm_ratio"] += ratio.mean().item()
-            ref = step(tr.sampler_name, x, v_ref, tr.sigmas[j], tr.sigmas[j + 1], **kw) \
-                if transition else None  # fmt: skip
-            inp = RegInput(v, v_ref, out.mean, ref.mean if ref else None, out.std) \
-                if transition else RegInput(v, v_ref)  # fmt: skip
+            inp = _reg_input(tr, x, v, sig, cond, out, (tr.sigmas[j], tr.sigmas[j + 1]), kw)
+            sums["vnorm_ratio"] += (
+                (obj.velocity_norm(v.detach()) / obj.velocity_norm(inp.v_ref)).mean().item()
+            )
             step_loss = regularize(tr, step_loss, inp, sums)
         total = total + step_loss.sum()
     n = max(len(steps), 1)
     return total / n, {k: v / n for k, v in sums.items()}
+
+
+def _reg_input(tr: Any, x: Tensor, v: Tensor, sig: Tensor, cond: Any, out: Any,
+               sigmas: tuple[Tensor, Tensor], kw: dict) -> RegInput:  # fmt: skip
+    """The regularisers' input at one step: the reference's velocity, and for a transition
+    regulariser (the KL) the step's Gaussian under both policies."""
+    v_ref = tr.policy.reference_velocity(x, sig, cond).float()
+    if not any(r.transition for r, _ in tr.regularizers):
+        return RegInput(v, v_ref)
+    ref = step(tr.sampler_name, x, v_ref, *sigmas, **kw)
+    return RegInput(v, v_ref, out.mean, ref.mean, out.std)
 
 
 register_family(Family("sde_replay", plan, loss, SDEReplayParams, stochastic=True))
