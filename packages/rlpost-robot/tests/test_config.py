@@ -137,6 +137,19 @@ def test_the_flat_policy_form_of_older_recipes_reads_into_the_kinds_settings():
     assert again == old
 
 
+def test_validating_a_recipe_of_an_algorithm_without_a_runtime_check_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from rlpost.robot.config import load_config, recipe_path; "
+        "load_config(recipe_path('otql_reacher')); load_config(recipe_path('pac_act_contour')); "
+        "assert 'torch' not in sys.modules"
+    )  # (CRAFT's proxy check and the task list still import their modules)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_importing_the_config_imports_neither_torch_nor_gymnasium_nor_mujoco():
     import subprocess
     import sys

@@ -16,7 +16,7 @@ from rlpost.robot.policies.kinds import POLICY_KINDS
 ROOT = Path(rlpost.robot.__file__).parent
 OTHER_MEANINGS = {
     ("policies/act.py", "act"),  # lerobot's own policy type in a checkpoint's config
-    ("algos/craft.py", "craft"),  # one of CRAFT's advantage modes
+    ("algos/configuration_craft.py", "craft"),  # one of CRAFT's advantage modes
 }
 
 

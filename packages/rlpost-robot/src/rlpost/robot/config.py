@@ -178,9 +178,10 @@ class Config(_Strict):
                 f"algo {algo.name!r} fine-tunes a policy.kind={algo.policy_kind!r} policy, "
                 f"got policy.kind={self.policy.kind!r}"
             )
-        if algo.check is not None:
+        check = algo.checker()
+        if check is not None:
             try:
-                algo.check(self.task, params)
+                check(self.task, params)
             except ValueError as exc:
                 raise ValueError(f"algo.params: {exc}") from exc
         return self
@@ -372,7 +373,7 @@ class LearnerSection(_Strict):
 
     def lwd_config(self, seed: int) -> Any:
         from rlpost.core.registry import make_params
-        from rlpost.robot.algos.lwd import LWDConfig
+        from rlpost.robot.algos.configuration_lwd import LWDConfig
 
         return make_params(LWDConfig, "fleet learner", {**self.params, "seed": seed})
 

@@ -93,7 +93,7 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
                      log=lambda row: logger.log(row["episodes"], row),
                      progress=cfg.run.progress, checkpoints=checkpoints)  # fmt: skip
     try:
-        history = algo.run(ctx)["history"]
+        history = algo.runner()(ctx)["history"]
     finally:
         logger.close()
     experience = recorder.finish() if recorder is not None else None

@@ -12,10 +12,17 @@ module             contents
 ``residual``       the offline residual RL corrector (004-03; ``rlpost-robot residual``)
 =================  ===========================================================
 
-Importing this package registers every algorithm (each module registers its own).
+Importing this package registers every algorithm: each ``configuration_<name>`` module
+(its config dataclass and registration; no torch) registers its own, and the runner in
+``<name>`` is imported when a run starts.
 """
 
-from rlpost.robot.algos import craft, lwd, otql, pac_act  # noqa: F401  (registration)
+from rlpost.robot.algos import (  # noqa: F401  (each registers its algorithm; light)
+    configuration_craft,
+    configuration_lwd,
+    configuration_otql,
+    configuration_pac_act,
+)
 from rlpost.robot.algos.base import ALGORITHMS, Algorithm, RunContext, register_algorithm
 
 __all__ = ["ALGORITHMS", "Algorithm", "RunContext", "register_algorithm"]

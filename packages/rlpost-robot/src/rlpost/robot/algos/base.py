@@ -15,7 +15,11 @@ algorithm names:
 * ``check``: an optional ``check(task, config)`` run at config load (e.g. CRAFT needs a
   counterfactual model of the task).
 
-Adding an algorithm is one module and one :func:`register_algorithm` call.
+An algorithm's config dataclass and its registration live in a light module,
+``configuration_<name>.py`` (``run`` and ``check`` named as ``"module:function"``), so
+that validating a recipe imports no torch; its learner and runner in ``<name>.py``.
+Adding an algorithm is those two modules, one import line in ``algos/__init__.py`` and a
+recipe.
 """
 
 from __future__ import annotations
@@ -51,9 +55,26 @@ class Algorithm:
     paper: str
     config: type
     policy_kind: str
-    run: Callable[[RunContext], dict[str, Any]]
-    check: Callable[[str, Any], None] | None = None
+    run: Callable[[RunContext], dict[str, Any]] | str  # or "module:function", imported to run
+    check: Callable[[str, Any], None] | str | None = None
+
     episodes_field: str = "episodes"  # the config field holding the online budget
+
+    def runner(self) -> Callable[[RunContext], dict[str, Any]]:
+        return _resolve(self.run)
+
+    def checker(self) -> Callable[[str, Any], None] | None:
+        return None if self.check is None else _resolve(self.check)
+
+
+def _resolve(fn: Any) -> Any:
+    """A callable, or the ``"module:function"`` it names (imported now)."""
+    if not isinstance(fn, str):
+        return fn
+    import importlib
+
+    module, _, name = fn.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class AlgorithmRegistry(NamedRegistry[Algorithm]):

@@ -38,15 +38,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
+from rlpost.robot.algos.base import RunContext
 from rlpost.robot.algos.common import (
     Checkpoints,
     ChunkBuffer,
@@ -55,50 +55,11 @@ from rlpost.robot.algos.common import (
     collect_with,
     online_loop,
 )
+from rlpost.robot.algos.configuration_otql import OTQLConfig
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.flow import FlowChunkPolicy
 
 # ------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class OTQLConfig:
-    episodes: int = 60
-    """Online interaction budget (episodes summed over the parallel envs)."""
-    envs: int = 4
-    sample_steps: int = 10
-    """Integration steps of the acting policy during fine-tuning."""
-    gamma: float = 0.99
-    expectile: float = 0.7
-    beta: float = 1.0
-    weight_clip: float = 20.0
-    k_samples: int = 8
-    ot_coef: float = 0.25
-    data_coef: float = 1.0
-    coupling: Literal["ot", "independent"] = "ot"
-    updates_per_round: int = 20
-    critic_pretrain_steps: int = 1000
-    batch_size: int = 128
-    critic_lr: float = 3e-4
-    policy_lr: float = 1e-4
-    hidden: int = 256
-    target_tau: float = 0.01
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_ranges(
-            self,
-            nonneg=("ot_coef", "data_coef", "critic_pretrain_steps", "weight_clip"),
-            positive=("beta", "critic_lr", "policy_lr"),
-            counts=("episodes", "envs", "sample_steps", "updates_per_round", "batch_size"),
-            unit=("gamma", "target_tau"),
-        )
-        if not 0 < self.expectile < 1:
-            raise ValueError(f"expectile must be in (0, 1), got {self.expectile}")
-        if self.k_samples < 1:
-            raise ValueError(f"k_samples must be >= 1, got {self.k_samples}")
-        if self.coupling not in ("ot", "independent"):
-            raise ValueError(f"coupling must be 'ot' or 'independent', got {self.coupling!r}")
 
 
 # ------------------------------------------------------------------ chunk transitions
@@ -357,15 +318,3 @@ def run(ctx: RunContext) -> dict[str, Any]:
     """The registered runner: :func:`run_otql` on the run's context."""
     return run_otql(ctx.policy, ctx.task, ctx.demos, ctx.config, ctx.log, ctx.progress,
                     ctx.checkpoints)  # fmt: skip
-
-
-register_algorithm(
-    Algorithm(
-        name="otql",
-        title="OTQL",
-        paper="OTQL: optimal-transport Q-learning for flow policies (catalog 004-16)",
-        config=OTQLConfig,
-        policy_kind="flow",
-        run=run,
-    )
-)

@@ -39,15 +39,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.robot.algos.base import Algorithm, RunContext, check_ranges, register_algorithm
+from rlpost.robot.algos.base import RunContext
 from rlpost.robot.algos.common import (
     Checkpoints,
     ChunkBuffer,
@@ -56,60 +56,11 @@ from rlpost.robot.algos.common import (
     force_stats,
     online_loop,
 )
+from rlpost.robot.algos.configuration_pac_act import PACACTConfig
 from rlpost.robot.nets import mlp
 from rlpost.robot.policies.act import ActChunkPolicy
 
 STATE, ENV = "observation.state", "observation.environment_state"
-
-
-@dataclass(frozen=True)
-class PACACTConfig:
-    episodes: int = 160
-    """Online interaction budget (episodes summed over the parallel envs)."""
-    envs: int = 8
-    gamma: float = 0.99
-    explore_std: float = 0.02
-    """Std of the Gaussian exploration noise on every chunk entry (action units)."""
-    q_coef: float = 2.5
-    """alpha: weight of the normalised Q term of the actor loss."""
-    prior_coef: float = 10.0
-    """lambda: weight of the hybrid behaviour-prior constraint (0: unconstrained)."""
-    prior_mix: float = 0.5
-    """m: share of the anchor to the pretrained actor (the rest is demonstration BC)."""
-    demo_weighting: Literal["uniform", "advantage"] = "uniform"
-    """Demonstration BC weights: uniform, or ``exp(beta A / std(A))`` (clipped at 20,
-    mean 1) with the critic's advantage of the demonstrated chunk over the actor's."""
-    demo_beta: float = 1.0
-    force_excess_coef: float = 0.1
-    force_violation_coef: float = 0.02
-    updates_per_round: int = 50
-    critic_pretrain_steps: int = 500
-    policy_delay: int = 2
-    batch_size: int = 128
-    critic_lr: float = 3e-4
-    actor_lr: float = 3e-5
-    hidden: int = 256
-    target_tau: float = 0.01
-    target_noise: float = 0.05
-    target_noise_clip: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_ranges(
-            self,
-            nonneg=(
-                "explore_std",
-                "prior_coef",
-                "q_coef",
-                "force_excess_coef",
-                "force_violation_coef",
-                "critic_pretrain_steps",
-                "demo_beta",
-            ),
-            positive=("critic_lr", "actor_lr"),
-            counts=("episodes", "envs", "updates_per_round", "policy_delay", "batch_size"),
-            unit=("prior_mix", "gamma", "target_tau"),
-        )
 
 
 # ------------------------------------------------------------------ force safety
@@ -422,15 +373,3 @@ def run(ctx: RunContext) -> dict[str, Any]:
     """The registered runner: :func:`run_pac_act` on the run's context."""
     return run_pac_act(ctx.policy, ctx.task, ctx.demos, ctx.config, ctx.log, ctx.progress,
                        ctx.checkpoints)  # fmt: skip
-
-
-register_algorithm(
-    Algorithm(
-        name="pac_act",
-        title="PAC-ACT",
-        paper="PAC-ACT: safe actor-critic fine-tuning of ACT (catalog 004-10)",
-        config=PACACTConfig,
-        policy_kind="act",
-        run=run,
-    )
-)
