@@ -137,15 +137,20 @@ def test_the_flat_policy_form_of_older_recipes_reads_into_the_kinds_settings():
     assert again == old
 
 
-def test_validating_a_recipe_of_an_algorithm_without_a_runtime_check_imports_no_torch():
+def test_validating_a_recipe_imports_neither_torch_nor_gymnasium_nor_mujoco():
+    """The config modules (algorithms', policy kinds', the task list) are light; only a
+    load-time check that needs a runtime object (CRAFT's counterfactual model) imports its
+    algorithm."""
     import subprocess
     import sys
 
     code = (
         "import sys; from rlpost.robot.config import load_config, recipe_path; "
-        "load_config(recipe_path('otql_reacher')); load_config(recipe_path('pac_act_contour')); "
-        "assert 'torch' not in sys.modules"
-    )  # (CRAFT's proxy check and the task list still import their modules)
+        "[load_config(recipe_path(r)) for r in "
+        "('otql_reacher', 'pac_act_contour', 'lwd_multimodal_reach')]; "
+        "heavy = [m for m in ('torch', 'gymnasium', 'mujoco') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 

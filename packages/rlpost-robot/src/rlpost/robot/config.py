@@ -207,7 +207,7 @@ class Config(_Strict):
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        from rlpost.robot.envs import TASKS
+        from rlpost.robot.tasks import TASKS
 
         if v not in TASKS:
             raise ValueError(f"must be one of {sorted(TASKS)}, got {v!r}")
