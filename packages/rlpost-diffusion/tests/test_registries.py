@@ -4,12 +4,12 @@ method's choices are registered entries that fit together."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 import rlpost.diffusion
+from rlpost.core.testing import name_comparisons
 from rlpost.diffusion.families import FAMILIES
 from rlpost.diffusion.methods import METHODS, NEEDS
 from rlpost.diffusion.regularizers import REGULARIZERS
@@ -18,24 +18,10 @@ from rlpost.diffusion.samplers import SAMPLERS
 ROOT = Path(rlpost.diffusion.__file__).parent
 
 
-def _kind_comparisons(names: set[str]) -> list[str]:
-    found = []
-    for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            for side in [node.left, *node.comparators]:
-                consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
-                for c in consts:
-                    if isinstance(c, ast.Constant) and c.value in names:
-                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {c.value!r}")
-    return found
-
-
 def test_no_source_compares_with_a_sampler_method_or_family_name():
     names = set(SAMPLERS.names()) | set(METHODS.names()) | set(FAMILIES.names())
-    assert _kind_comparisons(names) == []
-    assert _kind_comparisons({"sd3"})  # (the scan finds a model-name comparison: it works)
+    assert name_comparisons(ROOT, names) == set()
+    assert name_comparisons(ROOT, {"sd3"})  # (the scan finds a model-name comparison: it works)
 
 
 @pytest.mark.parametrize("name", METHODS.names())

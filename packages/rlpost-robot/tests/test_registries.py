@@ -4,12 +4,12 @@ else there), and every algorithm's policy kind is registered with light settings
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 import rlpost.robot
+from rlpost.core.testing import name_comparisons
 from rlpost.robot.algos import ALGORITHMS
 from rlpost.robot.policies.kinds import POLICY_KINDS
 
@@ -20,23 +20,9 @@ OTHER_MEANINGS = {
 }
 
 
-def _comparisons(names: set[str]) -> set[tuple[str, str]]:
-    found = set()
-    for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            for side in [node.left, *node.comparators]:
-                consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
-                for c in consts:
-                    if isinstance(c, ast.Constant) and c.value in names:
-                        found.add((str(path.relative_to(ROOT)), c.value))
-    return found
-
-
 def test_no_source_compares_with_an_algorithm_or_policy_kind_name():
     names = set(ALGORITHMS.names()) | set(POLICY_KINDS.names())
-    assert _comparisons(names) == OTHER_MEANINGS
+    assert name_comparisons(ROOT, names) == OTHER_MEANINGS
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())

@@ -308,3 +308,20 @@ class NamedRegistry[T]:
 
     def __iter__(self):
         return iter(self.names())
+
+
+class ParamsRegistry[T](NamedRegistry[T]):
+    """A :class:`NamedRegistry` whose entries carry their parameters' frozen dataclass as
+    ``params`` (checked at registration); :meth:`params` validates values against it, an
+    error naming the field (:func:`make_params`)."""
+
+    def register(self, item: T) -> T:
+        params = item.params  # type: ignore[attr-defined]
+        if not dataclasses.is_dataclass(params):
+            name = item.name  # type: ignore[attr-defined]
+            raise TypeError(f"{self.kind} {name!r}: params must be a frozen dataclass")
+        return super().register(item)
+
+    def params(self, name: str, values: Mapping[str, Any]) -> Any:
+        """``name``'s validated parameters."""
+        return make_params(self.get(name).params, f"{self.kind} {name!r}", dict(values))  # type: ignore[attr-defined]

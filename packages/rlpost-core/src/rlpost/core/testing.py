@@ -521,3 +521,22 @@ def kill_at_first_checkpoint(
 
 
 __all__ = ["UndeclaredInputError", "check_entry", "kill_at_first_checkpoint", "poison_undeclared"]
+
+
+def name_comparisons(root: Path, names: set[str]) -> set[tuple[str, str]]:
+    """``(file under root, name)`` for every comparison (``==``, ``in (...)``, ...) in the
+    Python sources under ``root`` whose operand is a string constant in ``names``: where a
+    package dispatches on a registered entry's name instead of through its registry."""
+    import ast
+
+    found = set()
+    for path in Path(root).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in [node.left, *node.comparators]:
+                consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                for c in consts:
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.add((str(path.relative_to(root)), c.value))
+    return found

@@ -21,13 +21,13 @@ A method lists its own (``Method.regularizers``); the run's ``algo.kl_coef`` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import Tensor
 
-from rlpost.core.registry import NamedRegistry, make_params
+from rlpost.core.registry import ParamsRegistry
 from rlpost.diffusion import objectives as obj
 
 
@@ -48,19 +48,16 @@ class Regularizer:
     transition: bool = False  # on an SDE replay it reads the step's Gaussians
 
 
-class RegularizerRegistry(NamedRegistry[Regularizer]):
+class RegularizerRegistry(ParamsRegistry[Regularizer]):
     def __init__(self) -> None:
         super().__init__("diffusion regulariser")
 
     def register(self, reg: Regularizer) -> Regularizer:
-        if not dataclasses.is_dataclass(reg.params) or "coef" not in {
+        if dataclasses.is_dataclass(reg.params) and "coef" not in {
             f.name for f in dataclasses.fields(reg.params)
         }:
-            raise TypeError(f"regulariser {reg.name!r}: params must be a dataclass with coef")
+            raise TypeError(f"regulariser {reg.name!r}: params must have a coef")
         return super().register(reg)
-
-    def params(self, name: str, values: Mapping[str, Any]) -> Any:
-        return make_params(self.get(name).params, f"regulariser {name!r}", dict(values))
 
 
 REGULARIZERS = RegularizerRegistry()

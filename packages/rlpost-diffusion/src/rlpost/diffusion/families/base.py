@@ -16,14 +16,13 @@ call.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from rlpost.core.registry import NamedRegistry, make_params
+from rlpost.core.registry import ParamsRegistry
 
 
 @dataclass(frozen=True)
@@ -70,17 +69,9 @@ class Family:
     stochastic: bool
 
 
-class FamilyRegistry(NamedRegistry[Family]):
+class FamilyRegistry(ParamsRegistry[Family]):
     def __init__(self) -> None:
         super().__init__("diffusion training family")
-
-    def register(self, family: Family) -> Family:
-        if not dataclasses.is_dataclass(family.params):
-            raise TypeError(f"family {family.name!r}: params must be a frozen dataclass")
-        return super().register(family)
-
-    def params(self, name: str, values: Mapping[str, Any]) -> Any:
-        return make_params(self.get(name).params, f"family {name!r}", dict(values))
 
 
 FAMILIES = FamilyRegistry()

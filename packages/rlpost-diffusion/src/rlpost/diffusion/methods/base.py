@@ -27,7 +27,6 @@ Adding a method is one module with its loss and one :func:`register_method` call
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from rlpost.core.advantages import ADVANTAGES
 from rlpost.core.contract import Input
 from rlpost.core.presets import Choice
-from rlpost.core.registry import Bound, NamedRegistry, NoParams, make_params
+from rlpost.core.registry import Bound, NoParams, ParamsRegistry
 from rlpost.diffusion.families import FAMILIES
 from rlpost.diffusion.families.base import LossInput, LossOutput
 from rlpost.diffusion.regularizers import REGULARIZERS
@@ -85,7 +84,7 @@ class BoundMethod:
         return self.method.loss(inp, self.params)
 
 
-class MethodRegistry(NamedRegistry[Method]):
+class MethodRegistry(ParamsRegistry[Method]):
     """``name -> Method``; registering a name twice raises, an unknown name lists the
     valid ones, parameters are validated like a core registry's."""
 
@@ -93,8 +92,6 @@ class MethodRegistry(NamedRegistry[Method]):
         super().__init__("diffusion method")
 
     def register(self, method: Method) -> Method:
-        if not dataclasses.is_dataclass(method.params):
-            raise TypeError(f"method {method.name!r}: params must be a frozen dataclass")
         ADVANTAGES.build(method.advantage.name, **dict(method.advantage.params))
         SAMPLERS.params(method.sampler.name, method.sampler.params)
         family = FAMILIES.get(method.family.name)
@@ -119,7 +116,7 @@ class MethodRegistry(NamedRegistry[Method]):
         """``name`` with ``params`` (validated) and its advantage; ``advantage`` replaces
         the method's (``name=None``-style overrides are resolved by the caller)."""
         m = self.get(name)
-        p = make_params(m.params, f"method {name!r}", dict(params or {}))
+        p = self.params(name, params or {})
         adv = advantage or m.advantage
         return BoundMethod(m, p, ADVANTAGES.build(adv.name, **dict(adv.params)))
 

@@ -14,17 +14,16 @@ Adding a sampler is one module with its step and one :func:`register_sampler` ca
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlpost.core.registry import NamedRegistry, NoParams, make_params
+from rlpost.core.registry import NoParams, ParamsRegistry
 from rlpost.diffusion.models.base import Cond
-from rlpost.diffusion.sampler import StepOut, flow_sigmas
+from rlpost.diffusion.sampler import StepOut, flow_sigmas, sde_step
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,11 @@ class StepContext:
     generator: torch.Generator | None = None
     reduce: str = "mean"
 
+    def sde(self, x: Tensor, v: Tensor, sigma: Any, sigma_next: Any, s: Tensor) -> StepOut:
+        """The marginal-preserving SDE step with diffusion ``s`` under this context."""
+        return sde_step(x, v, sigma, sigma_next, s, noise=self.noise, x_next=self.x_next,
+                        generator=self.generator, reduce=self.reduce)  # fmt: skip
+
 
 StepFn = Callable[[Tensor, Tensor, Tensor | float, Tensor | float, Any, StepContext], StepOut]
 
@@ -59,21 +63,12 @@ class Sampler:
     params: type = NoParams
 
 
-class SamplerRegistry(NamedRegistry[Sampler]):
+class SamplerRegistry(ParamsRegistry[Sampler]):
     """``name -> Sampler``; registering a name twice raises, an unknown name lists the
     valid ones, parameters are validated like a core registry's."""
 
     def __init__(self) -> None:
         super().__init__("diffusion sampler")
-
-    def register(self, sampler: Sampler) -> Sampler:
-        if not dataclasses.is_dataclass(sampler.params):
-            raise TypeError(f"sampler {sampler.name!r}: params must be a frozen dataclass")
-        return super().register(sampler)
-
-    def params(self, name: str, values: Mapping[str, Any]) -> Any:
-        """The sampler's validated parameters (errors name the field)."""
-        return make_params(self.get(name).params, f"sampler {name!r}", dict(values))
 
 
 SAMPLERS = SamplerRegistry()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlpost.diffusion.sampler import StepOut, sde_step
+from rlpost.diffusion.sampler import StepOut
 from rlpost.diffusion.samplers.base import Sampler, StepContext, register_sampler
 
 
@@ -27,8 +27,7 @@ def step(
     ctx: StepContext,
 ) -> StepOut:  # fmt: skip
     s = torch.as_tensor(p.eta, dtype=x.dtype, device=x.device)
-    return sde_step(x, v, sigma, sigma_next, s, noise=ctx.noise, x_next=ctx.x_next,
-                    generator=ctx.generator, reduce=ctx.reduce)  # fmt: skip
+    return ctx.sde(x, v, sigma, sigma_next, s)
 
 
 register_sampler(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rlpost.diffusion.sampler import StepOut, flow_grpo_diffusion, sde_step
+from rlpost.diffusion.sampler import StepOut, flow_grpo_diffusion
 from rlpost.diffusion.samplers.base import Sampler, StepContext, register_sampler
 
 
@@ -27,8 +27,7 @@ def step(
     p: FlowGRPOParams, ctx: StepContext,
 ) -> StepOut:  # fmt: skip
     s = flow_grpo_diffusion(sigma, ctx.sigma_max, p.a).to(x.device)
-    return sde_step(x, v, sigma, sigma_next, s, noise=ctx.noise, x_next=ctx.x_next,
-                    generator=ctx.generator, reduce=ctx.reduce)  # fmt: skip
+    return ctx.sde(x, v, sigma, sigma_next, s)
 
 
 register_sampler(

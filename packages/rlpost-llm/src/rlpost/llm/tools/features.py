@@ -108,6 +108,7 @@ class Study:
         self.texts = [e.prompt + e.answer for _, _, ex in self.sets for e in ex]
         lengths = [len(ids) for ids in self.tok(self.texts, add_special_tokens=False).input_ids]
         self.owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        self._acts: dict[Path | None, Tensor] = {}
 
     def load(self, weights: Path | None) -> None:
         """The base's weights, then (when given) a checkpoint's on top."""
@@ -118,8 +119,11 @@ class Study:
             load_model(self.model, str(weights), strict=False)
 
     def acts(self, weights: Path | None) -> Tensor:
-        self.load(weights)
-        return activations(self.model, self.tok, self.texts, self.layer)[0]
+        """The layer's activations of a checkpoint (the base's: None), read once each."""
+        if weights not in self._acts:
+            self.load(weights)
+            self._acts[weights] = activations(self.model, self.tok, self.texts, self.layer)[0]
+        return self._acts[weights]
 
     def scores(self, weights: Path | None, fn: Callable | None = None) -> list[list[float]]:
         """Per probe, each example's greedy score (with ``fn`` steering the layer)."""
