@@ -298,8 +298,9 @@ def _features(args: argparse.Namespace) -> int:
         print(f"{run}: at step {last['step']} {last['changed']} changed, {last['new']} new, "
               f"{last['lost']} lost of {last['live']} live; mean drift {last['mean_drift']:.3f}; "
               f"{x['wins']} wins over the base")  # fmt: skip
+        print(f"  {'greedy accuracy':<28} " + "  ".join(f"{p[:22]:>22}" for p in r["probes"]))
         for name, acc in x["accuracy"].items():
-            print(f"  {name:<28} " + "  ".join(f"{a:.3f}" for a in acc))
+            print(f"  {name:<28} " + "  ".join(f"{a:>22.3f}" for a in acc))
     print(f"report and plot: {args.out}/features.json, {args.out}/features.png")
     return 0
 
