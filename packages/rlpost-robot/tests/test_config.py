@@ -93,7 +93,12 @@ def test_data_and_pretrained_fields():
 def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
     job = load_job("fleet", recipe_path("lwd_multimodal_reach", "fleet"))
     assert job.fleet.robots == 4 and len(job.fleet.variant_list()) == 8
-    assert job.learner.lwd_config(job.run.seed).inv_temp == 50.0
+    assert job.learner.algo == "lwd"
+    assert job.learner.algo_config(job.run.seed).inv_temp == 50.0
+    otql = load_job("fleet", None, ["learner.algo=otql", "learner.params.k_samples=4"])
+    assert otql.learner.algo_config(0).k_samples == 4
+    with pytest.raises(ValueError, match=r"learner\.params: .*'otql'.*inv_temp"):  # LWD's
+        load_job("fleet", None, ["learner.algo=otql", "learner.params.inv_temp=50"])
     bad = {
         "fleet.variants=[{name: a, mas: 2}]": r"unknown fields \['mas'\]",
         "fleet.variants=[]": "at least one robot variant",
@@ -102,6 +107,7 @@ def test_fleet_and_control_recipes_validate_and_bad_values_are_named():
         "intervention.watch=1": "intervention",
         "learner.params.inv_tmp=3": "inv_tmp",
         "policy.kind=act": "fine-tunes a flow policy",
+        "learner.algo=pac_act": r"the fleet runs lwd, otql; got 'pac_act'",
     }
     for override, msg in bad.items():
         with pytest.raises(ValueError, match=msg):

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from rlpost.robot.config import load_job, recipe_path
+from rlpost.robot.config import load_job, recipe_path, recipes_dir
 from rlpost.robot.fleet.job import run_fleet
 from rlpost.robot.fleet.store import ExperienceStore
 
@@ -192,3 +192,28 @@ def test_the_fleet_command_killed_then_resumed_continues_the_run(local_ray, tmp_
     result = json.loads((run / "fleet.json").read_text())
     assert result["episodes"] == len(ids) and (run / "fleet.png").is_file()
     assert (run / "policy" / "model.safetensors").is_file()
+
+
+OTHER_FLEETS = [p.stem for p in sorted(recipes_dir("fleet").glob("*.yaml"))]
+OTHER_FLEETS.remove("lwd_multimodal_reach")  # (the command test above runs it)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", OTHER_FLEETS)
+def test_every_fleet_recipe_runs_its_algorithm_end_to_end(local_ray, tmp_path, recipe, capsys):
+    """Each other shipped fleet recipe (OTQL's) through ``rlpost-robot fleet``: the learner
+    it names trains on the fleet's episodes and its policy comes out."""
+    from rlpost.apps.robot.cli import main
+
+    algo = load_job("fleet", recipe_path(recipe, "fleet")).learner.algo
+    small = [o for o in SMALL if not o.startswith("learner.params.")]
+    small += ["learner.params.batch_size=16", "learner.params.hidden=32"]
+    small += ["learner.params.sample_steps=3", "learner.max_staleness=1000"]
+    if algo == "otql":
+        small += ["learner.params.critic_pretrain_steps=3", "learner.params.k_samples=4"]
+    args = ["fleet", "--config", recipe, "--robots", "2", "--minutes", "0.1", *small]
+    assert main([*args, f"run.dir={tmp_path}/run"]) == 0
+    assert f"learner ({algo}): policy v" in capsys.readouterr().out
+    result = json.loads((tmp_path / "run" / "fleet.json").read_text())
+    assert result["algo"] == algo and result["accepted"] > 0 and result["updates"] > 0
+    assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()

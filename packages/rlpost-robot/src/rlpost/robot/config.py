@@ -358,9 +358,12 @@ class FleetSection(_Strict):
 
 
 class LearnerSection(_Strict):
+    algo: str = "lwd"
+    """The algorithm the learner runs: a registered algorithm with a fleet learner
+    (``Algorithm.fleet``): ``lwd`` (001-23, the default) or ``otql``."""
     params: dict[str, Any] = {}
-    """:class:`rlpost.robot.algos.lwd.LWDConfig` fields (``seed`` is ``run.seed``; the
-    single-robot budget fields ``episodes`` / ``envs`` are not used)."""
+    """The algorithm's config fields (``seed`` is ``run.seed``; the single-robot budget
+    fields such as ``episodes`` / ``envs`` / ``updates_per_round`` are not used)."""
     max_staleness: int = Field(8, ge=0)
     """Episodes of a policy more than this many versions behind the learner's are kept in
     the store but not trained on."""
@@ -371,16 +374,26 @@ class LearnerSection(_Strict):
     snapshot_every: int = Field(0, ge=0)
     """Save the policy of every this many versions in ``run.dir/policies/`` (0: never)."""
 
-    def lwd_config(self, seed: int) -> Any:
-        from rlpost.core.registry import make_params
-        from rlpost.robot.algos.configuration_lwd import LWDConfig
+    @field_validator("algo")
+    @classmethod
+    def _fleet_algo(cls, v: str) -> str:
+        from rlpost.robot.algos import ALGORITHMS
 
-        return make_params(LWDConfig, "fleet learner", {**self.params, "seed": seed})
+        fleet = [n for n in ALGORITHMS if ALGORITHMS.get(n).fleet is not None]
+        if v not in fleet:
+            raise ValueError(f"the fleet runs {', '.join(fleet)}; got {v!r}")
+        return v
+
+    def algo_config(self, seed: int) -> Any:
+        from rlpost.robot.algos import ALGORITHMS
+
+        return ALGORITHMS.config(self.algo, self.params, seed)
 
 
 class FleetJob(_Strict):
-    """``rlpost-robot fleet``: LWD (catalog 001-23) with a fleet of simulated robots on
-    Ray, one learner, a crash-safe LeRobotDataset store."""
+    """``rlpost-robot fleet``: LWD (catalog 001-23; or another algorithm with a fleet
+    learner) with a fleet of simulated robots on Ray, one learner, a crash-safe
+    LeRobotDataset store."""
 
     task: str = "multimodal_reach"
     fleet: FleetSection = FleetSection()
@@ -405,10 +418,11 @@ class FleetJob(_Strict):
         from rlpost.robot.fleet.human import InterventionConfig
         from rlpost.robot.fleet.variants import apply_variant
 
-        need = ALGORITHMS.get("lwd").policy_kind  # (the fleet's learner is LWD's)
+        need = ALGORITHMS.get(self.learner.algo).policy_kind
         if self.policy.kind != need:
             raise ValueError(
-                f"policy.kind: the fleet learner fine-tunes a {need} policy, got {self.policy.kind!r}"
+                f"policy.kind: the fleet's {self.learner.algo} fine-tunes a {need} policy, "
+                f"got {self.policy.kind!r}"
             )
         if TASKS[self.task].image_shape is not None:
             raise ValueError(f"task: the fleet runs state tasks; {self.task} has a camera")
@@ -417,7 +431,7 @@ class FleetJob(_Strict):
         except TypeError as exc:
             raise ValueError(f"intervention: {exc}") from None
         try:
-            self.learner.lwd_config(self.run.seed)
+            self.learner.algo_config(self.run.seed)
         except RegistryError as exc:
             raise ValueError(f"learner.params: {exc}") from exc
         for v in self.fleet.variant_list():  # a variant the task cannot take fails here

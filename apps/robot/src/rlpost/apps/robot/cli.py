@@ -15,6 +15,7 @@ rlpost-robot record --config contour_gantry run.dir=my_data   # demos as a LeRob
 rlpost-robot train --config pac_act_contour data.path=my_data/dataset "data.rename={...}"
 rlpost-robot fleet --robots 4 --minutes 5     # LWD: a fleet of robots on Ray, one learner
 rlpost-robot fleet --robots 8 --minutes 10 run.dir=runs/f8 --resume   # continue it
+rlpost-robot fleet --config otql_multimodal_reach  # the fleet with OTQL as its learner
 rlpost-robot control --config pair_grpo_half_cheetah preset=grpo   # Pair-GRPO vs GRPO (001-14b)
 rlpost-robot recipes | algorithms              # shipped recipes, registered algorithms
 rlpost-robot build-base --task contour --kind act  # (re)build a demo set + BC policy in the cache
@@ -166,7 +167,7 @@ def _recipes(_: argparse.Namespace) -> int:
         print(f"control   {path.stem:<24} {job.preset:<13} {'gaussian':<9} {job.env_id}")
     for path in sorted(recipes_dir("fleet").glob("*.yaml")):
         job = load_job("fleet", path)
-        print(f"fleet     {path.stem:<24} {'lwd':<13} {job.fleet.robots:<9} {job.task}")
+        print(f"fleet     {path.stem:<24} {job.learner.algo:<13} {job.fleet.robots:<9} {job.task}")
     return 0
 
 
@@ -175,7 +176,8 @@ def _algorithms(_: argparse.Namespace) -> int:
 
     for name in ALGORITHMS.names():
         a = ALGORITHMS.get(name)
-        print(f"{name:<10} {a.title:<8} policy.kind={a.policy_kind:<9} {a.paper}")
+        fleet = "fleet" if a.fleet is not None else ""
+        print(f"{name:<10} {a.title:<8} policy.kind={a.policy_kind:<9} {fleet:<6} {a.paper}")
     return 0
 
 
@@ -252,7 +254,7 @@ def build_app() -> App:
     f = app.command(
         "fleet",
         _fleet,
-        "LWD: a fleet of simulated robots on Ray, one learner, a crash-safe store",
+        "LWD (or OTQL): a fleet of simulated robots on Ray, one learner, a crash-safe store",
         config="lwd_multimodal_reach",
         run=True,
         schema=_job_schema("fleet"),

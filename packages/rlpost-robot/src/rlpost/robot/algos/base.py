@@ -13,7 +13,12 @@ algorithm names:
   ``ctx.checkpoints``, a :class:`~rlpost.robot.algos.common.Checkpoints` or None, through
   the learner's ``export_state`` / ``import_state``);
 * ``check``: an optional ``check(task, config)`` run at config load (e.g. CRAFT needs a
-  counterfactual model of the task).
+  counterfactual model of the task);
+* ``fleet``: optionally, its learner as ``rlpost-robot fleet`` runs it: a class built as
+  ``cls(policy, demos, config)`` implementing
+  :class:`~rlpost.robot.algos.common.ReplayLearner` (warm-up, add episodes, train,
+  state). The fleet's robots act with a flow chunk policy and the config's
+  ``sample_steps``, so a fleet algorithm fine-tunes a ``flow`` policy.
 
 An algorithm's config dataclass and its registration live in a light module,
 ``configuration_<name>.py`` (``run`` and ``check`` named as ``"module:function"``), so
@@ -57,6 +62,7 @@ class Algorithm:
     policy_kind: str
     run: Callable[[RunContext], dict[str, Any]] | str  # or "module:function", imported to run
     check: Callable[[str, Any], None] | str | None = None
+    fleet: type | str | None = None  # its ReplayLearner class, or "module:Class"
 
     episodes_field: str = "episodes"  # the config field holding the online budget
 
@@ -65,6 +71,11 @@ class Algorithm:
 
     def checker(self) -> Callable[[str, Any], None] | None:
         return None if self.check is None else _resolve(self.check)
+
+    def fleet_learner(self) -> type:
+        if self.fleet is None:
+            raise ValueError(f"the fleet does not run {self.name}")
+        return _resolve(self.fleet)
 
 
 def _resolve(fn: Any) -> Any:

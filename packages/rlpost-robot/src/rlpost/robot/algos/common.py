@@ -212,6 +212,35 @@ class OnlineLearner(Protocol):
         optimisers and generators were already restored in place)."""
 
 
+class ReplayLearner(Protocol):
+    """An algorithm's learner as the fleet runs it (:mod:`rlpost.robot.fleet.learner`):
+    built as ``cls(policy, demos, config)`` (the registered ``Algorithm.fleet``), fed the
+    episodes the fleet records, trained by version. Its replay is not checkpointed: a
+    restarted fleet learner adds its accepted episodes back from the store."""
+
+    policy: torch.nn.Module
+
+    def warm_up(self) -> int:
+        """The offline phase on the demonstrations (skipped when resuming); the number of
+        updates it ran."""
+
+    def add(self, episodes: Sequence[Any]) -> None:
+        """Add recorded episodes to the online replay."""
+
+    def train(self, updates: int) -> dict[str, float]:
+        """``updates`` updates on replay batches; their mean metrics."""
+
+    def online_size(self) -> int:
+        """Online transitions in the replay."""
+
+    def export_state(self) -> LearnerState:
+        """As :meth:`OnlineLearner.export_state` (the fleet saves all but ``tensors``)."""
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back the ``state`` of a :class:`LearnerState` (modules, optimisers and
+        generators were restored in place)."""
+
+
 @dataclass
 class Checkpoints:
     """Checkpointing of :func:`online_loop`: every ``every`` rounds (0: never) and after the
@@ -415,6 +444,7 @@ __all__ = [
     "ChunkBuffer",
     "LearnerState",
     "OnlineLearner",
+    "ReplayLearner",
     "checkpoint_state",
     "chunk_transitions",
     "collect_with",

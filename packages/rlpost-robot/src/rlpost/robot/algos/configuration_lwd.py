@@ -85,5 +85,6 @@ register_algorithm(
         config=LWDConfig,
         policy_kind="flow",
         run="rlpost.robot.algos.lwd:run",
+        fleet="rlpost.robot.algos.lwd:LWDRounds",
     )
 )

@@ -58,5 +58,6 @@ register_algorithm(
         config=OTQLConfig,
         policy_kind="flow",
         run="rlpost.robot.algos.otql:run",
+        fleet="rlpost.robot.algos.otql:OTQLRounds",
     )
 )

@@ -450,28 +450,52 @@ def offline_phase(learner: LWDLearner, replay: ReplayMix, steps: int) -> dict[st
 # ------------------------------------------------------------------ single-robot loop
 
 
-class _LWDRounds:
-    """LWD with one simulated robot (``envs`` parallel copies of the task): collect with
-    the current policy, add the online chunk transitions, ``updates_per_round`` updates."""
+class LWDRounds:
+    """LWD's learner with its replay (the demonstrations offline, rollouts and
+    interventions online): one simulated robot's rounds of the shared online loop
+    (``envs`` parallel copies of ``task``: collect with the current policy, add the online
+    chunk transitions, ``updates_per_round`` updates), and the fleet's learner
+    (:class:`~rlpost.robot.algos.common.ReplayLearner`: episodes added as the fleet
+    records them, updates run by version)."""
 
-    def __init__(self, learner: LWDLearner, replay: ReplayMix, task: str):
-        self.learner, self.replay, self.task = learner, replay, task
+    def __init__(
+        self, policy: FlowChunkPolicy, demos: Sequence[Any], cfg: LWDConfig, task: str = ""
+    ):
+        self.learner, self.task = LWDLearner(policy, cfg), task
+        self.replay = ReplayMix(transitions(demos, policy.cfg.horizon, cfg.gamma))
+        self.policy = policy
+
+    def warm_up(self) -> int:
+        offline_phase(self.learner, self.replay, self.learner.cfg.offline_steps)
+        return self.learner.cfg.offline_steps
+
+    def add(self, episodes: Sequence[Any]) -> None:
+        ln = self.learner
+        self.replay.add(transitions(episodes, ln.policy.cfg.horizon, ln.cfg.gamma))
+        ln.online = True
+
+    def train(self, updates: int) -> dict[str, float]:
+        ln, cfg = self.learner, self.learner.cfg
+        m: dict[str, float] = {}
+        for _ in range(updates):
+            b = self.replay.sample(cfg.batch_size, cfg.online_fraction, ln.gen)
+            for k, v in ln.update(b).items():
+                m[k] = m.get(k, 0.0) + v / updates
+        return m
+
+    def online_size(self) -> int:
+        online = self.replay.online
+        return 0 if online is None else len(online)
 
     def collect(self, n: int, seed: int) -> list[Any]:
         return collect_with(self.learner.policy, self.task, n, seed, self.learner.cfg.sample_steps)
 
     def update(self, eps: list[Any]) -> dict[str, float]:
-        ln, cfg = self.learner, self.learner.cfg
-        self.replay.add(transitions(eps, ln.policy.cfg.horizon, cfg.gamma))
-        ln.online = True
-        m: dict[str, float] = {}
-        for _ in range(cfg.updates_per_round):
-            b = self.replay.sample(cfg.batch_size, cfg.online_fraction, ln.gen)
-            for k, v in ln.update(b).items():
-                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+        self.add(eps)
+        m = self.train(self.learner.cfg.updates_per_round)
         return {
             "online_success": float(np.mean([e.success for e in eps])),
-            "buffer": len(self.replay.online),
+            "buffer": self.online_size(),
             **m,
         }
 
@@ -486,9 +510,12 @@ class _LWDRounds:
             state={"online": ln.online},
         )
 
+    def restore(self, state: dict[str, Any]) -> None:
+        self.learner.online = bool(state.get("online", False))
+
     def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
         self.replay = ReplayMix.from_tensors(tensors)
-        self.learner.online = bool(state.get("online", False))
+        self.restore(state)
 
 
 def run_lwd(
@@ -506,12 +533,11 @@ def run_lwd(
     of demonstrations and online data. The fleet runtime (:mod:`rlpost.robot.fleet`) runs
     the same learner with many robots."""
     torch.manual_seed(cfg.seed)
-    learner = LWDLearner(policy, cfg)
-    replay = ReplayMix(transitions(demos, policy.cfg.horizon, cfg.gamma))
+    rounds = LWDRounds(policy, demos, cfg, task)
     if checkpoints is None or not checkpoints.resuming:
-        offline_phase(learner, replay, cfg.offline_steps)
+        rounds.warm_up()
     history = online_loop(
-        _LWDRounds(learner, replay, task), cfg.episodes, cfg.envs, cfg.seed, log, progress,
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress,
         "lwd episodes", checkpoints,
     )  # fmt: skip
     return {"history": history, "config": asdict(cfg)}
@@ -521,6 +547,7 @@ __all__ = [
     "DIVLCritic",
     "LWDConfig",
     "LWDLearner",
+    "LWDRounds",
     "ReplayMix",
     "adaptive_tau",
     "adjoint_matching_loss",

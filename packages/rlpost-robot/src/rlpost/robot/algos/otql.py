@@ -214,27 +214,51 @@ class OTQL:
 # -------------------------------------------------------------------------- the loop
 
 
-class _OTQLRounds:
-    """OTQL's round of the shared online loop: act with the current policy (chunks
-    executed open-loop), add the chunk transitions, ``updates_per_round`` critic + policy
-    updates. Its state: the policy, critic, target critic, their three optimisers, the
-    sampling generator and the replay buffer."""
+class OTQLRounds:
+    """OTQL's learner with its replay buffer (demonstration chunks, then online ones):
+    rounds of the shared online loop (act with the current policy, chunks executed
+    open-loop; add the chunk transitions; ``updates_per_round`` critic + policy updates),
+    and the fleet's learner (:class:`~rlpost.robot.algos.common.ReplayLearner`). Its
+    state: the policy, critic, target critic, their three optimisers, the sampling
+    generator and the replay buffer."""
 
-    def __init__(self, learner: OTQL, buf: ChunkBuffer, task: str):
-        self.learner, self.buf, self.task = learner, buf, task
+    def __init__(
+        self, policy: FlowChunkPolicy, demos: Sequence[Any], cfg: OTQLConfig, task: str = ""
+    ):
+        self.learner, self.task, self.policy = OTQL(policy, cfg), task, policy
+        H = policy.cfg.horizon
+        self.buf = chunk_transitions(demos, H, H, cfg.gamma)
+        self.offline = len(self.buf)
+
+    def warm_up(self) -> int:
+        """The critic's offline warm-up on the demonstrations."""
+        ln = self.learner
+        for _ in range(ln.cfg.critic_pretrain_steps):
+            ln.critic_step(self.buf.sample(ln.cfg.batch_size, ln.gen))
+        return ln.cfg.critic_pretrain_steps
+
+    def add(self, episodes: Sequence[Any]) -> None:
+        H, gamma = self.learner.policy.cfg.horizon, self.learner.cfg.gamma
+        self.buf = self.buf.extend(chunk_transitions(episodes, H, H, gamma))
+
+    def train(self, updates: int) -> dict[str, float]:
+        ln = self.learner
+        m: dict[str, float] = {}
+        for _ in range(updates):
+            b = self.buf.sample(ln.cfg.batch_size, ln.gen)
+            for k, v in {**ln.critic_step(b), **ln.policy_step(b)}.items():
+                m[k] = m.get(k, 0.0) + v / updates
+        return m
+
+    def online_size(self) -> int:
+        return len(self.buf) - self.offline
 
     def collect(self, n: int, seed: int) -> list[Any]:
         return collect_with(self.learner.policy, self.task, n, seed, self.learner.cfg.sample_steps)
 
     def update(self, eps: list[Any]) -> dict[str, float]:
-        learner, cfg = self.learner, self.learner.cfg
-        H = learner.policy.cfg.horizon
-        self.buf = self.buf.extend(chunk_transitions(eps, H, H, cfg.gamma))
-        m: dict[str, float] = {}
-        for _ in range(cfg.updates_per_round):
-            b = self.buf.sample(cfg.batch_size, learner.gen)
-            for k, v in {**learner.critic_step(b), **learner.policy_step(b)}.items():
-                m[k] = m.get(k, 0.0) + v / cfg.updates_per_round
+        self.add(eps)
+        m = self.train(self.learner.cfg.updates_per_round)
         return {
             "online_success": float(np.mean([e.success for e in eps])),
             "buffer": len(self.buf),
@@ -255,9 +279,12 @@ class _OTQLRounds:
             tensors=self.buf.state_tensors("buffer"),
         )
 
+    def restore(self, state: dict[str, Any]) -> None:
+        del state  # nothing beyond its modules, optimisers and generator
+
     def import_state(self, state: dict[str, Any], tensors: dict[str, Tensor]) -> None:
-        del state
         self.buf = ChunkBuffer.from_tensors(tensors, "buffer")
+        self.restore(state)
 
 
 def run_otql(
@@ -280,14 +307,11 @@ def run_otql(
     the warm-up is skipped (the checkpoint holds its result).
     """
     torch.manual_seed(cfg.seed)
-    H = policy.cfg.horizon
-    learner = OTQL(policy, cfg)
-    buf = chunk_transitions(demos, H, H, cfg.gamma)
+    rounds = OTQLRounds(policy, demos, cfg, task)
     if checkpoints is None or not checkpoints.resuming:
-        for _ in range(cfg.critic_pretrain_steps):
-            learner.critic_step(buf.sample(cfg.batch_size, learner.gen))
+        rounds.warm_up()
     history = online_loop(
-        _OTQLRounds(learner, buf, task), cfg.episodes, cfg.envs, cfg.seed, log, progress,
+        rounds, cfg.episodes, cfg.envs, cfg.seed, log, progress,
         "otql episodes", checkpoints,
     )  # fmt: skip
     return {"history": history, "config": asdict(cfg)}
@@ -307,6 +331,7 @@ __all__ = [
     "OTQL",
     "ChunkCritic",
     "OTQLConfig",
+    "OTQLRounds",
     "expectile_loss",
     "ot_couple",
     "run_otql",

@@ -1,1 +1,2 @@
-"""LWD fleets (catalog 001-23): many robots, one learner, nothing lost."""
+"""Fleets (LWD, catalog 001-23; the learner is any algorithm with a fleet learner): many
+robots, one learner, nothing lost."""

@@ -96,7 +96,7 @@ def run_fleet(
     out = _claim(job, resume, overwrite).resolve()  # actors may run in another directory
     t0 = time.perf_counter()
     rt = FleetRuntime(job, out, resume=resume, progress=job.run.progress)
-    lwd = job.learner.lwd_config(job.run.seed)
+    steps = job.learner.algo_config(job.run.seed).sample_steps  # the robots' sampling
     variants = rt.variants
     before_file = out / "eval_before.json"
     if before_file.is_file():
@@ -104,7 +104,7 @@ def run_fleet(
     else:
         bc = FlowChunkPolicy.load(Path(rt.policy_dir) / "policy")
         before = evaluate_variants(
-            job.task, bc, variants, job.fleet.eval_episodes, lwd.sample_steps,
+            job.task, bc, variants, job.fleet.eval_episodes, steps,
             workdir=out / "robots",
         ) if job.fleet.eval_episodes else {}  # fmt: skip
         before_file.write_text(json.dumps(before, indent=1))
@@ -121,7 +121,7 @@ def run_fleet(
         rt.close()
     final.save(out / "policy")
     after = evaluate_variants(
-        job.task, final, variants, job.fleet.eval_episodes, lwd.sample_steps,
+        job.task, final, variants, job.fleet.eval_episodes, steps,
         workdir=out / "robots",
     ) if job.fleet.eval_episodes else {}  # fmt: skip
     curve = experience_curve(rt.store)
@@ -133,6 +133,7 @@ def run_fleet(
         "episodes": len(rt.store),
         "steps": int(sum(c["length"] for c in curve["episodes"])),
         "interventions": int(sum(c["intervened"] for c in curve["episodes"])),
+        "algo": job.learner.algo,
         "version": rt.version,
         "updates": info.get("updates"),
         "accepted": info.get("accepted"),
@@ -184,7 +185,8 @@ def format_fleet(r: dict[str, Any]) -> str:
         f"fleet of {r['robots']} robots on {r['task']} for {r['minutes']} min "
         f"(simulation at {r['realtime']}x real time): {r['episodes']} episodes, "
         f"{r['steps']} steps, {r['interventions']} with an intervention",
-        f"learner: policy v{r['version']}, {r['updates']} updates, {r['accepted']} episodes "
+        f"learner ({r.get('algo', 'lwd')}): policy v{r['version']}, {r['updates']} updates, "
+        f"{r['accepted']} episodes "
         f"trained on, {r['stale']} too stale; restarts: {r['robot_restarts']} robot, "
         f"{r['learner_restarts']} learner",
     ]

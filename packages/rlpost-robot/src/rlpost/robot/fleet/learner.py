@@ -1,10 +1,11 @@
-"""The fleet's learner: LWD's DIVL + QAM updates on the store's episodes, one version at
-a time, with checkpoints it resumes from.
+"""The fleet's learner: an algorithm's updates on the store's episodes (LWD's DIVL + QAM
+by default), one version at a time, with checkpoints it resumes from.
 
 :class:`FleetLearner` (a Ray actor in :mod:`rlpost.robot.fleet.runtime`) holds the
-:class:`~rlpost.robot.algos.lwd.LWDLearner` and its replay: the demonstrations (offline)
-and the fleet's episodes (online). It sees the store's episodes in store order through
-:meth:`ingest` and accounts for each exactly once:
+algorithm's :class:`~rlpost.robot.algos.common.ReplayLearner` (its registered ``fleet``
+class, e.g. :class:`~rlpost.robot.algos.lwd.LWDRounds`) and so its replay: the
+demonstrations (offline) and the fleet's episodes (online). It sees the store's episodes
+in store order through :meth:`ingest` and accounts for each exactly once:
 
 * the *watermark* is the number of store episodes seen; an episode at an index below it
   is a duplicate and ignored (a coordinator re-sending after a restart);
@@ -14,11 +15,12 @@ and the fleet's episodes (online). It sees the store's episodes in store order t
 
 :meth:`step` runs ``updates_per_version`` updates and publishes the next policy version.
 Every ``save_every`` versions it writes a checkpoint (``<run>/checkpoints/step-<version>``,
-the core's atomic format): the policy, the critic, the value distribution, the target
-critic, the frozen base, their optimisers, the sampling generator, and in ``state.json``
-the version, the watermark and the accepted indices. The replay is not copied into the
-checkpoint: a restarted learner reads its accepted episodes back from the store, so it
-resumes with the replay it had, and the episodes past its watermark come to it again.
+the core's atomic format): the learner's exported state (for LWD: the policy, the critic,
+the value distribution, the target critic, the frozen base, their optimisers, the sampling
+generator), and in ``state.json`` the version, the watermark and the accepted indices.
+The replay is not copied into the checkpoint: a restarted learner reads its accepted
+episodes back from the store, so it resumes with the replay it had, and the episodes past
+its watermark come to it again.
 """
 
 from __future__ import annotations
@@ -53,18 +55,16 @@ class FleetLearner:
         keep_checkpoints: int = 2,
         snapshot_every: int = 0,
         threads: int = 1,
+        algo: str = "lwd",
     ):
         torch.set_num_threads(threads)
         from rlpost.core.io.checkpoint import find_checkpoint
-        from rlpost.robot.algos.lwd import LWDConfig, LWDLearner, ReplayMix, transitions
+        from rlpost.robot.algos import ALGORITHMS
         from rlpost.robot.pretrain import load_bc_policy
 
-        self.cfg = LWDConfig(**params)
-        policy = load_bc_policy(policy_dir)
-        self.learner = LWDLearner(policy, self.cfg)
-        self.horizon = policy.cfg.horizon
-        self.replay = ReplayMix(transitions(demos, self.horizon, self.cfg.gamma))
-        self._transitions = transitions
+        algorithm = ALGORITHMS.get(algo)
+        self.cfg = algorithm.config(**params)
+        self.learner = algorithm.fleet_learner()(load_bc_policy(policy_dir), demos, self.cfg)
         self.run_dir = Path(run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.store_root = store_root
@@ -88,10 +88,7 @@ class FleetLearner:
         if ckpt is not None:
             self._restore(ckpt)
         else:
-            from rlpost.robot.algos.lwd import offline_phase
-
-            offline_phase(self.learner, self.replay, self.cfg.offline_steps)
-            self.updates = self.cfg.offline_steps
+            self.updates = self.learner.warm_up()
         # versions only grow: a restarted learner publishes past anything published before
         self.version = max(self.version, int(min_version))
         if ckpt is None:
@@ -105,16 +102,16 @@ class FleetLearner:
             "accepted": self.accepted,
             "stale": self.stale_indices,
             "updates": self.updates,
-            "online": self.learner.online,
         }
 
     def save(self) -> str:
         from rlpost.core.io.checkpoint import save_checkpoint
 
-        ln = self.learner
+        st = self.learner.export_state()  # (its replay is the store's: not saved)
         path = save_checkpoint(
-            self.ckpt_root, self.version, ln.policy, ln.pi_opt, None, {"fleet": self._state()},
-            keep=self.keep, extras=ln.modules(), generators={"learner": ln.gen},
+            self.ckpt_root, self.version, st.model, st.optimizer, None,
+            {"fleet": {**self._state(), **st.state}}, keep=self.keep, extras=st.extras,
+            generators=st.generators,
         )  # fmt: skip
         return str(path)
 
@@ -122,9 +119,9 @@ class FleetLearner:
         from rlpost.core.io.checkpoint import load_checkpoint
         from rlpost.robot.fleet.store import ExperienceStore
 
-        ln = self.learner
+        st = self.learner.export_state()
         state = load_checkpoint(
-            path, ln.policy, ln.pi_opt, None, extras=ln.modules(), generators={"learner": ln.gen}
+            path, st.model, st.optimizer, None, extras=st.extras, generators=st.generators
         )
         if "fleet" not in state:
             raise ValueError(f"checkpoint {path} was not written by the fleet learner")
@@ -132,12 +129,12 @@ class FleetLearner:
         self.version, self.watermark = int(s["version"]), int(s["watermark"])
         self.accepted = [int(i) for i in s["accepted"]]
         self.stale_indices = [int(i) for i in s["stale"]]
-        self.updates, ln.online = int(s["updates"]), bool(s["online"])
+        self.updates = int(s["updates"])
+        self.learner.restore(s)
         store = ExperienceStore.open_read(self.store_root)
         self._forget_quarantined(len(store))
         if self.accepted:  # the replay it had: its accepted episodes, from the store
-            eps = store.read(self.accepted)
-            self.replay.add(self._transitions(eps, self.horizon, self.cfg.gamma))
+            self.learner.add(store.read(self.accepted))
         self.resumed_from = str(path)
 
     def _forget_quarantined(self, stored: int) -> None:
@@ -174,9 +171,8 @@ class FleetLearner:
         if self.version - int(episode.policy_version) > self.max_staleness:
             self.stale_indices.append(index)
             return "stale"
-        self.replay.add(self._transitions([episode], self.horizon, self.cfg.gamma))
+        self.learner.add([episode])
         self.accepted.append(index)
-        self.learner.online = True
         return "accepted"
 
     # ------------------------------------------------------------------ updates
@@ -199,14 +195,10 @@ class FleetLearner:
 
     def step(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """``updates_per_version`` updates, then the next version: ``(metrics, weights)``."""
-        c, ln = self.cfg, self.learner
+        ln = self.learner
         t0 = time.perf_counter()
-        m: dict[str, float] = {}
         ln.policy.train()
-        for _ in range(self.updates_per_version):
-            b = self.replay.sample(c.batch_size, c.online_fraction, ln.gen)
-            for k, v in ln.update(b).items():
-                m[k] = m.get(k, 0.0) + v / self.updates_per_version
+        m = ln.train(self.updates_per_version)
         ln.policy.eval()
         self.updates += self.updates_per_version
         self.version += 1
@@ -214,7 +206,6 @@ class FleetLearner:
             self.save()
         if self.snapshot_every and self.version % self.snapshot_every == 0:
             self._snapshot()
-        online = self.replay.online
         metrics = {
             **m,
             "version": self.version,
@@ -222,7 +213,7 @@ class FleetLearner:
             "watermark": self.watermark,
             "accepted": len(self.accepted),
             "stale": len(self.stale_indices),
-            "buffer": 0 if online is None else len(online),
+            "buffer": ln.online_size(),
             "update_seconds": time.perf_counter() - t0,
         }
         if not all(np.isfinite(v) for v in m.values()):

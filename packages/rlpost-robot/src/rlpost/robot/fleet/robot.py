@@ -132,7 +132,7 @@ class FleetRobot:
         terminated = success and self.spec.terminates_on_success
         n = len(actions)
         rewards = np.zeros(n, dtype=np.float32)
-        rewards[-1] = float(success)  # LWD's sparse reward
+        rewards[-1] = float(success)  # sparse: the success a deployed robot can report
         return Episode(
             obs=np.stack(observations),
             actions=np.stack(actions),

@@ -153,7 +153,7 @@ class FleetRuntime:
             robot["params"]["variant"] = slot.variant.to_dict()
         return self._robot_cls.remote(
             slot.index, job.task, robot, self._policy_config,
-            job.learner.lwd_config(job.run.seed).sample_steps, dict(job.intervention),
+            job.learner.algo_config(job.run.seed).sample_steps, dict(job.intervention),
             job.fleet.realtime, _episode_seed(job.run.seed, slot.index, 11),
             str(self.out / "robots"),
         )  # fmt: skip
@@ -165,7 +165,7 @@ class FleetRuntime:
             str(self.out), str(self.store.root), resume=resume, min_version=min_version,
             max_staleness=ls.max_staleness, updates_per_version=ls.updates_per_version,
             save_every=ls.save_every, keep_checkpoints=ls.keep_checkpoints,
-            snapshot_every=ls.snapshot_every,
+            snapshot_every=ls.snapshot_every, algo=ls.algo,
         )  # fmt: skip
         info = self.ray.get(self.learner.info.remote())
         self.version = int(info["version"])
