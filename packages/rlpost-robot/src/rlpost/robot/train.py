@@ -92,6 +92,9 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     ctx = RunContext(policy, cfg.task, demos, cfg.algorithm_config(),
                      log=lambda row: logger.log(row["episodes"], row),
                      progress=cfg.run.progress, checkpoints=checkpoints)  # fmt: skip
+    # torch's global stream from the run's seed, however much the set-up above drew (a
+    # cached BC policy draws nothing): a runner that draws from it resumes exactly
+    torch.manual_seed(ctx.config.seed)
     try:
         history = algo.runner()(ctx)["history"]
     finally:
