@@ -22,27 +22,35 @@ def _setup(seed=0):
 
 
 def _estimators(theta, r_real, proxy_scores, noise_std, n, g):
-    """Per-draw gradient estimates w.r.t. theta [n, S*K] of (real-only, proxy-only, CRAFT)."""
+    """Per-draw gradient estimates w.r.t. theta ``[n, S*K]``: plain REINFORCE on the
+    executed action (the reference, written out here), and the library's own CRAFT
+    estimator and its proxy term alone, each the negated autograd gradient of
+    :func:`craft_surrogate` for that draw (with :func:`counterfactual_advantages` and
+    :func:`grounded_residual` as the algorithm calls them); and the true gradient."""
+    from torch.func import grad, vmap
+
     pi = torch.softmax(theta, -1)
     s = torch.randint(S, (n,), generator=g)
     cands = torch.multinomial(pi[s], G, replacement=True, generator=g)  # [n, G]; cand 0 executed
     a0 = cands[:, 0]
     V = (pi * r_real).sum(-1)
     r_obs = r_real[s, a0] + noise_std * torch.randn(n, generator=g)
-    scores = proxy_scores[s[:, None], cands]
-    A_p = scores - scores.mean(1, keepdim=True)
-
-    # grad_theta[s] log pi(a|s) = onehot(a) - pi(.|s), placed in row s
-    def glogp(a):
-        out = torch.zeros(n, S, K)
-        out[torch.arange(n), s] = torch.nn.functional.one_hot(a, K).float() - pi[s]
-        return out.flatten(1)
-
-    g0 = glogp(a0)
-    real = g0 * (r_obs - V[s])[:, None]
-    proxy = sum(glogp(cands[:, j]) * A_p[:, j : j + 1] for j in range(G)) / G
+    A_p = counterfactual_advantages(proxy_scores[s[:, None], cands])
     residual = grounded_residual(r_obs - V[s], A_p[:, 0])
-    craft = proxy + g0 * residual[:, None]
+
+    def surrogate(th, s_i, c_i, a_i, r_i):  # s_i [S], c_i [G, K] one-hot: vmap cannot index
+        cand = c_i @ (s_i @ torch.log_softmax(th, -1))  # the candidates' log-probs [G]
+        return craft_surrogate(cand[None], a_i[None], cand[:1], r_i[None])
+
+    per_draw = vmap(grad(surrogate), in_dims=(None, 0, 0, 0, 0))
+    hot_s = torch.nn.functional.one_hot(s, S).float()
+    hot_c = torch.nn.functional.one_hot(cands, K).float()
+    craft = -per_draw(theta, hot_s, hot_c, A_p, residual).flatten(1)
+    proxy = -per_draw(theta, hot_s, hot_c, A_p, torch.zeros(n)).flatten(1)
+    # REINFORCE: grad_theta[s] log pi(a|s) = onehot(a) - pi(.|s), in row s
+    g0 = torch.zeros(n, S, K)
+    g0[torch.arange(n), s] = torch.nn.functional.one_hot(a0, K).float() - pi[s]
+    real = g0.flatten(1) * (r_obs - V[s])[:, None]
     true = (pi * (r_real - V[:, None]))[:, :, None] * (torch.eye(K) - pi[:, None, :])
     true = (true.sum(1) / S).flatten()  # states uniform
     return real, proxy, craft, true
@@ -59,12 +67,20 @@ def test_proxy_plus_residual_is_unbiased_even_with_a_biased_proxy():
 
 
 def test_an_aligned_proxy_cuts_the_variance_of_the_real_gradient():
+    """The abstract's "reducing residual variance with an aligned proxy": with the proxy
+    scoring candidates by the real rewards, the library's estimator has less variance than
+    REINFORCE on the executed action (0.84 of it here, where the group normalisation of
+    the proxy's advantages leaves its scale not quite the real one's); with a proxy
+    unrelated to the real rewards it has more (1.28). Both stay unbiased."""
     g, theta, r_real = _setup(1)
     real, _, craft, true = _estimators(theta, r_real, r_real, 1.0, 100_000, g)
-    var_real = real.var(0).sum()
-    var_craft = craft.var(0).sum()
-    assert var_craft < 0.8 * var_real, (float(var_craft), float(var_real))
+    unrelated = torch.randn(S, K, generator=g)
+    _, _, craft_u, _ = _estimators(theta, r_real, unrelated, 1.0, 100_000, g)
+    var_real, var_craft, var_u = (x.var(0).sum() for x in (real, craft, craft_u))
+    assert var_craft < 0.9 * var_real, (float(var_craft), float(var_real))
+    assert var_u > 1.1 * var_real, (float(var_u), float(var_real))
     assert torch.allclose(craft.mean(0), true, atol=0.015)
+    assert torch.allclose(craft_u.mean(0), true, atol=0.02)
 
 
 def test_surrogate_gradient_matches_the_estimator():
