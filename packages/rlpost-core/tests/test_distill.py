@@ -292,3 +292,19 @@ def test_sampled_on_text_blocks_is_reinforce_on_each_block():
         "sampled", DistillInput(inp.logp, inp.mask, inp.teacher_logp, spans=ident)
     )
     torch.testing.assert_close(a.loss, b.loss)
+
+
+def test_full_checks_the_vocabulary_mass_only_where_it_distills():
+    """Padding (mask 0) may hold anything, e.g. an all-zero log-prob row (mass V): the
+    check that the student covers the vocabulary reads the distilled positions only."""
+    s, t = _logits(6)
+    inp = _input(s, t, torch.zeros(B, T, dtype=torch.long), k=None)
+    student = inp.full.student.detach().clone()
+    student[:, -1] = 0.0  # the padded last position: mass V, not 1
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[:, -1] = 0
+    full = TeacherDistributions(student, inp.full.teacher, inp.full.sampled_index)
+    out = DISTILL_ESTIMATORS("full", DistillInput(inp.logp, mask, full=full))
+    assert torch.isfinite(out.loss).all() and (out.loss[:, -1] == 0).all()
+    with pytest.raises(ValueError, match="do not cover the vocabulary"):  # distilled: refused
+        DISTILL_ESTIMATORS("full", DistillInput(inp.logp, torch.ones_like(mask), full=full))

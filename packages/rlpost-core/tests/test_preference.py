@@ -137,13 +137,23 @@ def test_xi_dpo_gradient_bounded_for_a_near_certain_rejected_response():
 
 
 def test_xi_dpo_invariant_to_beta():
+    """The abstract's claim, checked on the rewards themselves: the margin is the *ratio*
+    of SimPO's rewards r = beta * log pi / |y|, which scale with beta, so the loss
+    (1 - r_w / r_l - xi)^2 built from each beta's rewards is the same for every beta (a
+    margin built from the reward *difference* would scale with beta and fail here)."""
     x = random_pairs()
     ref, gc0, gr0 = loss_and_grads("xi_dpo", x, xi=0.3, beta=0.1)
-    for beta in (2.0, 50.0):
+    for beta in (0.1, 2.0, 50.0):
         out, gc, gr = loss_and_grads("xi_dpo", x, xi=0.3, beta=beta)
-        assert torch.equal(out.loss, ref.loss)
-        assert torch.equal(gc, gc0) and torch.equal(gr, gr0)
-        assert_close(out.chosen_reward, ref.chosen_reward * beta / 0.1)  # only the report scales
+        r_w = beta * x.chosen_logp / x.chosen_len  # written out here, not read from the entry
+        r_l = beta * x.rejected_logp / x.rejected_len
+        assert_close(out.chosen_reward.detach(), r_w)
+        assert_close(out.rejected_reward.detach(), r_l)
+        assert (r_l < -beta * 0.01).all()  # away from the rho floor, where the ratio is exact
+        assert_close(out.loss.detach(), (1 - r_w / r_l - 0.3) ** 2)
+        assert_close(out.loss, ref.loss)
+        assert_close(gc, gc0)
+        assert_close(gr, gr0)
     # the same betas do change SimPO (gamma = 0.5), so the invariance is not vacuous
     s1, _, _ = loss_and_grads("simpo", x, beta=0.1, gamma=0.5)
     s2, _, _ = loss_and_grads("simpo", x, beta=50.0, gamma=0.5)
@@ -180,6 +190,9 @@ def test_xi_from_initial_quantile_and_clip():
     PREFERENCE_LOSSES.build("xi_dpo", xi=xi)
     with pytest.raises(ValueError, match="quantile"):
         xi_from_initial(chosen, rejected, lens, lens, quantile=1.0)
+    for bounds in ((0.05, 1.5), (0.0, 0.9), (0.6, 0.4)):  # xi must stay inside (0, 1)
+        with pytest.raises(ValueError, match="bounds must satisfy"):
+            xi_from_initial(chosen, rejected, lens, lens, bounds=bounds)
     with pytest.raises(ValueError, match="xi_from_initial needs chosen_len"):
         xi_from_initial(chosen, rejected, None, lens)
 

@@ -18,7 +18,7 @@ from rlpost.core.distill.base import (
     DistillOutput,
     TeacherDistributions,
 )
-from rlpost.core.distill.estimators import DistillParams, FullParams, exact_expectation
+from rlpost.core.distill.estimators import DistillParams, FullParams
 from rlpost.core.distill.rows import ROW_FILTERS, distill_rows
 from rlpost.core.distill.schedule import DistillSchedule
 from rlpost.core.distill.turns import TurnReweight, turn_weights
@@ -34,6 +34,5 @@ __all__ = [
     "TeacherDistributions",
     "TurnReweight",
     "distill_rows",
-    "exact_expectation",
     "turn_weights",
 ]

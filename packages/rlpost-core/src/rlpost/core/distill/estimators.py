@@ -105,16 +105,3 @@ def jsd_topk(inp: DistillInput, p: DistillParams) -> DistillOutput:
     large-vocabulary form of ``jsd``; exact when the K ids hold all the mass)."""
     assert inp.topk is not None
     return finish(jsd_term(inp.topk.student, inp.topk.teacher, inp.mask, True), inp.mask)
-
-
-def exact_expectation(fn, logits_s: torch.Tensor, make_input) -> torch.Tensor:
-    """``E_{y ~ pi_s}[fn(make_input(y))]`` computed exactly by enumerating every token
-    ``y`` of a ``[B, T, V]`` student (for tests of unbiasedness): ``make_input(y)`` gives
-    the estimator's input when every position sampled ``y`` (``[B, T]`` filled)."""
-    probs = logits_s.detach().softmax(-1)
-    total = None
-    for v in range(logits_s.shape[-1]):
-        out = fn(make_input(v)) * probs[..., v]
-        total = out if total is None else total + out
-    assert total is not None
-    return total
