@@ -35,7 +35,6 @@ import copy
 import importlib
 import inspect
 import io
-import json
 import sys
 import time
 import types
@@ -46,6 +45,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "packages" / "rlpost-core" / "tests"
 EXTRA = ("rlpost.core.presets.base",)  # the preset's loss assembly (KL, entropy, aux terms)
 UNCAPPED = ("Recipe.policy_loss",)  # every site of the loss assembly, whatever the cap
+
+#: Mutants that cannot change any output or gradient, with the reason: ``(target, before,
+#: after) -> why``. They are reported as ``equivalent`` and left out of the kill rate.
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("rlpost.core.presets.base:Recipe.policy_loss", "1.0", "3.0"): (
+        "the w_rl == 1.0 fast path: the other branch computes 1.0 * loss, the same tensor"
+    ),
+}
 
 
 # ------------------------------------------------------------------------ targets
@@ -133,10 +140,11 @@ class Mutant:
     op: str
     before: str
     after: str
-    status: str = "untested"  # killed | survived | no-tests | not-compiled
+    status: str = "untested"  # killed | survived | equivalent | no-tests | not-compiled
     tests: int = 0
     killed_by: str | None = None
     seconds: float = 0.0
+    why: str | None = None  # for an equivalent mutant
 
 
 def _name_swap(n: ast.Call) -> ast.Call:
@@ -356,6 +364,11 @@ class _Timeout(Exception):
 def run_mutant(t: Target, m: Mutant, tests: list[str], timeout: float) -> None:
     import signal
 
+    why = EQUIVALENT.get((m.target, m.before, m.after))
+    if why is not None:
+        m.status, m.why = "equivalent", why
+        return
+
     try:
         code = mutant_code(t, m)
     except (SyntaxError, LookupError, ValueError):
@@ -393,8 +406,9 @@ def summary(mutants: list[Mutant]) -> list[dict]:
     rows: dict[str, dict] = {}
     for m in mutants:
         r = rows.setdefault(m.registry, {"registry": m.registry, "mutants": 0, "killed": 0,
-                                         "survived": 0, "no_tests": 0})  # fmt: skip
+                                         "survived": 0, "equivalent": 0, "no_tests": 0})  # fmt: skip
         r["mutants"] += 1
+        r["equivalent"] += m.status == "equivalent"
         r["killed"] += m.status == "killed"
         r["survived"] += m.status == "survived"
         r["no_tests"] += m.status == "no-tests"
@@ -437,27 +451,46 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{m.seconds:6.1f}s {m.status:<9} {m.tests:>4} {m.target}:{m.line} {m.op}",
                       flush=True)  # fmt: skip
                 continue
-            mark = {"killed": ".", "survived": "S", "no-tests": "-"}.get(m.status, "?")
+            mark = {"killed": ".", "survived": "S", "no-tests": "-", "equivalent": "="}.get(
+                m.status, "?"
+            )
             print(mark, end="", flush=True)
     print()
     rows = summary(mutants)
-    print(f"{'registry':<14}{'mutants':>8}{'killed':>8}{'survived':>9}{'no tests':>9}{'rate':>7}")
+    print(f"{'registry':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}"
+          f"{'no tests':>9}{'rate':>7}")  # fmt: skip
     for r in rows:
         rate = "-" if r["kill_rate"] is None else f"{r['kill_rate']:.2f}"
-        print(f"{r['registry']:<14}{r['mutants']:>8}{r['killed']:>8}{r['survived']:>9}"
-              f"{r['no_tests']:>9}{rate:>7}")  # fmt: skip
+        print(f"{r['registry']:<16}{r['mutants']:>8}{r['killed']:>8}{r['survived']:>9}"
+              f"{r['equivalent']:>8}{r['no_tests']:>9}{rate:>7}")  # fmt: skip
     for m in mutants:
         if m.status == "survived":
             print(f"  survived  {m.target}:{m.line}  {m.op}: {m.before} -> {m.after}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "benchmark": "mutate_core",
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "rows": rows,
-            "mutants": [asdict(m) for m in mutants],
-            "seconds": round(time.perf_counter() - t0, 1),
-        }, indent=1))  # fmt: skip
+        sys.path.insert(0, str(Path(__file__).parent))
+        from benchlib import write_result
+
+        tested = sum(r["killed"] + r["survived"] for r in rows)
+        killed = sum(r["killed"] for r in rows)
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        write_result(
+            args.out,
+            name="mutate_core",
+            catalog_ids=[],
+            config={**config, "seconds": round(time.perf_counter() - t0, 1)},
+            seeds=[],
+            rows=[
+                *({"part": "registry", **r} for r in rows),
+                *({"part": "mutant", **asdict(m)} for m in mutants),
+            ],
+            headline={
+                "metric": "mutants killed / mutants that are not equivalent and have a test",
+                "value": killed,
+                "baseline": tested,
+                "ratio": round(killed / tested, 3) if tested else None,
+                "paper": "no paper: a fidelity check of rlpost.core's tests (issue 44)",
+            },
+        )
     return 0
 
 
