@@ -46,11 +46,17 @@ TESTS = ROOT / "packages" / "rlpost-core" / "tests"
 EXTRA = ("rlpost.core.presets.base",)  # the preset's loss assembly (KL, entropy, aux terms)
 UNCAPPED = ("Recipe.policy_loss",)  # every site of the loss assembly, whatever the cap
 
-#: Mutants that cannot change any output or gradient, with the reason: ``(target, before,
-#: after) -> why``. They are reported as ``equivalent`` and left out of the kill rate.
-EQUIVALENT: dict[tuple[str, str, str], str] = {
-    ("rlpost.core.presets.base:Recipe.policy_loss", "1.0", "3.0"): (
+#: Mutants that cannot change any output or gradient, with the reason: ``(target, site
+#: index, before, after) -> why`` (the site index tells apart equal text at two sites; a
+#: changed function no longer matches and its mutant runs again). Reported as
+#: ``equivalent`` and left out of the kill rate.
+EQUIVALENT: dict[tuple[str, int, str, str], str] = {
+    ("rlpost.core.presets.base:Recipe.policy_loss", 5, "1.0", "3.0"): (
         "the w_rl == 1.0 fast path: the other branch computes 1.0 * loss, the same tensor"
+    ),
+    ("rlpost.core.regularizers.cpo:_kth_largest", 3, "1", "3"): (
+        "hi = (1 << 31) - 3 only drops the bit patterns 0x7FFFFFFE / 0x7FFFFFFF, NaNs that "
+        "non-negative squared movements never hold"
     ),
 }
 
@@ -364,7 +370,7 @@ class _Timeout(Exception):
 def run_mutant(t: Target, m: Mutant, tests: list[str], timeout: float) -> None:
     import signal
 
-    why = EQUIVALENT.get((m.target, m.before, m.after))
+    why = EQUIVALENT.get((m.target, m.index, m.before, m.after))
     if why is not None:
         m.status, m.why = "equivalent", why
         return
