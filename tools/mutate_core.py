@@ -58,6 +58,39 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
         "hi = (1 << 31) - 3 only drops the bit patterns 0x7FFFFFFE / 0x7FFFFFFF, NaNs that "
         "non-negative squared movements never hold"
     ),
+    ("rlpost.core.objectives.offpolicy:implicit_pessimism", 3, "A > 0", "A >= 0"): (
+        "at A = 0 both branches give value 0 and gradient 0"
+    ),
+    ("rlpost.core.objectives.offpolicy:up", 7, "A > 0", "A >= 0"): (
+        "at A = 0 both branches give value 0 and gradient 0"
+    ),
+    ("rlpost.core.objectives.offpolicy:normalized_ess_log", 0, "n > 0", "n >= 0"): (
+        "at n = 0 the ESS is exp(-inf + inf) = NaN, which the isfinite check already refuses"
+    ),
+    ("rlpost.core.objectives.offpolicy:ess_adaptive", 6, "m > 0", "m >= 0"): (
+        "a masked token's finite rho is multiplied by its zero mask in the loss and the metric"
+    ),
+    (
+        "rlpost.core.ratios.divergence:predictive_divergence_mask",
+        0,
+        "max(1, CHUNK_ELEMENTS // max(1, T * K))",
+        "min(1, CHUNK_ELEMENTS // max(1, T * K))",
+    ): ("only the row-chunk size changes; the per-row mask is the same for any chunk size"),
+    (
+        "rlpost.core.ratios.corrections:_call_seed",
+        0,
+        "h * 1000003 + int((c.flatten() * (ramp + 1)).sum().item() * 1000000.0 % 2 ** 31)",
+        "h * 1000003 - int((c.flatten() * (ramp + 1)).sum().item() * 1000000.0 % 2 ** 31)",
+    ): (
+        "another deterministic, input-dependent per-call seed: equivalent for the contract "
+        "(the draws differ; no property depends on which seed)"
+    ),
+    (
+        "rlpost.core.ratios.corrections:_call_seed",
+        8,
+        "c.flatten() * (ramp + 1)",
+        "c.flatten() / (ramp + 1)",
+    ): ("another deterministic, input-dependent per-call seed (as above)"),
 }
 
 
