@@ -58,6 +58,42 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
         "hi = (1 << 31) - 3 only drops the bit patterns 0x7FFFFFFE / 0x7FFFFFFF, NaNs that "
         "non-negative squared movements never hold"
     ),
+    (
+        "rlpost.core.advantages.best_of_n:gaussian_best_of_n_gain",
+        10,
+        "z.to(torch.float64) > grid[-1]",
+        "z.to(torch.float64) >= grid[-1]",
+    ): (
+        "only z = 8 exactly, where the table's last value and the asymptote agree (h(8) = 8) "
+        "up to float64 rounding of the interpolation"
+    ),
+    ("rlpost.core.advantages.best_of_n:tea", 0, "sigma > 0", "sigma >= 0"): (
+        "sigma = 0 means every reward equals the mean: z = 0 either way, and g is zeroed next"
+    ),
+    ("rlpost.core.advantages.best_of_n:tea", 3, "sigma > 0", "sigma >= 0"): (
+        "with sigma = 0, g = 0 * h_N(0) = 0, the value of the other branch"
+    ),
+    ("rlpost.core.advantages.classic:rloo", 0, "s.count > 1", "s.count >= 1"): (
+        "a singleton group's 1/1 * (r - mean) is exactly 0, the other branch's value"
+    ),
+    ("rlpost.core.advantages.entropy:fade", 9, "1", "3"): (
+        "pads the group table with inactive groups that no response indexes"
+    ),
+    (
+        "rlpost.core.advantages.stages:stage_grpo",
+        0,
+        "(p.outcome_weight * outcome[:, None] + p.stage_weight * turn_z) * exists.float()",
+        "(p.outcome_weight * outcome[:, None] + p.stage_weight * turn_z) / exists.float()",
+    ): (
+        "the inf / NaN at absent turns is never read: token advantages take existing turns "
+        "only (where(valid, ...)), and advantages are not differentiated"
+    ),
+    (
+        "rlpost.core.advantages.turns:turn_group_keys",
+        0,
+        "gid[:, None] * U + torch.arange(U, device=device)",
+        "gid[:, None] * U - torch.arange(U, device=device)",
+    ): ("still one distinct key per (prompt, turn); keys are only compared for equality"),
     ("rlpost.core.objectives.offpolicy:implicit_pessimism", 3, "A > 0", "A >= 0"): (
         "at A = 0 both branches give value 0 and gradient 0"
     ),
