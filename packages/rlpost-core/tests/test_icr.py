@@ -37,3 +37,17 @@ def test_degenerate_groups_are_finite_and_off():
     assert torch.isfinite(out.advantages).all() and out.metrics["icr_targets"] == 0.0
     with pytest.raises(ValueError, match="coef"):
         ADVANTAGES.build("icr", coef=-1.0)
+
+
+def test_an_exactly_uncorrelated_group_gets_no_compression_bonus():
+    """The correct answers' mean length (7) equals the group's: rho = 0, the regulariser is
+    off. In float32 the covariance rounded to a tiny negative number and the shortest
+    correct answer got the bonus anyway (8 of 99 such random groups)."""
+    lengths = [5, 5, 10, 5, 8, 5, 11]
+    correct = [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    mask = (torch.arange(11) < torch.tensor(lengths)[:, None]).float()
+    inp = AdvantageInput(torch.tensor(correct), torch.zeros(7, dtype=torch.long), mask)
+    out = ADVANTAGES.build("icr", coef=0.5)(inp)
+    plain = ADVANTAGES.build("grpo")(AdvantageInput(torch.tensor(correct), inp.group_ids, mask))
+    torch.testing.assert_close(out.advantages, plain.advantages)
+    assert out.metrics["icr_targets"] == 0.0

@@ -90,14 +90,17 @@ def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
     """HMPO median-length token-efficiency shaping (Mach-Mind-4-Flash, catalog 004-11b).
 
     Among the *correct* responses of a group (reward > 0), length is compared with their
-    (lower) median length m_g; the reward is shaped before the GRPO normalisation:
+    (lower) median length m_g:
 
-        r'_i = r_i + alpha * 1[correct_i] * clip((m_g - |y_i|) / m_g, -1, 1)
+        b_i = alpha * 1[correct_i] * clip((m_g - |y_i|) / m_g, -1, 1)
+        A_i = GRPO(r)_i + (b_i - mean_g b)
 
     Shorter-than-median correct responses gain, longer ones lose, wrong ones are unchanged.
-    With binary rewards and alpha < 0.5 every correct response still scores above every
-    wrong one (r' in [1 - alpha, 1 + alpha] vs 0), so the shaping trades length only within
-    the correct set (the accuracy-preserving part). Single stage: no separate compression
+    The length term keeps its own scale: it separates two responses by at most 2 alpha < 1,
+    where the correctness term separates a correct from a wrong one by at least 1 (sqrt 2
+    with std scaling: the unbiased std of 0/1 rewards is at most 1/sqrt 2). So with binary
+    rewards every correct response still scores above every wrong one, and the shaping
+    trades length only within the correct set (the accuracy-preserving part). Single stage: no separate compression
     phase. The abstract names the method only; this median-relative form is our reading.
     Needs ``mask`` (response lengths).
     """
@@ -116,8 +119,14 @@ def hmpo(inp: AdvantageInput, p: HMPOParams) -> AdvantageOutput:
     median = torch.where(n_correct > 0, table.sort(1).values.gather(1, mid).squeeze(1), 1.0)
     m = median[g].clamp_min(1.0)
     bonus = p.alpha * correct.float() * ((m - lengths) / m).clamp(-1.0, 1.0)
-    shaped = r + bonus
-    adv = group_normalize(shaped, inp.group_ids, p.scale_by_std, p.eps)
+    # the length term is added at its own scale, centred per group, after the correctness
+    # term is normalised: normalising r + bonus together divided a group of all-correct
+    # responses by the spread of their bonuses alone, so length alone decided its
+    # advantages at full scale (a toy run shortened answers at a 14-point accuracy cost;
+    # test_hmpo.py). Without std scaling the two forms are the same.
+    adv = group_normalize(r, inp.group_ids, p.scale_by_std, p.eps) + group_normalize(
+        bonus, inp.group_ids, False, 0.0
+    )
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={**_metrics(adv, r), "hmpo_bonus_mean": bonus.mean().item()},
@@ -156,22 +165,25 @@ def icr(inp: AdvantageInput, p: ICRParams) -> AdvantageOutput:
     r = response_rewards(inp)
     lengths = inp.mask.float().sum(1)
     correct = (r > 0).float()
-    s_len, s_cor = group_stats(lengths, inp.group_ids), group_stats(correct, inp.group_ids)
-    g, G = s_len.index, int(s_len.index.max()) + 1
-    cov = group_sum((lengths - s_len.mean) * (correct - s_cor.mean), inp.group_ids)
-    rho = cov / ((s_len.count - 1).clamp_min(1) * s_len.std * s_cor.std).clamp_min(1e-12)
-    rho = torch.where((s_len.std > 0) & (s_cor.std > 0), rho, torch.zeros_like(rho))
+    g = group_stats(lengths, inp.group_ids).index
+    G = int(g.max()) + 1
+    # the sign of rho_g is the sign of n^2 cov_g = n sum(l c) - sum(l) sum(c): integers
+    # (token counts, 0/1), so exact in float64; a float32 covariance of an exactly
+    # uncorrelated group rounds to +-1e-7 and switched the regulariser on at random
+    l64, c64, gid = lengths.double(), correct.double(), inp.group_ids
+    n = group_sum(torch.ones_like(l64), gid)
+    overthinking = n * group_sum(l64 * c64, gid) - group_sum(l64, gid) * group_sum(c64, gid) < 0
     big = torch.finfo(lengths.dtype).max
     shortest = lengths.new_full((G,), big).scatter_reduce(
         0, g, torch.where(correct > 0, lengths, big), reduce="amin"
     )[g]
-    target = (correct > 0) & (lengths == shortest) & (rho < 0)
+    target = (correct > 0) & (lengths == shortest) & overthinking
     adv = adv + p.coef * target.float()
     return AdvantageOutput(
         broadcast(adv, inp.mask),
         metrics={
             **base.metrics,
-            "icr_active_frac": float((rho < 0).float().mean()),
+            "icr_active_frac": float(overthinking.float().mean()),
             "icr_targets": float(target.sum()),
         },
     )
