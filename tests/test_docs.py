@@ -89,9 +89,8 @@ def test_every_result_file_the_docs_cite_is_committed():
 
     missing = []
     for page in [ROOT / "README.md", *PAGES]:
-        for path in re.findall(
-            r"docs/results/[A-Za-z0-9_.\-/]+\.(?:json|log|txt)", page.read_text()
-        ):
-            if not (ROOT / path).is_file():
-                missing.append(f"{page.relative_to(ROOT)}: {path}")
+        # docs/results/x.json from the root, or a page's relative ../results/x.json
+        for name in re.findall(r"(?<![\w])results/([\w.\-/]+\.(?:json|log|txt))", page.read_text()):
+            if not (ROOT / "docs" / "results" / name).is_file():
+                missing.append(f"{page.relative_to(ROOT)}: results/{name}")
     assert not missing, "\n".join(missing)

@@ -20,6 +20,7 @@ Each run is its own process with one torch thread (``bench_diffusion.run_job``).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,8 @@ def main() -> None:
         )
         for v in args.variants for r in REWARDS for s in args.seeds
     ]  # fmt: skip
+    for job in jobs:  # a fresh run each time (an earlier benchmark's runs are replaced)
+        shutil.rmtree(job["dir"], ignore_errors=True)
     print(f"{len(jobs)} runs on {args.workers} workers ...", flush=True)
     t0 = time.perf_counter()
     results = run_pool(
