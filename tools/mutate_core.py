@@ -141,7 +141,6 @@ class Target:
     fn: types.FunctionType
     path: str
     first: int
-    last: int
 
 
 def _unwrap(obj):
@@ -188,13 +187,10 @@ def targets(registry_filter: str | None) -> list[Target]:
             if fn.__name__ == "__post_init__":  # parameter validation, not the math
                 continue
             try:
-                lines, first = inspect.getsourcelines(fn)
+                _, first = inspect.getsourcelines(fn)
             except (OSError, TypeError):
                 continue
-            out.append(
-                Target(modname, fn.__qualname__, kind, fn, inspect.getsourcefile(fn), first,
-                       first + len(lines) - 1)
-            )  # fmt: skip
+            out.append(Target(modname, fn.__qualname__, kind, fn, inspect.getsourcefile(fn), first))
     return out
 
 

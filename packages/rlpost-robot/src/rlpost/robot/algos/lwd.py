@@ -463,7 +463,10 @@ class LWDRounds:
     ):
         self.learner, self.task = LWDLearner(policy, cfg), task
         self.replay = ReplayMix(transitions(demos, policy.cfg.horizon, cfg.gamma))
-        self.policy = policy
+
+    @property
+    def policy(self) -> FlowChunkPolicy:
+        return self.learner.policy
 
     def warm_up(self) -> int:
         offline_phase(self.learner, self.replay, self.learner.cfg.offline_steps)

@@ -225,10 +225,14 @@ class OTQLRounds:
     def __init__(
         self, policy: FlowChunkPolicy, demos: Sequence[Any], cfg: OTQLConfig, task: str = ""
     ):
-        self.learner, self.task, self.policy = OTQL(policy, cfg), task, policy
+        self.learner, self.task = OTQL(policy, cfg), task
         H = policy.cfg.horizon
         self.buf = chunk_transitions(demos, H, H, cfg.gamma)
         self.offline = len(self.buf)
+
+    @property
+    def policy(self) -> FlowChunkPolicy:
+        return self.learner.policy
 
     def warm_up(self) -> int:
         """The critic's offline warm-up on the demonstrations."""

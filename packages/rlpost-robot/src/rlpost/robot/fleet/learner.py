@@ -63,8 +63,8 @@ class FleetLearner:
         from rlpost.robot.pretrain import load_bc_policy
 
         algorithm = ALGORITHMS.get(algo)
-        self.cfg = algorithm.config(**params)
-        self.learner = algorithm.fleet_learner()(load_bc_policy(policy_dir), demos, self.cfg)
+        config = algorithm.config(**params)
+        self.learner = algorithm.fleet_learner()(load_bc_policy(policy_dir), demos, config)
         self.run_dir = Path(run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.store_root = store_root
