@@ -129,3 +129,26 @@ def test_resd_trains_with_its_playbook_in_the_teachers_context_and_resumes_it(
     resumed.train()
     rows = [json.loads(x) for x in (Path(tr.run_dir) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "memory/lessons" in r] == [1, 2]
+
+
+def test_a_curriculum_stage_is_reflected_on_by_its_own_task(fast_cfg):
+    """Each stage's feedback comes from that stage's verifier (once, every stage read the
+    first stage's task: countdown rows got arithmetic's feedback)."""
+    from rlpost.llm.data.prompts import make_prompts
+    from rlpost.llm.train.providers.teachers import run_tasks
+
+    cfg = fast_cfg(
+        "data.curriculum=[{task: arithmetic, task_params: {digits: 2}, steps: 1}, "
+        "{task: countdown, steps: 1}]",
+    )
+    source = make_prompts(cfg)
+    mem = TeacherMemory(MemoryConfig(kind="playbook"), run_tasks(cfg))
+    source.set_step(0)
+    add = source.next_batch(1)[0]
+    source.set_step(1)
+    cd = source.next_batch(1)[0]
+    wrong = str(int(add.answer) + 10)
+    out = mem.observe([add, cd], [wrong, "1+1"], [False, False], step=0)
+    assert out[0].meta["reflection"] == f"{wrong}-10"
+    cd_task = make_task("countdown")
+    assert out[1].meta["reflection"] == cd_task.feedback("1+1", cd) != ""

@@ -78,6 +78,14 @@ def _key(example: Example) -> str:
     return example.prompt if isinstance(example.prompt, str) else repr(example.prompt)
 
 
+def task_key(example: Example) -> str:
+    """Which task an example belongs to: its mixture domain, else its curriculum stage
+    (``"0"``, ``"1"``, ...), else ``""`` (the run's single task)."""
+    if "domain" in example.meta:
+        return example.meta["domain"]
+    return str(example.meta["stage"]) if "stage" in example.meta else ""
+
+
 class TeacherMemory:
     """The memory of one run (``distill.memory``); see the module docstring.
 
@@ -96,7 +104,7 @@ class TeacherMemory:
         self.reflections = 0
 
     def _task(self, example: Example) -> Task | None:
-        return self.tasks.get(example.meta.get("domain", ""), self.tasks.get(""))
+        return self.tasks.get(task_key(example), self.tasks.get(""))
 
     def reflect(self, examples: list[Example], texts: list[str]) -> list[str]:
         """A reflection on each response (the caller passes the failed ones)."""

@@ -27,13 +27,15 @@ _TEACHER_INPUTS = frozenset({Input.TEACHER_LOGPROBS, Input.TEACHER_TOPK, Input.T
 
 
 def run_tasks(cfg: Any) -> dict[str, Task]:
-    """The built-in task of each domain (``""``: the run's single task): the verifier
-    feedback the memory's reflector reads."""
+    """The built-in task of each domain (``""``: the run's single task; a curriculum's
+    stages by their index, ``"0"``, ``"1"``, ...): the verifier feedback the memory's
+    reflector reads (:func:`rlpost.llm.methods.memory.task_key`)."""
     if cfg.data.mixture:
         return {d.task: make_task(d.task, **d.task_params) for d in cfg.data.mixture}
     if cfg.data.curriculum:
-        c = cfg.data.curriculum[0]
-        return {"": make_task(c.task, **c.task_params)}
+        return {
+            str(i): make_task(c.task, **c.task_params) for i, c in enumerate(cfg.data.curriculum)
+        }
     return {"": make_task(cfg.data.task, **cfg.data.task_params)}
 
 
