@@ -18,7 +18,7 @@ from rlpost.core.distill import (
     distill_rows,
     turn_weights,
 )
-from rlpost.core.presets import PRESETS, PolicyBatch
+from rlpost.core.presets import PRESETS, Choice, PolicyBatch
 
 B, T, V, K = 3, 4, 6, 2
 
@@ -308,3 +308,24 @@ def test_full_checks_the_vocabulary_mass_only_where_it_distills():
     assert torch.isfinite(out.loss).all() and (out.loss[:, -1] == 0).all()
     with pytest.raises(ValueError, match="do not cover the vocabulary"):  # distilled: refused
         DISTILL_ESTIMATORS("full", DistillInput(inp.logp, torch.ones_like(mask), full=full))
+
+
+@pytest.mark.parametrize("weight", [1.0, 3.0])
+def test_sdpo_is_grpos_gradient_plus_the_self_distillation_at_its_weight(weight):
+    """SDPO (004-20): the verifier's GRPO term plus dense self-distillation, weight 1
+    each by default; a denser schedule scales the distillation's gradient and nothing
+    else. Against GRPO's preset (without its KL, token-mean aggregation) and the
+    estimator called on its own."""
+    s, t = _logits(11)
+    s = s.requires_grad_(True)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(6))
+    adv = torch.tensor([1.0, -0.5, 0.25])
+    grpo = PRESETS["grpo"].replace(kl=None, kl_coef=0.0, aggregation=Choice("token_mean"))
+    (g_rl,) = torch.autograd.grad(grpo.build().policy_loss(_batch(s, t, tokens, adv)).loss, s)
+    d = DISTILL_ESTIMATORS("topk", _input(s, t, tokens))
+    (g_d,) = torch.autograd.grad(d.loss.sum() / (B * T), s)
+    sched = DistillSchedule(distill_start=weight, distill_end=weight)
+    recipe = PRESETS["sdpo"].replace(distill_schedule=sched).build()
+    (g,) = torch.autograd.grad(recipe.policy_loss(_batch(s, t, tokens, adv)).loss, s)
+    torch.testing.assert_close(g, g_rl + weight * g_d)
+    assert g_d.abs().max() > 1e-3 and g_rl.abs().max() > 1e-3  # (both terms present)

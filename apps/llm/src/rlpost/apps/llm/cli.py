@@ -261,11 +261,13 @@ def _retention(args: argparse.Namespace) -> int:
     from rlpost.llm.tools.retention import retention
 
     table = retention(args.runs, args.probe, args.out, args.size)
+    cols = [c for p in table["probes"] for c in (p, f"{p} kl")]
     for run, rows in table["runs"].items():
         print(run)
-        print("  step  " + "  ".join(f"{p[:22]:>22}" for p in table["probes"]))
+        print("  step  drift  " + "  ".join(f"{c[-22:]:>22}" for c in cols))
         for r in rows:
-            print(f"  {r['step']:>4}  " + "  ".join(f"{r[p]:>22.3f}" for p in table["probes"]))
+            vals = "  ".join(f"{r[c]:>22.3f}" for c in cols)
+            print(f"  {r['step']:>4}  {r['param_drift']:.3f}  {vals}")
     print(f"table and plot: {args.out}/retention.json, {args.out}/retention.png")
     return 0
 
