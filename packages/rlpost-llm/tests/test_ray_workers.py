@@ -121,3 +121,65 @@ def test_a_lora_policy_trains_on_ray_workers_with_adapter_only_sync(local_ray, f
     assert all(r["mismatch/abs_max"] < 1e-4 for r in steps)  # the workers ran the weights trained
     sync = [r["rollout/sync_mb"] for r in steps]
     assert sync[1] == sync[2] < sync[0] / 20  # the adapters, after the model went once
+
+
+def test_dora_on_two_workers_generates_on_several_versions_at_once(local_ray, fast_cfg):
+    """DORA's multi-version streaming (001-29) with a generator per worker: while one
+    worker is still generating on an old version the other generates on a newer one, each
+    trajectory's behaviour log-probs are those of its own version's weights (never a
+    weight load inside a trajectory), and staleness stays within its bound."""
+    import copy
+    import time
+
+    from rlpost.llm.rollout.engines.ray_workers import WorkerView
+    from rlpost.llm.trainer import Trainer
+
+    cfg = fast_cfg(
+        "train.pipeline=dora", "rollout.workers=2", "rollout.engine=hf",
+        "train.stream_prompts=1", "train.max_staleness=3", "train.steps=6", "optim.lr=1e-2",
+    )  # fmt: skip
+    tr = Trainer(cfg, reward_fn=parity)
+    weights = {0: copy.deepcopy(tr.model.state_dict())}
+    spans, batches = [], []
+    sync, update, generate = tr.sync_engine, tr.update, WorkerView.generate
+
+    def recording_sync():
+        weights[tr.version] = copy.deepcopy(tr.model.state_dict())
+        sync()
+
+    def recording_update(col):
+        batches.append(col.batch)
+        return update(col)
+
+    def timed(self, *a, **k):
+        t0 = time.perf_counter()
+        if self.index == 0:
+            time.sleep(0.3)  # a long-tailed chunk on worker 0
+        out = generate(self, *a, **k)
+        spans.append((self.index, out.policy_version, t0, time.perf_counter()))
+        return out
+
+    tr.sync_engine, tr.update = recording_sync, recording_update
+    WorkerView.generate = timed
+    try:
+        tr.train()
+    finally:
+        WorkerView.generate = generate
+    assert len(batches) == 6
+    overlapping = [
+        (a, b) for a in spans for b in spans
+        if a[0] == 0 and b[0] == 1 and a[1] != b[1] and a[2] < b[3] and b[2] < a[3]
+    ]  # fmt: skip
+    assert overlapping, f"no two versions generated at once: {spans}"
+    model = copy.deepcopy(tr.model).eval()
+    for version, batch in enumerate(batches, start=1):  # (trained at versions 0..5)
+        stale = (version - 1) - batch.row_versions
+        assert int(stale.min()) >= 0 and int(stale.max()) <= 3
+        for r in range(len(batch)):
+            model.load_state_dict(weights[int(batch.row_versions[r])])
+            n = int(batch.mask[r].sum())
+            ids = torch.tensor([[*batch.prompt_ids[r], *batch.completion_ids[r, :n].tolist()]])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(batch.prompt_ids[r]) - 1 : -1]
+            want = logits.log_softmax(-1).gather(-1, ids[0, -n:, None])[:, 0]
+            torch.testing.assert_close(batch.logprobs[r, :n], want, atol=1e-4, rtol=0)

@@ -108,6 +108,38 @@ def test_a_snapshot_restored_into_a_new_stream_loses_and_repeats_no_chunk():
     assert groups == [(i // 2 + 1, i % 2) for i in range(10)]  # every group once, in order
 
 
+def test_several_producers_feed_one_queue_and_exclusive_waits_for_every_one():
+    """DORA's generators, one per Ray worker: each thread's chunks reach the one queue;
+    inside exclusive() none of them produces, and a snapshot holds every one's chunk in
+    hand, so a restored stream loses none."""
+    slow, fast = Chunks(seconds=0.02), Chunks(seconds=0.002)
+    fast.serial = 1000  # (tells the producers' chunks apart)
+    s = ChunkStream(
+        [slow, fast],
+        size=lambda c: len(c[2]),
+        version=lambda c: c[1],
+        split=lambda c, k: ((c[0], c[1], c[2][:k]), (c[0], c[1], c[2][k:])),
+        capacity=1,
+    )
+    try:
+        got: list = []
+        while {c[0] // 1000 for c in got} != {0, 1}:
+            got += s.take(2, version=0, max_stale=9)[0]
+        time.sleep(0.1)  # the queue full, both producers holding a chunk
+        with s.exclusive():
+            before = (slow.calls, fast.calls)
+            time.sleep(0.1)
+            assert (slow.calls, fast.calls) == before
+            saved = s.snapshot()
+        assert {c[0] // 1000 for c in saved} == {0, 1} and len(saved) == 3  # queue + 2 hands
+    finally:
+        s.close()
+    produced = sorted((c[0], g) for c in [*got, *saved] for g in c[2])
+    made = [(i, g) for i in range(1, slow.serial + 1) for g in (0, 1)]
+    made += [(i, g) for i in range(1001, fast.serial + 1) for g in (0, 1)]
+    assert produced == sorted(made)  # every group produced was taken or saved, none twice
+
+
 class RecordingEngine:
     """Wraps the trainer's engine: each generate call's version at its start and end, and
     a weight load that lands while a call is running."""

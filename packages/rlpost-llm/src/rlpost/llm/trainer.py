@@ -295,7 +295,7 @@ class Trainer:
         waited = got.waited
         if self.main:
             waited += self.rollouts.finish()  # the engine's weights must not change mid-generation
-            with self.rollouts.paused():  # DORA: between two chunks
+            with self.rollouts.syncing():  # DORA: between two chunks (or published only)
                 self.sync_engine()  # weight sync (own-copy engines) and version bump
             if hasattr(self.engine, "sent"):  # Ray workers: the sync's size (LoRA: adapters)
                 metrics["rollout/sync_mb"] = self.engine.sent[1] / 2**20

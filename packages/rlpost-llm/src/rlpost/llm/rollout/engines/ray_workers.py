@@ -16,12 +16,20 @@ Faults: a shard whose worker died is regenerated on a fresh worker that first lo
 current weights. Each shard's seed is drawn before dispatch, so the regenerated shard
 holds the rows the dead worker would have returned: nothing is lost and nothing is
 counted twice (``restarts`` counts the replacements).
+
+Several versions at once (DORA's multi-version streaming, 001-29): with :attr:`lazy`
+set, :meth:`RayRolloutEngine.update_weights` only publishes the new weights (one
+``ray.put``) and each :class:`WorkerView` loads them into its worker between two of its
+own chunks, so the trainer never waits for a generator and workers run different
+versions at the same time. ``versions[i]`` is the version worker ``i`` holds; a whole
+:meth:`RayRolloutEngine.generate` (evaluation) first brings every worker up to date.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Any
 
 import torch
@@ -119,7 +127,10 @@ class RayRolloutEngine:
         self._adapters = None  # the latest adapter tensors (adapter-only sync)
         self._lora = None  # the policy's LoraConfig (adapter-only sync)
         self.sent: tuple[list[str], int] = ([], 0)  # the last sync's tensor names and bytes
+        self.lazy = False  # publish new weights only; workers load them between chunks
+        self._published = threading.Lock()  # guards the weights / version pair
         self.workers = [self._spawn() for _ in range(workers)]  # weights: update_weights
+        self.versions = [-1] * workers  # the version each worker holds (-1: none yet)
 
     def _spawn(self):
         return self._cls.remote(*self._spawn_args)
@@ -130,13 +141,23 @@ class RayRolloutEngine:
         with contextlib.suppress(Exception):  # (already gone)
             self.ray.kill(self.workers[i])
         self.workers[i] = self._spawn()
-        w, v = self.workers[i], self.policy_version
-        self.ray.get(w.load.remote(self._weights, v, self._lora))
-        if self._adapters is not None:
-            self.ray.get(w.load.remote(self._adapters, v, self._lora, True))
+        self._bring_up(i)
         self.restarts += 1
 
+    def _bring_up(self, i: int) -> None:
+        """Worker ``i`` on the published weights (adapter sync: the base and adapters it
+        was first sent, then the latest adapters)."""
+        with self._published:  # (weights and version read as one pair)
+            weights, adapters, v = self._weights, self._adapters, self.policy_version
+        w = self.workers[i]
+        self.ray.get(w.load.remote(weights, v, self._lora))
+        if adapters is not None:
+            self.ray.get(w.load.remote(adapters, v, self._lora, True))
+        self.versions[i] = v
+
     def _send(self, weights: Any, version: int, adapter_only: bool) -> None:
+        if self.lazy:  # (each worker loads them when its current chunk is done)
+            return
         refs = {
             i: w.load.remote(weights, version, self._lora, adapter_only)
             for i, w in enumerate(self.workers)
@@ -144,8 +165,21 @@ class RayRolloutEngine:
         for i, ref in refs.items():
             try:
                 self.ray.get(ref)
+                self.versions[i] = version
             except self.ray.exceptions.RayActorError:
                 self._replace(i)
+
+    def current(self, i: int) -> None:
+        """Worker ``i`` on the latest published weights, if it holds older ones."""
+        if self.versions[i] != self.policy_version:
+            try:
+                self._bring_up(i)
+            except self.ray.exceptions.RayActorError:
+                self._replace(i)
+
+    def view(self, i: int) -> WorkerView:
+        """An engine that generates on worker ``i`` alone, at the version it holds."""
+        return WorkerView(self, i)
 
     def update_adapter(self, model: torch.nn.Module, version: int) -> None:
         """A LoRA policy's weights as the workers need them (TRL's, verl's and SkyRL's
@@ -160,24 +194,28 @@ class RayRolloutEngine:
         cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
         self.sent = (sorted(cpu), sum(v.numel() * v.element_size() for v in cpu.values()))
         ref = self.ray.put(cpu)
-        if first:
-            self._lora = model.peft_config[model.active_adapter]
-            self._weights = ref
-        else:
-            self._adapters = ref
-        self.policy_version = version
+        with self._published:
+            if first:
+                self._lora = model.peft_config[model.active_adapter]
+                self._weights = ref
+            else:
+                self._adapters = ref
+            self.policy_version = version
         self._send(ref, version, adapter_only=not first)
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
         self.sent = (sorted(cpu), sum(v.numel() * v.element_size() for v in cpu.values()))
-        self._weights = self.ray.put(cpu)  # once into the object store, read by every worker
-        self.policy_version = version
-        self._send(self._weights, version, adapter_only=False)
+        ref = self.ray.put(cpu)  # once into the object store, read by every worker
+        with self._published:
+            self._weights, self.policy_version = ref, version
+        self._send(ref, version, adapter_only=False)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
         if self._weights is None:
             raise RuntimeError("RayRolloutEngine: update_weights before the first generate")
+        for i in range(len(self.workers)):  # (lazy: the workers a chunk left behind)
+            self.current(i)
         W = min(len(self.workers), len(prompts))
         bounds = [round(i * len(prompts) / W) for i in range(W + 1)]
         shards = [prompts[bounds[i] : bounds[i + 1]] for i in range(W)]
@@ -217,3 +255,38 @@ class RayRolloutEngine:
         if self._local is not None:
             self._local.stop()
             self._local = None
+
+
+class WorkerView:
+    """One worker of a :class:`RayRolloutEngine` as an engine of its own (DORA's
+    generators): :meth:`generate` first loads the latest published weights if the worker
+    holds older ones (between two chunks, never inside one), then generates there; the
+    batch carries the version it was generated with. A dead worker is replaced and the
+    call repeated with the same seed."""
+
+    def __init__(self, engine: RayRolloutEngine, index: int):
+        self.engine, self.index = engine, index
+        self.pad_id = engine.pad_id
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.versions[self.index]
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        eng, i = self.engine, self.index
+        eng.current(i)
+        version = eng.versions[i]
+        while True:
+            try:
+                batch = eng.ray.get(eng.workers[i].generate.remote(prompts, n, sampling, seed))
+                break
+            except eng.ray.exceptions.RayActorError:
+                eng._replace(i)  # (on the published weights: the version moves on)
+                version = eng.versions[i]
+            except eng.ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                raise (cause if isinstance(cause, Exception) else exc) from None
+        batch.policy_version = version
+        return batch

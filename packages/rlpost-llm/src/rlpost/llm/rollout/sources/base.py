@@ -162,6 +162,12 @@ class RolloutSource:
         """No rollout is being generated inside this block (the engine's weights load)."""
         return self.inner.paused() if self.inner is not None else contextlib.nullcontext()
 
+    def syncing(self) -> contextlib.AbstractContextManager:
+        """The block in which each step's new weights go to the engine: :meth:`paused`,
+        unless generators take new weights on their own between their chunks (DORA on
+        several Ray workers). A source that overrides :meth:`paused` overrides this too."""
+        return self.inner.syncing() if self.inner is not None else self.paused()
+
     def busy_spans(self) -> list[tuple[float, float]]:
         """The generator's busy wall-clock spans (for the idle-time metrics)."""
         return self.inner.busy_spans() if self.inner is not None else []

@@ -5,6 +5,13 @@ step trains on the next ``prompts_per_step`` groups in arrival order, so its row
 from several versions, and groups more than ``train.max_staleness`` versions old are
 dropped (``dora/dropped_groups``).
 
+With Ray rollout workers (``rollout.workers`` >= 2) each worker is a generator of its
+own: one producer thread per worker streams its chunks, and after an update the new
+weights are only published; each worker loads them between two of its chunks. Workers
+then generate on different versions at the same time and the trainer never waits for a
+chunk in production (``dora/generator_versions``: the versions the workers hold when a
+step's batch is taken). Drawing prompts and scoring stay one chunk at a time.
+
 A checkpoint (written between two chunks) keeps every chunk produced and not yet trained
 on; a resumed run trains on them first, as the uninterrupted run would have, instead of
 generating them again on newer weights."""
@@ -12,12 +19,25 @@ generating them again on newer weights."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import threading
+import time
 from typing import Any
 
+import torch
+
 from rlpost.core.contract import Declares, Property
+from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.rollout.collected import Collected, CollectedBuffer
 from rlpost.llm.rollout.sources.base import SCHEDULE, register_source
+from rlpost.llm.rollout.sources.groups import (
+    GroupsSource,
+    Round,
+    add_score_metrics,
+    assemble,
+    checked,
+)
 from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Timed
 from rlpost.llm.rollout.stream import ChunkStream
 
@@ -45,18 +65,56 @@ class DoraSource(Timed):
         super().__init__(trainer, inner, params)
         self.stream: ChunkStream | None = None
         self._restored: list[Collected] = []  # a checkpoint's chunks, handed out first
+        self._draw = threading.Lock()  # several generators: prompts and scoring, one at a time
+        self.views: list[Any] = []  # several generators: one engine view per Ray worker
+
+    def _generators(self, chunk: int) -> list[Any]:
+        """The producers: the inner source's ``collect`` on one thread, or one
+        :meth:`_chunk_on` per Ray rollout worker."""
+        t = self.trainer
+        workers = getattr(t.engine, "workers", None)
+        if t.cfg.rollout.workers < 2 or workers is None:
+            return [lambda: self.inner.collect(chunk)]
+        if not isinstance(self.inner, GroupsSource):
+            raise ValueError(
+                f"train.pipeline dora on {t.cfg.rollout.workers} rollout workers streams plain "
+                f"groups; {self.inner.label} does not run there (use rollout.workers=1)"
+            )
+        t.engine.lazy = True
+        self.views = [t.engine.view(i) for i in range(len(workers))]
+        return [functools.partial(self._chunk_on, v, chunk) for v in self.views]
+
+    def _chunk_on(self, view: Any, chunk: int) -> Collected:
+        """``chunk`` groups generated on one worker, at the version it holds (it first
+        loads the newest published weights if it holds older ones)."""
+        t = self.trainer
+        with self._draw:
+            t.prompts.set_step(t.step)
+            examples = t.prompts.next_batch(chunk)
+            seed = int(torch.randint(0, 2**31 - 1, ()))
+        t0 = time.perf_counter()
+        prompts = [encode_prompt(t.tok, e.prompt) for e in examples]
+        batch = checked(view.generate(prompts, t.preset.group_size, t.sampling, seed))
+        with self._draw:
+            res = t.scorer.score(batch, examples)
+        metrics: dict[str, float] = {}
+        add_score_metrics(metrics, res.metrics)
+        metrics["time/rollout"] = time.perf_counter() - t0
+        return assemble(t, [Round(batch, examples, res.rewards, res.components)], chunk, metrics)
 
     def next(self) -> Collected:
         t = self.trainer
         tc, want = t.cfg.train, t.cfg.rollout.prompts_per_step
         if self.stream is None:
             chunk = tc.stream_prompts or max(1, want // 4)
+            producers = self._generators(chunk)
             self.stream = ChunkStream(
-                lambda: self.inner.collect(chunk),
+                producers,
                 Collected.n_groups,
                 lambda c: c.batch.policy_version,
                 Collected.split,
-                capacity=max(1, math.ceil(want / chunk) - 1),  # + the one in hand: a step ahead
+                # + the one in each producer's hand: about a step ahead
+                capacity=max(1, math.ceil(want / chunk) - len(producers)),
                 start=self._restored,
             )
             self._restored = []
@@ -66,11 +124,20 @@ class DoraSource(Timed):
         col.metrics["dora/dropped_groups"] = float(dropped)
         col.metrics["dora/versions"] = float(len(v.unique()))
         col.metrics["dora/staleness_mean"] = float((t.version - v).float().mean())
+        if self.views:
+            col.metrics["dora/generator_versions"] = float(
+                len({w.policy_version for w in self.views})
+            )
         return col
 
     def paused(self) -> contextlib.AbstractContextManager:
         """Weight loads wait for the chunk in production to finish."""
         return self.stream.exclusive() if self.stream is not None else contextlib.nullcontext()
+
+    def syncing(self) -> contextlib.AbstractContextManager:
+        """Several generators take new weights on their own, between their chunks: the
+        trainer only publishes them. One generator: :meth:`paused`."""
+        return contextlib.nullcontext() if self.views else self.paused()
 
     def state_dict(self) -> tuple[Any, dict]:
         """The chunks produced and not yet trained on (the trainer saves inside

@@ -27,10 +27,14 @@ def generate(trainer: Any, prompts: list[list[int]], n: int, drafts=None) -> Rol
     verified instead of sampled); non-finite log-probs mean the weights diverged."""
     eng, sampling = trainer.engine, trainer.sampling
     if drafts is not None:
-        batch = eng.generate_with_drafts(prompts, n, sampling, drafts)
-    else:
-        batch = eng.generate(prompts, n, sampling)
-    if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
+        return checked(eng.generate_with_drafts(prompts, n, sampling, drafts))
+    return checked(eng.generate(prompts, n, sampling))
+
+
+def checked(batch: RolloutBatch) -> RolloutBatch:
+    """``batch``, refused if its log-probs are not finite (the weights diverged; for
+    engines without a guard)."""
+    if not all_finite([batch.logprobs[batch.mask > 0]]):
         raise NonFiniteError(
             "the engine's log-probs of the sampled tokens are not finite: the "
             "policy's weights have diverged"
