@@ -5,6 +5,7 @@ actors called in process (the same calls Ray makes; the Ray round trip itself is
 slow tier, test_ray_workers.py)."""
 
 import copy
+import threading
 
 import torch
 from transformers import Qwen2ForCausalLM
@@ -42,8 +43,9 @@ def _engine(tok, config, workers=2):
     eng = RayRolloutEngine.__new__(RayRolloutEngine)
     eng.ray, eng.pad_id, eng.policy_version, eng.restarts = _InProcessRay, tok.pad_token_id, 0, 0
     eng._weights = eng._adapters = eng._lora = None
-    eng.sent = ([], 0)
+    eng.sent, eng.lazy, eng._published = ([], 0), False, threading.Lock()
     eng.workers = [_Actor(RolloutWorker(config, tok, "hf")) for _ in range(workers)]
+    eng.versions = [-1] * workers
     return eng
 
 

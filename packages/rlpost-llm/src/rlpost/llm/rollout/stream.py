@@ -1,4 +1,5 @@
-"""DORA's multi-version streaming rollout (001-29), on one generator thread.
+"""DORA's multi-version streaming rollout (001-29): one generator thread, or one per Ray
+rollout worker.
 
 A producer thread generates *chunks* (a few complete groups) without pause, each chunk
 wholly under one weights version: it holds its lock (:attr:`ChunkStream.locks`) while it generates,
