@@ -76,6 +76,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     history = None
     if METHODS[job["method"]] is not None:
         kw = {**_recipe().algo.params, "episodes": job["episodes"]}
+        if job.get("gae_lambda") is not None:  # (the grounded advantage's horizon)
+            kw["gae_lambda"] = job["gae_lambda"]
         cfg = CRAFTConfig(**{**kw, **METHODS[job["method"]]}, seed=job["seed"])
         history = run_craft(pi, TASK, cfg, progress=False)["history"]
     ev = evaluate_policy(pi, TASK, job["eval_episodes"], 1, seed=10_000)
@@ -98,12 +100,21 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=100)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--gae-lambda", type=float, default=None,
+                    help="the grounded advantage's GAE lambda (default: the recipe's); 0 makes "
+                    "it the one-chunk TD error, which the proxy's short roll-forward scores")  # fmt: skip
     ap.add_argument("--out", default="bench_results/craft.json")
     args = ap.parse_args()
 
     _policy_folder()  # build the cached demos and BC policy before the workers start
     jobs = [
-        {"method": m, "seed": s, "episodes": args.episodes, "eval_episodes": args.eval_episodes}
+        {
+            "method": m,
+            "seed": s,
+            "episodes": args.episodes,
+            "eval_episodes": args.eval_episodes,
+            "gae_lambda": args.gae_lambda,
+        }
         for m in args.methods
         for s in (args.seeds if METHODS[m] is not None else args.seeds[:1])
     ]
