@@ -98,6 +98,7 @@ def job(spec: dict) -> dict[str, Any]:
         "curve": curve,
         "plain_accuracy": avg(plain),
         "guided_accuracy": avg("fbos/guided_accuracy"),
+        "plain_on_guided": avg("fbos/plain_accuracy_guided"),
         "rescued_per_step": avg("fbos/rescued"),
         "exact_first": avg("reflect/exact", slice(0, fifth)),
         "exact_last": avg("reflect/exact", slice(-fifth, None)),
@@ -155,12 +156,12 @@ def main() -> None:
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
         row = curve_row(name, runs)
         curves[name] = row["curves"]
-        for k in ("plain_accuracy", "guided_accuracy", "rescued_per_step", "entropy",
-                  "grad_norm", "seconds", *EXTRA):  # fmt: skip
+        for k in ("plain_accuracy", "guided_accuracy", "plain_on_guided", "rescued_per_step",
+                  "entropy", "grad_norm", "seconds", *EXTRA):  # fmt: skip
             row[k], _ = mean_std(r[k] for r in runs)
         rows.append(row)
     cols = ["method", "before", "after", "after_std", "auc", "plain_accuracy", "guided_accuracy",
-            "rescued_per_step", "entropy", "grad_norm", "seconds"]  # fmt: skip
+            "plain_on_guided", "rescued_per_step", "entropy", "grad_norm", "seconds"]  # fmt: skip
     print_table(rows, cols + (list(EXTRA) if a.reflect else []))
     plot_mean_curves(
         curves,

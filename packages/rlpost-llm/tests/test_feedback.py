@@ -85,6 +85,36 @@ def _script(tok):
     return script
 
 
+def test_the_guided_rounds_accuracy_is_compared_on_the_prompts_it_re_rolled(fast_cfg):
+    """``fbos/guided_accuracy`` covers only the prompts with a diagnosed failure, so
+    ``fbos/plain_accuracy_guided`` is the plain round on those same prompts (the overall
+    plain accuracy also counts the prompts that needed no guidance)."""
+    cfg = fast_cfg("algo.preset=fbos", "data.task_params={digits: 2}", "rollout.prompts_per_step=8")
+    tr = Trainer(cfg)
+    try:
+        tok = tr.tok
+
+        def script(prompt_ids, n):  # bare: right when the first operand is even
+            text = tok.decode(prompt_ids, skip_special_tokens=True)
+            a, b = text.split(">")[-1].rstrip("=").split("+")
+            right = ">" in text or int(a) % 2 == 0
+            ids = [*tok.encode(str(int(a) + int(b)) if right else "0", add_special_tokens=False)]
+            return [([*ids, tok.eos_token_id], [-1.0] * (len(ids) + 1), "stop")] * n
+
+        tr.engine = FakeEngine(script, pad_id=tok.pad_token_id)
+        col = tr.collect()
+        problems = list(dict.fromkeys(e.prompt for e in col.examples))  # (the 8 prompts)
+        assert len(problems) == 8
+        even = sum(int(p.split("+")[0]) % 2 == 0 for p in problems)
+        assert 0 < even < 8, "the seed's prompts mix even and odd first operands"
+        assert col.metrics["fbos/plain_accuracy"] == pytest.approx(even / 8)
+        assert col.metrics["fbos/guided_prompts"] == pytest.approx(1 - even / 8)
+        assert col.metrics["fbos/plain_accuracy_guided"] == 0.0
+        assert col.metrics["fbos/guided_accuracy"] == 1.0
+    finally:
+        tr.close()
+
+
 def _logp(model, tok, prompt: str, answer: str) -> float:
     p = tok.encode(prompt, add_special_tokens=False)
     a = [*tok.encode(answer, add_special_tokens=False), tok.eos_token_id]

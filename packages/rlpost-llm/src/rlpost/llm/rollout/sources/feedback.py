@@ -164,6 +164,10 @@ class FeedbackSource(RolloutSource):
         metrics.update(
             {
                 "fbos/plain_accuracy": float(acc1.mean()),
+                # the plain round on the prompts the guided round re-rolled (its comparison)
+                "fbos/plain_accuracy_guided": float(acc1.view(P, -1)[guided].mean())
+                if bool(guided.any())
+                else 0.0,
                 "fbos/guided_prompts": float(guided.float().mean()),
                 "fbos/guided_accuracy": float(acc2[g2].mean()) if bool(g2.any()) else 0.0,
                 "fbos/epa_rows": float(out.layout.epa.sum()),
