@@ -31,6 +31,9 @@ def test_the_split_keeps_the_group_budget_and_at_least_one_plain_rollout():
         ({"reflector": "oracle"}, "verifier or policy"),
         ({"meta": True}, "needs reflector: policy"),
         ({"reflector": "policy", "reflect_template": "{prompt}:"}, "contain {response}"),
+        ({"bank": 4}, "bank (verified guidance kept) needs reflector: policy"),
+        ({"reflector": "policy", "bank": 4}, "put {guidance}"),
+        ({"reflector": "policy", "bank": -1}, "bank must be >= 0"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, match):
@@ -83,3 +86,13 @@ def test_rubricem_reflect_has_the_policy_write_the_guidance_and_trains_it():
     assert ask == "12+34=57:"  # the judged failure, in the reflector's format
     # the reflection "+10" guides the attempt in FBOS-RL's format, the attempt first
     assert fb.prompt("12+34=", "57", "+10") == "57+10>12+34="
+
+
+def test_the_bank_offers_its_guidance_in_either_template():
+    fb = FeedbackExploration(
+        reflector="policy", bank=4, template="{guidance}:{response}{feedback}>{prompt}",
+        reflect_template="{guidance}{prompt}{response}:",
+    )  # fmt: skip
+    assert fb.prompt("12+34=", "57", "+10", "+10 -1") == "+10 -1:57+10>12+34="
+    assert fb.reflect("12+34=", "57", "+10") == "+1012+34=57:"
+    assert fb.prompt("12+34=", "57", "+10") == ":57+10>12+34="  # (an empty bank)

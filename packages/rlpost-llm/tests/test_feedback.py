@@ -352,3 +352,39 @@ def test_the_guided_round_is_validated_against_the_group_size():
 
     with pytest.raises(ConfigError, match=r"preset 'fbos': .*group_size >= 2"):
         load_config(None, ["algo.preset=fbos", "rollout.group_size=1"])
+
+
+def test_the_guidance_bank_keeps_verified_reflections_for_later_problems(fast_cfg):
+    """RubricEM's reusable guidance: a reflection whose guided attempt was verified is
+    kept (ranked by how often it led to one), offered as ``{guidance}`` to the next
+    step's attempts at other problems, and kept in the checkpoint."""
+    over = (
+        "algo.preset=rubricem_reflect", "data.task_params={digits: 2}", "run.save_every=1",
+        "algo.feedback={bank: 4, show: 2, template: '{guidance}:{response}{feedback}>{prompt}'}",
+    )  # fmt: skip
+    tr = Trainer(fast_cfg(*over, "train.steps=1"))
+    try:
+        tok = tr.tok
+        tr.engine = FakeEngine(_reflect_script(tok), pad_id=tok.pad_token_id)
+        source = next(s for s in tr.rollouts.chain() if s.name == "feedback")
+        col = tr.collect()
+        first = [tok.decode(p) for p in col.batch.prompt_ids if ">" in tok.decode(p)]
+        assert first and all(t.startswith(":") for t in first)  # the bank was empty
+        # each of the 4 prompts: one "+10"-guided attempt verified, one "-1"-guided not
+        assert source.bank.entries == {"+10": [4, 0]}
+        assert col.metrics["reflect/bank_size"] == 1.0
+        again = tr.collect()
+        later = [tok.decode(p) for p in again.batch.prompt_ids if ">" in tok.decode(p)]
+        assert later and all(t.startswith("+10:") for t in later)
+        assert source.bank.entries["+10"][0] == 8
+        tr.train()  # (one step: its rollouts add 4 more, then the checkpoint)
+        saved = source.bank.state_dict()
+        assert saved["entries"]["+10"][0] == 12
+    finally:
+        tr.close()
+    resumed = Trainer(fast_cfg(*over, "train.steps=2"), resume=True)
+    try:
+        kept = next(s for s in resumed.rollouts.chain() if s.name == "feedback").bank
+        assert kept.state_dict() == saved
+    finally:
+        resumed.close()

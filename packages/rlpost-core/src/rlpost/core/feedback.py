@@ -31,6 +31,12 @@ writes guidance; each of the ``m`` guided rollouts is conditioned on a reflectio
 own. With ``meta: true`` the reflections are trained too, a group per judged failure
 with GRPO's baseline: a reflection's reward is the judge's verdict on the attempt it
 guided, so guidance that leads to verified solutions is reinforced (the meta-policy).
+
+**The guidance bank** (``bank: N``, with the policy reflector): the reflections whose
+guided attempt the judge accepted are kept across steps, at most ``N`` distinct ones
+ranked by how often they led to a verified attempt, and the ``show`` best are offered as
+``{guidance}`` to later attempts at other problems (in ``template`` or in
+``reflect_template``): judged trajectories distilled into reusable guidance.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class FeedbackExploration:
     reflector: str = "verifier"
     reflect_template: str = "{prompt}{response}:"
     meta: bool = False
+    bank: int = 0
+    show: int = 3
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share < 1.0:
@@ -78,6 +86,17 @@ class FeedbackExploration:
             )
         if self.meta and self.reflector != "policy":
             raise ValueError("feedback meta (training the reflections) needs reflector: policy")
+        if self.bank < 0 or self.show < 1:
+            raise ValueError(
+                f"feedback bank must be >= 0 and show >= 1, got {self.bank}, {self.show}"
+            )
+        if self.bank and self.reflector != "policy":
+            raise ValueError("feedback bank (verified guidance kept) needs reflector: policy")
+        if self.bank and "{guidance}" not in self.template + self.reflect_template:
+            raise ValueError(
+                "feedback bank: put {guidance} (the bank's best entries) in template or "
+                "reflect_template"
+            )
         if self.reflector == "policy" and "{response}" not in self.reflect_template:
             raise ValueError(
                 "feedback reflect_template must contain {response} (the failed attempt the "
@@ -91,12 +110,15 @@ class FeedbackExploration:
         m = min(max(1, round(self.share * group_size)), group_size - 1)
         return group_size - m, m
 
-    def prompt(self, prompt: str, response: str, feedback: str) -> str:
-        return self.template.format(prompt=prompt, response=response, feedback=feedback)
+    def prompt(self, prompt: str, response: str, feedback: str, guidance: str = "") -> str:
+        return self.template.format(
+            prompt=prompt, response=response, feedback=feedback, guidance=guidance
+        )
 
-    def reflect(self, prompt: str, response: str) -> str:
-        """The policy reflector's prompt: a failed ``response`` to ``prompt``."""
-        return self.reflect_template.format(prompt=prompt, response=response)
+    def reflect(self, prompt: str, response: str, guidance: str = "") -> str:
+        """The policy reflector's prompt: a failed ``response`` to ``prompt`` (and the
+        bank's ``guidance``, where the template shows it)."""
+        return self.reflect_template.format(prompt=prompt, response=response, guidance=guidance)
 
 
 class FBOSLayout(NamedTuple):

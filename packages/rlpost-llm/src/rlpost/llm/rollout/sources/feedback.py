@@ -5,8 +5,10 @@ on a diagnosed failure (the plain prompt where there is none), assembled into EP
 ECC's rows (:mod:`rlpost.llm.rollout.feedback`). With the policy as reflector each
 guided rollout reads a reflection the policy wrote on the prompt's first failure; under
 ``meta`` the reflections join the batch, a group per failure, rewarded by the attempts
-they guided. The settings are :class:`rlpost.core.feedback.FeedbackExploration`'s
-(``algo.feedback`` merges over the preset's).
+they guided; with a ``bank`` the reflections that guided a verified attempt are kept
+across steps (checkpointed) and offered to later attempts as ``{guidance}``. The
+settings are :class:`rlpost.core.feedback.FeedbackExploration`'s (``algo.feedback``
+merges over the preset's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rlpost.core.peers import TRAIN
 from rlpost.core.presets import Choice
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Example
+from rlpost.llm.methods.memory import Playbook
 from rlpost.llm.rollout.collected import Collected
 from rlpost.llm.rollout.engines.base import RolloutBatch
 from rlpost.llm.rollout.feedback import assemble, first_failures, guided_contexts
@@ -53,6 +56,12 @@ class FeedbackSource(RolloutSource):
             Property.EVEN_GROUPS: "make groups uneven (EPA copies)",
         },
     )
+
+    state_key = "guidance_bank"
+
+    def __init__(self, trainer: Any, inner: Any, params: Any):
+        super().__init__(trainer, inner, params)
+        self.bank = Playbook(max(1, self.params.bank))  # (used when params.bank > 0)
 
     @classmethod
     def from_option(cls, value: dict, current: Choice | None) -> Choice:
@@ -108,23 +117,40 @@ class FeedbackSource(RolloutSource):
         reflected = [i for i, f in enumerate(failed) if f is not None]
         second_prompts = [prompts[i] for i in range(P) for _ in range(m)]
         reflections, metrics, exact = None, {}, []
+        notes: list[str] = [""] * (P * m)  # the reflection each second-round row read
+        bank = self.bank.render(fb.show) if fb.bank else ""
         if reflected:
-            asks = [encode_prompt(t.tok, fb.reflect(examples[i].prompt, failed[i]))
+            asks = [encode_prompt(t.tok, fb.reflect(examples[i].prompt, failed[i], bank))
                     for i in reflected]  # fmt: skip
             reflections = generate(t, asks, m)
             written = reflections.texts(t.tok)
             for k, i in enumerate(reflected):
                 e, task = examples[i], self._task_of(examples[i])
                 for j in range(m):
-                    note = written[k * m + j]
-                    guide = fb.prompt(e.prompt, failed[i], note)
+                    note = notes[i * m + j] = written[k * m + j]
+                    guide = fb.prompt(e.prompt, failed[i], note, bank)
                     second_prompts[i * m + j] = encode_prompt(t.tok, guide)
                     if task is not None and (d := task.feedback(failed[i], e)):
                         exact.append(float(note.strip() == task.lesson(d)))
         if exact:  # against the verifier's own diagnosis, where the task has one
             metrics["reflect/exact"] = sum(exact) / len(exact)
         guided = torch.tensor([f is not None for f in failed])
-        return guided, generate(t, second_prompts, 1), reflections, reflected, metrics
+        return guided, generate(t, second_prompts, 1), reflections, reflected, metrics, notes
+
+    def _bank_verified(self, notes: list[str], verified: torch.Tensor) -> dict[str, float]:
+        """Keep the reflections whose guided attempt was verified (the bank's update)."""
+        for note, ok in zip(notes, verified.tolist(), strict=True):
+            if ok and note.strip():
+                self.bank.add(note.strip(), self.trainer.step)
+        return {"reflect/bank_size": float(len(self.bank.entries))}
+
+    def state_dict(self) -> tuple[Any, dict]:
+        """The guidance bank (reflections that led to verified attempts)."""
+        return self.bank.state_dict(), {}
+
+    def load_state_dict(self, state: Any, tensors: dict) -> None:
+        self.bank.load_state_dict(state)
+        self.bank.capacity = max(1, self.params.bank)  # (the run's setting, if changed)
 
     def collect(self, want: int | None = None, given=None) -> Collected:
         t, fb = self.trainer, self.params
@@ -139,10 +165,12 @@ class FeedbackSource(RolloutSource):
         texts = plain.texts(t.tok)
         reflections, reflected, metrics = None, [], {}
         if fb.reflector == "policy":  # RubricEM: the policy writes the guidance
-            guided, second, reflections, reflected, metrics = self._reflect_round(
+            guided, second, reflections, reflected, metrics, notes = self._reflect_round(
                 fb, examples, prompts, texts, acc1 > 0, m
             )
             res2 = t.scorer.score(second, [e for e in examples for _ in range(m)])
+            if fb.bank:
+                metrics |= self._bank_verified(notes, t.scorer.accuracy(res2.components) > 0)
         else:
             guided, second, res2 = self._guided_round(fb, examples, prompts, texts, acc1 > 0, m)
         acc2 = t.scorer.accuracy(res2.components)
