@@ -70,6 +70,25 @@ def test_train_writes_a_complete_run_dir(fast_cfg):
     assert {"first", "last", "seconds", "run_dir"} <= set(summary)
 
 
+def starts_with_one(completion: str, example) -> float:
+    return float(completion[:1] == "1")
+
+
+def test_the_reward_rises_under_grpo(fast_cfg):
+    """The base trainer learns: an untrained policy rarely starts its answer with "1"
+    (about 1 in 22); rewarded for it, GRPO makes it nearly always do so within 24 steps.
+    A flipped advantage sign, a lost gradient or a wrong ratio fails this."""
+    cfg = fast_cfg(
+        "algo.preset=grpo", "train.steps=24", "optim.lr=2e-3", "rollout.group_size=8",
+        "rollout.prompts_per_step=8", "rollout.temperature=1.0",
+    )  # fmt: skip
+    Trainer(cfg, reward_fn=starts_with_one).train()
+    rows = [json.loads(x) for x in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    assert len(reward) == 24
+    assert sum(reward[:3]) / 3 < 0.1 and sum(reward[-3:]) / 3 > 0.7
+
+
 def test_microbatching_equals_full_batch_update(fast_cfg):
     torch.manual_seed(0)
     a = Trainer(
