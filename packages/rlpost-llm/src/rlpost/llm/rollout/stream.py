@@ -2,8 +2,9 @@
 rollout worker.
 
 A producer thread generates *chunks* (a few complete groups) without pause, each chunk
-wholly under one weights version: it holds its lock (:attr:`ChunkStream.locks`) while it generates,
-and the trainer loads new weights only under that lock (:meth:`ChunkStream.exclusive`),
+wholly under one weights version: it holds its lock (:attr:`ChunkStream.locks`) while it
+generates, and the trainer loads new weights only under that lock
+(:meth:`ChunkStream.exclusive`),
 so versions change between chunks and never inside a trajectory. The trainer takes the
 next chunks in arrival order (:meth:`ChunkStream.take`) until it has a step's groups; a
 chunk more than ``max_stale`` versions older than the trainer is dropped, so the staleness
