@@ -261,8 +261,9 @@ class WorkerView:
     """One worker of a :class:`RayRolloutEngine` as an engine of its own (DORA's
     generators): :meth:`generate` first loads the latest published weights if the worker
     holds older ones (between two chunks, never inside one), then generates there; the
-    batch carries the version it was generated with. A dead worker is replaced and the
-    call repeated with the same seed."""
+    batch carries the version it was generated with. The seed is drawn before dispatch,
+    as :meth:`RayRolloutEngine.generate` draws its shards', so a dead worker is replaced
+    and the call repeated with the same seed."""
 
     def __init__(self, engine: RayRolloutEngine, index: int):
         self.engine, self.index = engine, index
@@ -272,10 +273,9 @@ class WorkerView:
     def policy_version(self) -> int:
         return self.engine.versions[self.index]
 
-    def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int
-    ) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> RolloutBatch:
         eng, i = self.engine, self.index
+        seed = int(torch.randint(0, 2**31 - 1, ()))
         eng.current(i)
         version = eng.versions[i]
         while True:

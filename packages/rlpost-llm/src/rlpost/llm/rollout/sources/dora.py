@@ -25,8 +25,6 @@ import threading
 import time
 from typing import Any
 
-import torch
-
 from rlpost.core.contract import Declares, Property
 from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.rollout.collected import Collected, CollectedBuffer
@@ -36,7 +34,7 @@ from rlpost.llm.rollout.sources.groups import (
     Round,
     add_score_metrics,
     assemble,
-    checked,
+    generate,
 )
 from rlpost.llm.rollout.sources.sync import SNAPSHOT_ENGINE, Timed
 from rlpost.llm.rollout.stream import ChunkStream
@@ -91,10 +89,9 @@ class DoraSource(Timed):
         with self._draw:
             t.prompts.set_step(t.step)
             examples = t.prompts.next_batch(chunk)
-            seed = int(torch.randint(0, 2**31 - 1, ()))
         t0 = time.perf_counter()
         prompts = [encode_prompt(t.tok, e.prompt) for e in examples]
-        batch = checked(view.generate(prompts, t.preset.group_size, t.sampling, seed))
+        batch = generate(t, prompts, t.preset.group_size, engine=view)
         with self._draw:
             res = t.scorer.score(batch, examples)
         metrics: dict[str, float] = {}

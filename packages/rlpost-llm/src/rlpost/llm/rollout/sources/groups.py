@@ -22,19 +22,18 @@ from rlpost.llm.rollout.engines.base import RolloutBatch
 from rlpost.llm.rollout.sources.base import GENERATE, RolloutSource, register_source
 
 
-def generate(trainer: Any, prompts: list[list[int]], n: int, drafts=None) -> RolloutBatch:
-    """``n`` samples of each prompt from the trainer's engine (``drafts``: BubbleSpec's,
-    verified instead of sampled); non-finite log-probs mean the weights diverged."""
-    eng, sampling = trainer.engine, trainer.sampling
+def generate(
+    trainer: Any, prompts: list[list[int]], n: int, drafts=None, engine: Any = None
+) -> RolloutBatch:
+    """``n`` samples of each prompt from the trainer's engine, or ``engine`` (DORA's
+    per-worker generators; ``drafts``: BubbleSpec's, verified instead of sampled);
+    non-finite log-probs mean the weights diverged."""
+    eng, sampling = engine or trainer.engine, trainer.sampling
     if drafts is not None:
-        return checked(eng.generate_with_drafts(prompts, n, sampling, drafts))
-    return checked(eng.generate(prompts, n, sampling))
-
-
-def checked(batch: RolloutBatch) -> RolloutBatch:
-    """``batch``, refused if its log-probs are not finite (the weights diverged; for
-    engines without a guard)."""
-    if not all_finite([batch.logprobs[batch.mask > 0]]):
+        batch = eng.generate_with_drafts(prompts, n, sampling, drafts)
+    else:
+        batch = eng.generate(prompts, n, sampling)
+    if not all_finite([batch.logprobs[batch.mask > 0]]):  # engines without a guard
         raise NonFiniteError(
             "the engine's log-probs of the sampled tokens are not finite: the "
             "policy's weights have diverged"
