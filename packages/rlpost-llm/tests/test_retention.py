@@ -119,7 +119,7 @@ def test_the_cli_prints_each_checkpoints_drift_beside_its_accuracy(fast_cfg, tmp
         == 0
     )
     lines = capsys.readouterr().out.splitlines()
-    assert "drift" in lines[1] and f"{probe} kl"[-22:] in lines[1]
+    assert "drift" in lines[1] and f"KL {probe}"[:22] in lines[1]
     rows = json.loads((out / "retention.json").read_text())["runs"][str(cfg.run.dir)]
     assert rows[0]["param_drift"] == 0.0 and rows[0][f"{probe} kl"] == pytest.approx(0.0, abs=1e-9)
     assert rows[2]["param_drift"] > 0

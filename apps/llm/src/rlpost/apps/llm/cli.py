@@ -262,9 +262,10 @@ def _retention(args: argparse.Namespace) -> int:
 
     table = retention(args.runs, args.probe, args.out, args.size)
     cols = [c for p in table["probes"] for c in (p, f"{p} kl")]
+    heads = [c[:22] if c in table["probes"] else f"KL {c[:-3]}"[:22] for c in cols]
     for run, rows in table["runs"].items():
         print(run)
-        print("  step  drift  " + "  ".join(f"{c[-22:]:>22}" for c in cols))
+        print("  step  drift  " + "  ".join(f"{h:>22}" for h in heads))
         for r in rows:
             vals = "  ".join(f"{r[c]:>22.3f}" for c in cols)
             print(f"  {r['step']:>4}  {r['param_drift']:.3f}  {vals}")
