@@ -16,6 +16,11 @@ budget, looking at an object's home first is what RL can find. From the same bas
 * ``rubricem`` (search only): RubricEM's Stage-Structured GRPO (000-30), each turn scored
   by the environment's rubric judge for its stage (research: a valid query that found a
   new chain fact; answer: right and grounded), each stage normalised in its group;
+* ``rubricem_episodes`` / ``rubricem_frozen`` (``search_reflect`` only): RubricEM whole
+  on multi-turn episodes, Stage-Structured GRPO plus the reflection meta-policy: the
+  policy reflects on each task's first failed episode as the judge scored it, half of the
+  group's episodes read a reflection each, and the reflections are trained on the
+  outcomes of the episodes they guided (frozen: ``meta: false``, never trained);
 * ``a2tgpo``: a turn-group-normalised per-turn signal accumulated with variance
   rescaling, plus the outcome advantage, with adaptive turn-level clip ranges. On the
   search environment the signal is the abstract's information gain (the change in the
@@ -32,6 +37,7 @@ common JSON shape and a PNG of the curves.
     uv run --frozen python tools/bench_agents.py --env search   # search
     uv run --frozen python tools/bench_agents.py --env search3  # three hops, its own base
     uv run --frozen python tools/bench_agents.py --env search_plan  # a plan first (RubricEM)
+    uv run --frozen python tools/bench_agents.py --env search_reflect  # RubricEM's reflection
     uv run --frozen python tools/bench_agents.py --quick        # a smoke run
 """
 
@@ -70,6 +76,16 @@ DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave 
         "max_new_tokens": 5,
         "steps": 24,
     },
+    # RubricEM's reflection on judged episodes: a base that also reflects and follows
+    # guidance; the sampled success is where the methods can differ (greedy saturates)
+    "search_reflect": {
+        "world": "search",
+        "params": "{plan: true, reflect: true, slack: 0}",
+        "base": {"plan": True, "reflect": True},
+        "max_turns": 7,
+        "max_new_tokens": 5,
+        "steps": 40,
+    },
 }
 METHODS = {
     "grpo": ["algo.preset=grpo"],
@@ -83,8 +99,11 @@ METHODS = {
         "distill.teachers=[{path: self, template: '{hindsight}{prompt}'}]",
     ],
     "rubricem": ["algo.preset=rubricem"],  # the search environment's rubric judge
+    "rubricem_episodes": ["algo.preset=rubricem_episodes"],  # search_reflect only
+    "rubricem_frozen": ["algo.preset=rubricem_episodes", "algo.episode_reflection={meta: false}"],
 }
 SEARCH_ONLY = ("sd_search", "rubricem")
+REFLECT = ("grpo", "rubricem", "rubricem_episodes", "rubricem_frozen")
 
 
 def world(env: str) -> str:
@@ -93,7 +112,16 @@ def world(env: str) -> str:
 
 
 def methods(env: str) -> list[str]:
-    return [m for m in METHODS if m not in SEARCH_ONLY or world(env) == "search"]
+    if env == "search_reflect":
+        return list(REFLECT)
+    return [m for m in METHODS if m not in REFLECT[2:]
+            and (m not in SEARCH_ONLY or world(env) == "search")]  # fmt: skip
+
+
+def first_last(rows: list[dict], key: str) -> tuple[float, float]:
+    """A logged series' first value and the mean of its last five (NaN: never logged)."""
+    xs = [r[key] for r in rows if key in r]
+    return (xs[0], sum(xs[-5:]) / len(xs[-5:])) if xs else (float("nan"), float("nan"))
 
 
 def job(spec: dict) -> dict[str, Any]:
@@ -106,7 +134,7 @@ def job(spec: dict) -> dict[str, Any]:
     torch.set_num_threads(1)
     run_dir = Path(spec["root"]) / f"{spec['name']}-{spec['seed']}"
     signal = "ig" if spec["name"] == "a2tgpo" and world(spec["env"]) == "search" else "env"
-    if spec["name"] == "rubricem":
+    if spec["name"].startswith("rubricem"):
         signal = "rubric"
     cfg = load_config(
         None,
@@ -127,21 +155,23 @@ def job(spec: dict) -> dict[str, Any]:
         ],
     )  # fmt: skip
     t0 = time.perf_counter()
-    Trainer(cfg).train()
+    tr = Trainer(cfg)
+    tr.train()
+    retry = {}
+    if spec["env"] == "search_reflect":  # attempt, reflect on the judged attempt, retry
+        from rlpost.llm.rollout.sources.reflect import reflective_success
+
+        held = [10**9 + i for i in range(spec["eval_size"])]  # the held-out seeds
+        retry = {f"retry_{k}": v for k, v in reflective_success(tr, held).items()}
+    tr.close()
     rows = read_metrics(run_dir)
     curve = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    turns = [r["env/turns"] for r in rows if "env/turns" in r]
-    plans = [r["env/plan_precise"] for r in rows if "env/plan_precise" in r]  # search_plan
-    return {
-        "name": spec["name"],
-        "seed": spec["seed"],
-        "seconds": time.perf_counter() - t0,
-        "curve": curve,
-        "turns_first": turns[0],
-        "turns_last": sum(turns[-5:]) / len(turns[-5:]),
-        "plan_first": plans[0] if plans else float("nan"),
-        "plan_last": sum(plans[-5:]) / len(plans[-5:]) if plans else float("nan"),
-    }
+    out = {"name": spec["name"], "seed": spec["seed"], "curve": curve}
+    for key, series in (("turns", "env/turns"), ("plan", "env/plan_precise"),
+                        ("solved", "env/solved"), ("exact", "reflect/exact"),
+                        ("guided", "reflect/guided_solved")):  # fmt: skip
+        out[f"{key}_first"], out[f"{key}_last"] = first_last(rows, series)
+    return out | retry | {"seconds": time.perf_counter() - t0}
 
 
 def main() -> None:
@@ -196,10 +226,22 @@ def main() -> None:
         runs = sorted((r for r in done if r["name"] == name), key=lambda r: r["seed"])
         row = curve_row(name, runs)
         curves[name] = row["curves"]
-        for k in ("turns_first", "turns_last", "plan_first", "plan_last", "seconds"):
-            row[k], _ = mean_std(r[k] for r in runs)
+        for k in runs[0]:
+            if k.endswith(("_first", "_last")) or k.startswith("retry_") or k == "seconds":
+                row[k], _ = mean_std(r[k] for r in runs)
         rows.append(row)
     plan = ["plan_first", "plan_last"] if "plan" in DEFAULTS[a.env]["params"] else []
+    if a.env == "search_reflect":  # the sampled success, and the reflections'
+        plan += [
+            "solved_first",
+            "solved_last",
+            "exact_first",
+            "exact_last",
+            "guided_last",
+            "retry_first",
+            "retry_two_attempts",
+            "retry_exact",
+        ]
     print_table(
         rows, ["method", "before", "after", "after_std", "best", "auc", "turns_first",
                "turns_last", *plan, "seconds"],
@@ -216,6 +258,19 @@ def main() -> None:
     by = {r["method"]: r for r in rows}
     for m in ("grpo", "step_opsd"):  # (the headline's two, whatever --methods chose)
         by.setdefault(m, {"after": float("nan")})
+    headline = {
+        "metric": f"held-out greedy success on the {a.env} world after {a.steps} steps, "
+        "StepOPSD vs GRPO",
+        "value": by["step_opsd"]["after"],
+        "baseline": by["grpo"]["after"],
+        "ratio": by["step_opsd"]["after"] / by["grpo"]["after"]
+        if by["grpo"]["after"] == by["grpo"]["after"] and by["grpo"]["after"]
+        else None,
+        "paper": "StepOPSD is best or second-best on ALFWorld Heat / PickTwo (000-03); "
+        "A²TGPO's turn-level credit beats outcome-only GRPO (001-15)",
+    }
+    if a.env == "search_reflect":
+        headline = reflect_headline(by, a.steps)
     write_result(
         a.out,
         name=f"llm_agents_{a.env}",
@@ -223,19 +278,26 @@ def main() -> None:
         config={**vars(a), "base": str(base)},
         seeds=a.seeds,
         rows=rows,
-        headline={
-            "metric": f"held-out greedy success on the {a.env} world after {a.steps} steps, "
-            "StepOPSD vs GRPO",
-            "value": by["step_opsd"]["after"],
-            "baseline": by["grpo"]["after"],
-            "ratio": by["step_opsd"]["after"] / by["grpo"]["after"]
-            if by["grpo"]["after"] == by["grpo"]["after"] and by["grpo"]["after"]
-            else None,
-            "paper": "StepOPSD is best or second-best on ALFWorld Heat / PickTwo (000-03); "
-            "A²TGPO's turn-level credit beats outcome-only GRPO (001-15)",
-        },
+        headline=headline,
     )
     print(f"wrote {a.out} and {a.plot} in {time.perf_counter() - t0:.0f} s")
+
+
+def reflect_headline(by: dict[str, dict], steps: int) -> dict[str, Any]:
+    """RubricEM's reflection, trained against frozen: the sampled success of the plain
+    episodes over the last five steps."""
+    nan = {"solved_last": float("nan")}
+    value = by.get("rubricem_episodes", nan)["solved_last"]
+    base = by.get("rubricem_frozen", nan)["solved_last"]
+    return {
+        "metric": f"sampled success of plain episodes, last 5 of {steps} steps, reflections "
+        "trained (rubricem_episodes) vs frozen (meta: false)",
+        "value": value,
+        "baseline": base,
+        "ratio": value / base if base == base and base else None,
+        "paper": "RubricEM's reflection meta-policy distills judged trajectories into "
+        "reusable guidance for future attempts (000-30)",
+    }
 
 
 if __name__ == "__main__":

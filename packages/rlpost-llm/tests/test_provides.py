@@ -55,7 +55,11 @@ def test_every_preset_trains_two_steps_from_the_cli(name, fast_overrides, tmp_pa
         overrides.append("distill.teachers=[{path: tiny-random}]")
     if Input.TURNS in needs:  # multi-turn episodes (the environment's reward alone)
         overrides.remove(TWO_REWARDS)
-        overrides.append("data.env={name: household, params: {budget: 3}, max_turns: 3}")
+        from rlpost.llm.rollout.sources import get_source
+
+        own = [x for c in PRESETS[name].rollout for x in get_source(c.name).example]
+        env = [x for x in own if x.startswith("data.env=")]  # a source's own environment
+        overrides += env or ["data.env={name: household, params: {budget: 3}, max_turns: 3}"]
     run = tmp_path
     if PRESETS[name].peers is not None:  # Mutual RL: a peer (in a thread, no Ray here)
         overrides += [

@@ -283,3 +283,63 @@ def test_a_self_generated_rubric_comes_first_and_the_research_is_judged_against_
     assert res[1].info["follows"] is False
     with pytest.raises(ValueError, match=r"plan .* needs tasks: 1"):
         make_env("search", plan=True, tasks=2)
+
+
+# ------------------------------------------- RubricEM's reflection on judged episodes (000-30)
+
+
+def test_a_judged_episode_is_rendered_with_each_turns_verdict_and_its_lesson():
+    env = make_env("search", plan=True, reflect=True, slack=0, min_hops=2, max_hops=2)
+    for seed in range(200):  # a question whose first hop a vague query does not retrieve
+        env.reset(seed)
+        e, (r1, r2), mid = env.start, env.rels, env.chain[1]
+        if f"{e}{r1}{mid}" not in env.retriever.search(str(e), env.k):
+            break
+    q = f"{e}{r1}{r2}>"
+    actions = ["(00)", f":{e}", f":{e}{r1}", f":{mid}"]  # vague, missed; the budget runs out
+    res = play(env, actions)
+    assert res[-1].done and res[-1].reward == 0.0
+    infos = [r.info for r in res]
+    # plan valid (1); a vague query as planned that found nothing new (follows, valid: 2/3,
+    # so 0); the follow-up found the fact (valid, new; no "follows": 1); the next hop's
+    # vague query as planned, and whether it found the fact decides its verdict
+    mid_hit = any(d.startswith(f"{mid}{r2}") for d in env.retriever.search(str(mid), env.k))
+    verdicts = f"(00)>1 :{e}>0 :{e}{r1}>1 :{mid}>{int(mid_hit)}"
+    assert env.reflection_prompt(actions, infos) == f"{q}{verdicts}:"
+    # the lesson: hop one precise (its vague query missed); hop two vague only if it hit
+    assert env.lesson(actions, infos) == f"(1{0 if mid_hit else 1})"
+    env.reset(seed)  # precise throughout: the lesson keeps every hop precise
+    actions = ["(11)", f":{e}{r1}", f":{mid}{r2}", f"={env.chain[2]}"]
+    infos = [r.info for r in play(env, actions)]
+    assert env.lesson(actions, infos) == "(11)"
+    with pytest.raises(ValueError, match=r"reflect .* needs plan: true"):
+        make_env("search", reflect=True)
+
+
+def test_the_reflection_base_learns_to_reflect_and_to_follow_guidance():
+    import random
+
+    from rlpost.llm.model.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    env = make_env("search", plan=True, reflect=True)
+    rng = random.Random(0)
+    kinds = {"reflect": 0, "guided": 0, "plain": 0}
+    for seed in range(200):
+        row = env.sft_row(tok, seed, rng)
+        if row is None:
+            kinds["plain"] += 1
+            continue
+        ids, labels = row
+        text = tok.decode(ids)
+        target = tok.decode([x for x in labels if x != -100])
+        if text.split("<eos>")[0].endswith(":" + target.split("<eos>")[0]):
+            kinds["reflect"] += 1  # a judged episode, then its lesson (and nothing else)
+            assert re.fullmatch(r"\([01]+\)<eos>", target) and target.count("<eos>") == 1
+            continue
+        kinds["guided"] += 1  # "(01):<question>", then a plan equal to the guidance
+        guide, rest = text.split(":", 1)
+        assert re.fullmatch(r"\([01]+\)", guide) and target.startswith(guide + "<eos>")
+        assert rest.split(">", 1)[1].startswith(guide)
+    assert all(40 <= v <= 120 for v in kinds.values()), kinds
+    assert make_env("search", plan=True).sft_row(tok, 0, rng) is None  # without reflect

@@ -105,10 +105,7 @@ class FeedbackExploration:
 
     def split(self, group_size: int) -> tuple[int, int]:
         """``(plain, guided)`` rollouts per group: they sum to ``group_size``."""
-        if group_size < 2:
-            raise ValueError(f"feedback exploration needs group_size >= 2, got {group_size}")
-        m = min(max(1, round(self.share * group_size)), group_size - 1)
-        return group_size - m, m
+        return split_group(self.share, group_size, "feedback exploration")
 
     def prompt(self, prompt: str, response: str, feedback: str, guidance: str = "") -> str:
         return self.template.format(
@@ -119,6 +116,37 @@ class FeedbackExploration:
         """The policy reflector's prompt: a failed ``response`` to ``prompt`` (and the
         bank's ``guidance``, where the template shows it)."""
         return self.reflect_template.format(prompt=prompt, response=response, guidance=guidance)
+
+
+def split_group(share: float, group_size: int, what: str) -> tuple[int, int]:
+    """``(plain, guided)`` rollouts of a group of ``group_size``: ``m = round(share * G)``,
+    at least 1, with at least one plain rollout left; they sum to ``group_size``."""
+    if group_size < 2:
+        raise ValueError(f"{what} needs group_size >= 2, got {group_size}")
+    m = min(max(1, round(share * group_size)), group_size - 1)
+    return group_size - m, m
+
+
+@dataclass(frozen=True)
+class EpisodeReflection:
+    """RubricEM's reflection meta-policy on multi-turn episodes (catalog 000-30): after a
+    plain round of ``G - m`` episodes per task, the policy reflects on the task's first
+    failed episode as the environment's rubric judge scored it, writing ``m`` pieces of
+    guidance, and ``m`` guided episodes of the same task each read one of them; tasks
+    with no failure spend their ``m`` on plain episodes. ``share``: ``m = round(share *
+    G)`` (as :class:`FeedbackExploration`'s); ``meta``: train the reflections, a group
+    per judged failure, each rewarded with the outcome of the episode it guided."""
+
+    share: float = 0.5
+    meta: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"episode reflection share must be in (0, 1), got {self.share}")
+
+    def split(self, group_size: int) -> tuple[int, int]:
+        """``(plain, guided)`` episodes per group: they sum to ``group_size``."""
+        return split_group(self.share, group_size, "episode reflection")
 
 
 class FBOSLayout(NamedTuple):
@@ -153,4 +181,11 @@ def rescued(first_correct: Tensor, layout: FBOSLayout, m: int) -> Tensor:
     return ~first_correct.bool().any(1) & layout.epa.view(-1, m).any(1)
 
 
-__all__ = ["FBOSLayout", "FeedbackExploration", "fbos_layout", "rescued"]
+__all__ = [
+    "EpisodeReflection",
+    "FBOSLayout",
+    "FeedbackExploration",
+    "fbos_layout",
+    "rescued",
+    "split_group",
+]

@@ -13,7 +13,7 @@ module             presets
 ``regularized``    reva_po
 ``distill``        opd, opd_rl, mopd, copd, atod, opsd, sdpo, resd, pmd, sd_search
 ``mutual``         prp, xgrpo, sgt
-``exploration``    fbos, fbos_epa, fbos_ecc, rubricem_reflect
+``exploration``    fbos, fbos_epa, fbos_ecc, rubricem_reflect, rubricem_episodes
 =================  ===========================================================
 
 The classes (:class:`Preset`, :class:`Recipe`, :class:`PolicyBatch`) live in :mod:`.base`;

@@ -2,7 +2,9 @@
 re-rollouts with its two objectives (000-15) and their one-objective ablations, and
 RubricEM's reflection meta-policy (000-30), whose guided contexts the policy writes. Each
 names the LLM trainer's ``feedback`` rollout source with
-:class:`rlpost.core.feedback.FeedbackExploration`'s settings as its params."""
+:class:`rlpost.core.feedback.FeedbackExploration`'s settings as its params, except
+``rubricem_episodes``, RubricEM on multi-turn episodes, which names its
+``episode_reflection`` source with :class:`rlpost.core.feedback.EpisodeReflection`'s."""
 
 from rlpost.core.presets.base import Choice, Preset, register_preset
 
@@ -71,5 +73,24 @@ register_preset(
         "reflection of its own, and the reflections are trained by GRPO on the verdicts of "
         "the attempts they guided (algo.feedback={meta: false} freezes them); guided "
         "solutions train the bare prompt (EPA) and the guided rollouts their context (ECC)",
+    )
+)
+
+register_preset(
+    Preset(
+        name="rubricem_episodes",
+        paper="RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
+        "Rewards (catalog 000-30)",
+        catalog_id="000-30",
+        advantage=Choice("stage_grpo", {"stage_weight": 1.0, "outcome_weight": 1.0}),
+        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+        aggregation=Choice("token_mean"),
+        group_size=8,
+        rollout=(Choice("episode_reflection", {"share": 0.5, "meta": True}),),
+        notes="RubricEM whole on multi-turn episodes: Stage-Structured GRPO on the judge's "
+        "stages (data.env.turn_signal=rubric), and the reflection meta-policy: the shared "
+        "backbone reflects on each task's first failed episode as the judge scored it, half "
+        "the group's episodes are guided by a reflection each, and the reflections are "
+        "trained on the outcomes of the episodes they guided",
     )
 )

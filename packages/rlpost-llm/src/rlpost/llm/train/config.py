@@ -127,6 +127,10 @@ class AlgoConfig(_Strict):
     """FBOS-RL's guided round (``rlpost.core.feedback.FeedbackExploration`` fields: share,
     epa, ecc, template, reflector, reflect_template, meta; merged over the preset's;
     None: the preset's)."""
+    episode_reflection: dict[str, Any] | bool | None = None
+    """RubricEM's reflection on judged episodes (``rlpost.core.feedback.EpisodeReflection``
+    fields: share, meta; merged over the preset's, e.g. ``rubricem_episodes``'); needs
+    ``data.env`` with an environment that renders judged episodes; False: off."""
 
     def build_preset(self, group_size: int | None = None) -> Preset:
         """The preset with this section's changes, validated (its rollout sources' and

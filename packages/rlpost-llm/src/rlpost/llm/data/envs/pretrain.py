@@ -10,7 +10,9 @@ cache key, so one base serves every budget.
 An environment with a ``hints`` attribute (a share, e.g. the household world's 0.5) has
 that share of its SFT episodes start with a hindsight hint, the episode's own solution
 (:func:`hint_text`): the base then also reads a hint when one is given, as an instruction
-model reads its context, which is what a hindsight self-teacher (StepOPSD) relies on.
+model reads its context, which is what a hindsight self-teacher (StepOPSD) relies on. An
+environment with ``sft_row(tok, seed, rng)`` may supply rows of its own (``None``: an
+ordinary demonstration), e.g. the search world's reflection examples.
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ ENV_BASE_VERSION = 1
 _EPISODE_ONLY = ("budget", "slack", "shortcuts", "hardened")
 
 
-def demonstration(tok, env, seed: int, hint: bool = False) -> tuple[list[int], list[int]]:
+def demonstration(
+    tok, env, seed: int, hint: bool = False, prefix: str = ""
+) -> tuple[list[int], list[int]]:
     """``(ids, labels)`` of one demonstrated episode: labels on actions and their EOS,
     ``-100`` on observations. ``hint``: the episode's prompt starts with its own solution
-    (:func:`hint_text`), so the base learns to follow a hindsight hint when it has one."""
+    (:func:`hint_text`), so the base learns to follow a hindsight hint when it has one;
+    ``prefix``: it starts with that text instead (guidance the demonstration follows)."""
     first = env.reset(seed)
     actions = env.demonstrate()
-    ids = encode_observation(tok, (hint_text(actions) if hint else "") + first)
+    ids = encode_observation(tok, (hint_text(actions) if hint else prefix) + first)
     labels = [-100] * len(ids)
     for action in actions:
         a = [*encode_observation(tok, action), tok.eos_token_id]
@@ -171,11 +176,13 @@ def _sft_on_demonstrations(
     rng = random.Random(f"env-sft-{seed}")
     model.train()
     bar = tqdm(range(steps), desc=f"sft {name}", disable=not progress, file=sys.stderr)
+    extra = getattr(env, "sft_row", None)  # an environment's own rows (reflection)
     for _ in bar:
-        rows = [
-            demonstration(tok, env, rng.randrange(10**9), rng.random() < hints)
-            for _ in range(batch_size)
-        ]
+        rows = []
+        for _ in range(batch_size):
+            seed = rng.randrange(10**9)
+            row = extra(tok, seed, rng) if extra is not None else None
+            rows.append(row or demonstration(tok, env, seed, rng.random() < hints))
         loss = tiny.sft_step(model, opt, sched, _batch(rows, tok.pad_token_id))
         bar.set_postfix(loss=f"{loss.item():.4f}")
     model.eval()

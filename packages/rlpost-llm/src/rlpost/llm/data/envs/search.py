@@ -48,6 +48,16 @@ plan (a well-formed rubric for every hop) and the research against it; whether a
 is a good one is left to the outcome. ``info["log/plan_precise"]`` is the plan's share
 of precise items.
 
+**Reflection on judged episodes** (RubricEM's meta-policy on multi-turn episodes,
+``reflect: true``, needs ``plan``): :meth:`SearchEnv.reflection_prompt` renders a judged
+episode for the policy to reflect on, the question then each action with the judge's
+verdict on it (``1``: its rubric fully met), e.g. ``"17*+>(00)>1 :17>0 :17*>1:"``, and
+the policy writes guidance, a plan for the next attempt. :meth:`SearchEnv.lesson` is the
+guidance the judgment implies: every hop precise except one whose vague query did
+retrieve its fact (an exact reference for ``reflect/exact``). A guided attempt reads the
+guidance before the question as a hint (``"(11):17*+>"``). The base for it
+(:meth:`SearchEnv.sft_row`) also learns to reflect and to follow guidance.
+
 A chat model calls them as tools instead (``tools``: ``search(query)``, ``answer(answer)``;
 :meth:`SearchEnv.tool_action`).
 
@@ -168,6 +178,7 @@ class SearchEnv:
         hardened: bool = False,
         tasks: int = 1,
         plan: bool = False,
+        reflect: bool = False,
     ):
         if not 1 <= min_hops <= max_hops <= 3:
             raise ValueError(
@@ -181,12 +192,15 @@ class SearchEnv:
             raise ValueError(f"search: tasks (questions per episode) must be in 1..5, got {tasks}")
         if plan and tasks > 1:
             raise ValueError("search: plan (a self-generated rubric) needs tasks: 1")
+        if reflect and not plan:
+            raise ValueError("search: reflect (reflection on judged episodes) needs plan: true")
         bad = [x for x in shortcuts if x not in SHORTCUTS]
         if bad:
             raise ValueError(f"search: shortcuts must be among {', '.join(SHORTCUTS)}, got {bad}")
         self.min_hops, self.max_hops, self.k, self.slack = min_hops, max_hops, k, slack
         self.shortcuts, self.hardened, self.tasks = tuple(shortcuts), hardened, tasks
-        self.plan = plan
+        self.plan, self.reflect = plan, reflect
+        self.guide: str | None = None  # the plan a guided demonstration follows (SFT)
         self.retriever = _retriever(corpus, corpus_seed)
         self.facts = {
             (f[0], f[1]): f[2] for f in map(parse_fact, self.retriever.docs) if f is not None
@@ -385,9 +399,9 @@ class SearchEnv:
                    len(self.rels) - 1)  # fmt: skip
         if hop not in self.opened:  # a hop's first query (follow-ups are free)
             self.opened.add(hop)
-            precise = any(m.group(2) for m in _WORD.finditer(query))
+            precise = _precise(query)
             follows = self.rubric is not None and precise == (self.rubric[hop] == "1")
-            info["follows"] = follows
+            info |= {"follows": follows, "hop": hop}
 
     def _next(self, obs: str, info: dict[str, Any]) -> StepResult:
         if self.turns >= self.limit:
@@ -405,6 +419,8 @@ class SearchEnv:
         out = []
         for _, rels, chain in self.questions:
             vague = [rng.random() < 0.5 for _ in rels]
+            if self.guide is not None and len(self.guide) == len(rels) + 2:
+                vague = [c == "0" for c in self.guide[1:-1]]  # the guidance's plan
             if self.plan:  # the rubric first: the demonstration's own choices
                 out.append("(" + "".join("0" if v else "1" for v in vague) + ")")
             for i, r in enumerate(rels):
@@ -416,6 +432,71 @@ class SearchEnv:
                 out.append(f":{e}{r}")
             out.append(f"={chain[-1]}")
         return out
+
+    # ----------------------------------------------------------- reflection (RubricEM)
+    def reflection_prompt(self, actions: list[str], infos: list[dict[str, Any]]) -> str:
+        """The judged episode (``actions`` as the environment read them, each step's
+        ``info``) of the current question as the reflector reads it: the question, each
+        action with ``>`` and the judge's verdict (``1``: the turn's rubric fully met),
+        space-separated, then ``:``."""
+        turns = [f"{extract_answer(a)}>{int(self.judge(x)[1] >= 1.0)}"
+                 for a, x in zip(actions, infos, strict=True)]  # fmt: skip
+        return f"{self.start}{''.join(self.rels)}>" + " ".join(turns) + ":"
+
+    def lesson(self, actions: list[str], infos: list[dict[str, Any]]) -> str:
+        """The guidance the judgment of an episode implies, a plan for the next attempt
+        at its question: each hop precise (``1``), except a hop whose first query was
+        vague and did retrieve a chain fact (``0``: it cost no extra turn)."""
+        items = ["1"] * len(self.rels)
+        for a, x in zip(actions, infos, strict=True):
+            if "hop" in x and not _precise(extract_answer(a)[1:]) and x["gain"] > 0:
+                items[x["hop"]] = "0"
+        return "(" + "".join(items) + ")"
+
+    def judged_demonstration(self, seed: int, rng: random.Random) -> tuple[str, str]:
+        """``(reflection prompt, lesson)`` of a demonstration that follows a random plan
+        under a budget with no slack (the tight budget RL trains under), judged."""
+        self.reset(seed)
+        self.guide = "(" + "".join(rng.choice("01") for _ in self.rels) + ")"
+        actions = self.demonstrate()
+        self.guide, slack, self.slack = None, self.slack, 0
+        self.reset(seed)
+        said, infos = [], []
+        for a in actions:
+            res = self.step(a)
+            said.append(a)
+            infos.append(res.info)
+            if res.done:
+                break
+        self.slack = slack
+        return self.reflection_prompt(said, infos), self.lesson(said, infos)
+
+    def sft_row(self, tok, seed: int, rng: random.Random) -> tuple[list[int], list[int]] | None:
+        """With ``reflect``, a quarter of the base's SFT rows teach reflection (a judged
+        demonstration, target its :meth:`lesson`) and a quarter following guidance (a
+        random plan as the hint, the demonstration playing that plan); ``None``: an
+        ordinary demonstration."""
+        from rlpost.llm.data.envs.base import encode_observation
+        from rlpost.llm.data.envs.pretrain import demonstration
+
+        r = rng.random() if self.reflect else 1.0
+        if r < 0.25:
+            prompt, lesson = self.judged_demonstration(seed, rng)
+            ids = encode_observation(tok, prompt)
+            target = [*encode_observation(tok, lesson), tok.eos_token_id]
+            return ids + target, [-100] * len(ids) + target
+        if r < 0.5:
+            self.reset(seed)
+            self.guide = "(" + "".join(rng.choice("01") for _ in self.rels) + ")"
+            row = demonstration(tok, self, seed, prefix=self.guide + ":")
+            self.guide = None
+            return row
+        return None
+
+
+def _precise(query: str) -> bool:
+    """A query that names a relation with its entity (``17*``), not the entity alone."""
+    return any(m.group(2) for m in _WORD.finditer(query))
 
 
 __all__ = ["Retriever", "SearchEnv", "build_corpus", "parse_fact", "words"]

@@ -1,7 +1,8 @@
 """Rollout sources, one module each (see :mod:`.base`): ``groups`` (plain, the default
 generator), ``episodes`` (``data.env``), ``feedback`` (FBOS-RL), ``pilot_commit``
 (Pilot-Commit's budget allocation), ``lze`` (LZE's data selection), ``armor`` (ARMOR's
-anchor rollouts), ``astor`` (ASTOR's multi-task schedule), ``dynamic_sampling``
+anchor rollouts), ``astor`` (ASTOR's multi-task schedule), ``episode_reflection`` (RubricEM's reflection
+on judged episodes), ``dynamic_sampling``
 (refill rounds), ``stages`` (Mu-GRPO), and the ``train.pipeline`` schedules ``sync``,
 ``one_step_off``, ``dora``, ``bubblespec`` and ``rolloutpipe``.
 
@@ -25,6 +26,7 @@ from rlpost.llm.rollout.sources import (  # noqa: F401  (each module registers i
     lze,
     pilot_commit,
     refill,
+    reflect,
     rolloutpipe,
     stages,
     sync,
