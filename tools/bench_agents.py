@@ -156,13 +156,15 @@ def job(spec: dict) -> dict[str, Any]:
     )  # fmt: skip
     t0 = time.perf_counter()
     tr = Trainer(cfg)
-    tr.train()
     retry = {}
+    held = [10**9 + i for i in range(spec["eval_size"])]  # the held-out seeds
     if spec["env"] == "search_reflect":  # attempt, reflect on the judged attempt, retry
         from rlpost.llm.rollout.sources.reflect import reflective_success
 
-        held = [10**9 + i for i in range(spec["eval_size"])]  # the held-out seeds
-        retry = {f"retry_{k}": v for k, v in reflective_success(tr, held).items()}
+        retry = {f"retry_base_{k}": v for k, v in reflective_success(tr, held).items()}
+    tr.train()
+    if retry:
+        retry |= {f"retry_{k}": v for k, v in reflective_success(tr, held).items()}
     tr.close()
     rows = read_metrics(run_dir)
     curve = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
@@ -238,9 +240,11 @@ def main() -> None:
             "exact_first",
             "exact_last",
             "guided_last",
+            "retry_base_first",
+            "retry_base_two_attempts",
+            "retry_base_exact",
             "retry_first",
             "retry_two_attempts",
-            "retry_exact",
         ]
     print_table(
         rows, ["method", "before", "after", "after_std", "best", "auc", "turns_first",

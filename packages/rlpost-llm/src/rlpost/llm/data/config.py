@@ -39,6 +39,24 @@ class MixtureDomain(_Strict):
     CoPD expert's peers' domains are); its accuracy still counts in the metrics."""
 
 
+class WordJudgeConfig(_Strict):
+    """Rubrics in words (RubricEM, 000-30; :class:`rlpost.llm.rollout.judge.WordJudge`): a
+    judge model reads each turn against its stage's criteria, written in natural
+    language."""
+
+    path: str
+    """The judge: a causal LM checkpoint (a local directory or a hub id)."""
+    criteria: dict[str, list[str]]
+    """Criteria in words per stage name of the environment's judge (the search world's
+    ``research``, ``answer``, ``plan``); a stage without criteria keeps the environment's
+    own score."""
+    template: str | None = None
+    """Over ``{task}``, ``{response}`` and ``{criterion}`` (None: the judge's default)."""
+    answers: tuple[str, str] = (" yes", " no")
+    """The judge's yes and no, whose first tokens are compared (quote them in YAML:
+    ``answers: [' yes', ' no']``; a bare yes is a boolean there)."""
+
+
 class EnvConfig(_Strict):
     """A text environment for multi-turn agents (``rlpost.llm.data.envs``; ``rlpost.llm.rollout.agents``
     rolls it out token-in / token-out): each training prompt is an episode's seed, each
@@ -62,6 +80,9 @@ class EnvConfig(_Strict):
     the change in the policy's probability of the environment's ``ground_truth()``;
     ``rubric``, the environment's judge (``judge(info) -> (stage, score)``): each turn's
     score against its stage's rubric, with the stages (RubricEM's Stage-Structured GRPO)."""
+    judge: WordJudgeConfig | None = None
+    """With ``turn_signal: rubric``, the turns' scores from a judge model reading criteria
+    in words (the stages stay the environment's); None: the environment's own rubric."""
 
     @model_validator(mode="after")
     def _exists(self) -> EnvConfig:
@@ -81,7 +102,23 @@ class EnvConfig(_Strict):
                 f"data.env.turn_signal=rubric: environment {self.name!r} has no rubric judge "
                 "(judge(info) -> (stage, score)); the search environment has one"
             )
+        if self.judge is not None:
+            self._check_judge(env)
         return self
+
+    def _check_judge(self, env: Any) -> None:
+        if self.turn_signal != "rubric":
+            raise ValueError("data.env.judge (rubrics in words) needs data.env.turn_signal=rubric")
+        stages = tuple(getattr(env, "STAGES", ()))
+        unknown = [k for k in self.judge.criteria if k not in stages]
+        if unknown:
+            raise ValueError(
+                f"data.env.judge.criteria: unknown stage {unknown[0]!r}; environment "
+                f"{self.name!r} has {', '.join(stages) or 'no named stages'}"
+            )
+        empty = [k for k, v in self.judge.criteria.items() if not v]
+        if empty:
+            raise ValueError(f"data.env.judge.criteria: stage {empty[0]!r} has no criteria")
 
 
 class DataConfig(_Strict):

@@ -153,11 +153,38 @@ class EpisodesSource(RolloutSource):
             for i, ep in enumerate(ro.infos):
                 for u, info in enumerate(ep):
                     stages[i, u], turn_rewards[i, u] = judge(info)
+            if self.env.judge is not None:  # rubrics in words, read by a judge model
+                self._judge_in_words(ro, stages, turn_rewards)
             for s in range(int(stages.max()) + 1):
                 on = stages == s
                 if bool(on.any()):
                     metrics[f"env/rubric_stage{s}"] = float(turn_rewards[on].mean())
         return turn_rewards, stages
+
+    def _judge_in_words(self, ro, stages: Tensor, scores: Tensor) -> None:
+        """Overwrite ``scores`` ``[N, U]`` where a turn's stage has criteria in words
+        (``data.env.judge``) with the judge model's rubric score of the turn (its action
+        and the observation it got back, the episode's question as the task)."""
+        from rlpost.llm.rollout.judge import TEMPLATE, WordJudge, turn_texts
+
+        cfg = self.env.judge
+        if getattr(self, "word_judge", None) is None:
+            self.word_judge = WordJudge(cfg.path, (), cfg.template or TEMPLATE, *cfg.answers)
+        names = ENVIRONMENTS[self.env.name].STAGES
+        tok = self.trainer.tok
+        texts = turn_texts(ro, tok)
+        at, tasks, responses, rubrics = [], [], [], []
+        for i, turns in enumerate(texts):
+            question = tok.decode(ro.batch.prompt_ids[i], skip_special_tokens=True)
+            for u, text in enumerate(turns):
+                rubric = cfg.criteria.get(names[int(stages[i, u])]) if stages[i, u] >= 0 else None
+                if rubric:
+                    at.append((i, u))
+                    tasks.append(question)
+                    responses.append(text)
+                    rubrics.append(rubric)
+        for (i, u), v in zip(at, self.word_judge.scores(tasks, responses, rubrics), strict=True):
+            scores[i, u] = v
 
     def evaluate(self, examples: list | None = None) -> float:
         """The greedy success rate on ``data.eval_size`` held-out seeds."""

@@ -191,7 +191,8 @@ def reflective_success(trainer: Any, seeds: list[int]) -> dict[str, float]:
     """Greedy success on the episodes of ``seeds``: at the first attempt, and within two
     attempts, the second guided by the policy's own greedy reflection on the judged first
     (for any trainer whose ``data.env`` renders judged episodes, e.g. a GRPO run's);
-    ``exact``: the reflections equal to the judged episode's lesson."""
+    ``exact``: the share of reflections equal to the judged episode's lesson (NaN: no
+    episode failed)."""
     from rlpost.llm.rollout.agents import env_rollout
     from rlpost.llm.rollout.engines.base import SamplingParams
 
@@ -216,7 +217,8 @@ def reflective_success(trainer: Any, seeds: list[int]) -> dict[str, float]:
     n = len(seeds)
     once = float(first.solved.float().sum()) / n
     rescued = float(second.solved.float().sum()) / n if second is not None else 0.0
-    exact = sum(x == y for x, y in zip(notes, lessons, strict=True)) / max(1, len(notes))
+    hits = sum(x == y for x, y in zip(notes, lessons, strict=True))
+    exact = hits / len(notes) if notes else float("nan")  # (nothing failed: no reflection)
     return {"first": once, "two_attempts": once + rescued, "exact": exact}
 
 
