@@ -73,14 +73,14 @@ class EpisodeReflectionSource(EpisodesSource):
         "data.env={name: search, params: {plan: true, reflect: true, slack: 0}, "
         "turn_signal: rubric, max_turns: 5}",
     )
+    # (what every data.env run declares, multi-turn episodes, one policy's, is the
+    # episodes generator's, whose declarations hold beside this one)
     declares = Declares(
         requires={
             Property.UNSHARDED: "is not wired to sharded weights yet",
             Property.PER_STEP: "reflect on each step's own failures",
-            Property.ONE_POLICY: "reflect on one policy's episodes",
         },
         breaks={
-            Property.SINGLE_TURN: "plays multi-turn episodes",
             Property.GROUPS_ON_DEMAND: "plays a step's episodes at once",
             Property.EVEN_GROUPS: "make groups uneven (guided episodes, reflections)",
         },
