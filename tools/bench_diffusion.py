@@ -5,6 +5,10 @@ Command (defaults; writes bench_results/diffusion.json and three PNGs next to it
     uv run --frozen python tools/bench_diffusion.py --seeds 0 1 2 --steps 400 \\
         --ng-step 150 --hack-steps 150 --workers 2 --out bench_results/diffusion.json
 
+One method's settings changed in every run of it (RAM at its earlier default ``m = 30``)::
+
+    uv run --frozen python tools/bench_diffusion.py --set ram=algo.params.m=30
+
 Quick run (one seed, short)::
 
     uv run --frozen python tools/bench_diffusion.py --seeds 0 --steps 60 --ng-step 60 \\
@@ -143,7 +147,16 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work-dir", default="/tmp/rlpost-bench-diffusion")
     ap.add_argument("--out", default="bench_results/diffusion.json")
+    ap.add_argument("--set", nargs="+", default=[], metavar="METHOD=OVERRIDE",
+                    help="a config override for every run of one method, e.g. "
+                    "ram=algo.params.m=30 (the earlier RAM default)")  # fmt: skip
     args = ap.parse_args()
+    extra: dict[str, list[str]] = {}
+    for item in args.set:
+        name, _, override = item.partition("=")
+        if name not in METHODS_A or not override:
+            ap.error(f"--set {item!r}: METHOD=OVERRIDE with METHOD one of {METHODS_A}")
+        extra.setdefault(name, []).append(override)
     work = Path(args.work_dir)
 
     # build the cached base and classifier once, before the workers race for them
@@ -163,7 +176,7 @@ def main() -> None:
                 reward=reward,
                 steps=steps,
                 seed=seed,
-                overrides=list(overrides),
+                overrides=[*overrides, *extra.get(method, [])],
                 eval_per_prompt=args.eval_per_prompt,
                 dir=str(work / name),
             )
