@@ -105,7 +105,7 @@ def main() -> None:
             )  # fmt: skip
             t0 = time.perf_counter()
             r = run_fleet(job, overwrite=True)
-            lwd = job.learner.lwd_config(seed)
+            lwd = job.learner.algo_config(seed)
             curve = evaluate_snapshots(run, job.task, args.eval_episodes, lwd.sample_steps)
             final = {
                 "version": r["version"],
