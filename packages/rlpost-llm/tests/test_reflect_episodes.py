@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from rlpost.core.peers import OWN, TRAIN
 from rlpost.llm.config import ConfigError
 from rlpost.llm.rollout.engines.fake import FakeEngine
 from rlpost.llm.trainer import Trainer
+
+from .test_feedback import _logp
 
 ENV = (
     "data.env={name: search, params: {plan: true, reflect: true, slack: 0, min_hops: 2, "
@@ -59,15 +60,6 @@ def _policy(tok):
         return [enc(act(text))] * n
 
     return script
-
-
-def _logp(model, tok, prompt: str, answer: str) -> float:
-    p = tok.encode(prompt, add_special_tokens=False)
-    a = [*tok.encode(answer, add_special_tokens=False), tok.eos_token_id]
-    ids = torch.tensor([p + a])
-    with torch.no_grad():
-        lp = model(ids).logits[0, :-1].float().log_softmax(-1)
-    return float(sum(lp[len(p) - 1 + k, t] for k, t in enumerate(a)))
 
 
 @pytest.mark.parametrize("meta", [True, False])
