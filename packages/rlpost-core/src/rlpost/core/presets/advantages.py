@@ -212,16 +212,22 @@ register_preset(
     )
 )
 
+#: RubricEM's Stage-Structured GRPO, shared by ``rubricem`` and (with the reflection on
+#: judged episodes) ``rubricem_episodes`` in :mod:`.exploration`.
+RUBRICEM = {
+    "paper": "RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
+    "Rewards (catalog 000-30)",
+    "catalog_id": "000-30",
+    "advantage": Choice("stage_grpo", {"stage_weight": 1.0, "outcome_weight": 1.0}),
+    "objective": Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+    "aggregation": Choice("token_mean"),
+    "group_size": 8,
+}
+
 register_preset(
     Preset(
         name="rubricem",
-        paper="RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
-        "Rewards (catalog 000-30)",
-        catalog_id="000-30",
-        advantage=Choice("stage_grpo", {"stage_weight": 1.0, "outcome_weight": 1.0}),
-        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
-        aggregation=Choice("token_mean"),
-        group_size=8,
+        **RUBRICEM,
         notes="Stage-Structured GRPO: each stage's tokens get its own group-normalised rubric "
         "score (the trainer's judge: data.env.turn_signal=rubric) plus the outcome "
         "advantage. Equal stage and outcome weights are ours",

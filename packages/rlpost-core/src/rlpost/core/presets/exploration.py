@@ -6,6 +6,7 @@ names the LLM trainer's ``feedback`` rollout source with
 ``rubricem_episodes``, RubricEM on multi-turn episodes, which names its
 ``episode_reflection`` source with :class:`rlpost.core.feedback.EpisodeReflection`'s."""
 
+from rlpost.core.presets.advantages import RUBRICEM
 from rlpost.core.presets.base import Choice, Preset, register_preset
 
 _FBOS = {
@@ -79,13 +80,7 @@ register_preset(
 register_preset(
     Preset(
         name="rubricem_episodes",
-        paper="RubricEM: Meta-RL with Rubric-guided Policy Decomposition beyond Verifiable "
-        "Rewards (catalog 000-30)",
-        catalog_id="000-30",
-        advantage=Choice("stage_grpo", {"stage_weight": 1.0, "outcome_weight": 1.0}),
-        objective=Choice("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
-        aggregation=Choice("token_mean"),
-        group_size=8,
+        **RUBRICEM,
         rollout=(Choice("episode_reflection", {"share": 0.5, "meta": True}),),
         notes="RubricEM whole on multi-turn episodes: Stage-Structured GRPO on the judge's "
         "stages (data.env.turn_signal=rubric), and the reflection meta-policy: the shared "
