@@ -52,7 +52,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import curve_row, mean_std, plot_mean_curves, print_table, run_pool, write_result
+from benchlib import (
+    curve_row,
+    mean_std,
+    method_overrides,
+    plot_mean_curves,
+    print_table,
+    run_pool,
+    write_result,
+)
 
 DEFAULTS = {  # each world's episode parameters: a budget tight enough to leave room
     "household": {"params": "{budget: 8}", "max_turns": 8, "max_new_tokens": 3, "steps": 100},
@@ -194,12 +202,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
-    extra: dict[str, list[str]] = {}
-    for item in a.set:
-        name, _, override = item.partition("=")
-        if name not in METHODS or not override:
-            ap.error(f"--set {item!r}: METHOD=OVERRIDE with METHOD one of {sorted(METHODS)}")
-        extra.setdefault(name, []).append(override)
+    extra = method_overrides(ap, a.set, METHODS)
     a.steps = a.steps or DEFAULTS[a.env]["steps"]
     a.out = a.out or f"bench_results/llm_agents_{a.env}.json"
     a.plot = a.plot or f"docs/img/agents_{a.env}.png"

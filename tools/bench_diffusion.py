@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import mean_std, print_table, run_pool, write_result
+from benchlib import mean_std, method_overrides, print_table, run_pool, write_result
 
 METHODS_A = ["flow_grpo", "ram", "dance_grpo", "slas", "awm", "rwr"]
 NG_METHODS = ["ram", "flow_grpo", "awm"]
@@ -151,12 +151,7 @@ def main() -> None:
                     help="a config override for every run of one method, e.g. "
                     "ram=algo.params.m=30 (the earlier RAM default)")  # fmt: skip
     args = ap.parse_args()
-    extra: dict[str, list[str]] = {}
-    for item in args.set:
-        name, _, override = item.partition("=")
-        if name not in METHODS_A or not override:
-            ap.error(f"--set {item!r}: METHOD=OVERRIDE with METHOD one of {METHODS_A}")
-        extra.setdefault(name, []).append(override)
+    extra = method_overrides(ap, args.set, METHODS_A)
     work = Path(args.work_dir)
 
     # build the cached base and classifier once, before the workers race for them

@@ -292,3 +292,15 @@ def plot_mean_curves(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def method_overrides(ap, items: list[str], methods) -> dict[str, list[str]]:
+    """``--set METHOD=OVERRIDE`` items as ``{method: [override, ...]}``; an unknown method
+    or an empty override is an argparse error naming the valid methods."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, _, override = item.partition("=")
+        if name not in methods or not override:
+            ap.error(f"--set {item!r}: METHOD=OVERRIDE with METHOD one of {sorted(methods)}")
+        out.setdefault(name, []).append(override)
+    return out
