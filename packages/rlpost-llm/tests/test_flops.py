@@ -145,3 +145,33 @@ def test_a_generator_threads_flops_go_to_the_step_that_trains_on_them_whenever_t
     hook.end_update(None, metrics)
     assert metrics["flops/rollout"] == want  # step t+1's, which trains on that batch
     tr.close()
+
+
+def test_the_engine_copy_is_counted_from_the_first_batch_its_thread_generates(fast_cfg):
+    """One step off: step 2's batch is generated on the engine's copy in a thread that
+    starts before step 1's update begins. Its forwards are counted however far the thread
+    got before the update began; before, the copy was hooked at the update's start, so a
+    thread that got ahead went uncounted (and a resumed run's next step differed from the
+    uninterrupted one's, in ``flops/rollout`` only, whenever its thread got ahead)."""
+    from rlpost.llm.rollout.sources.sync import OneStepOffSource
+
+    tr = Trainer(fast_cfg("train.pipeline=one_step_off", "train.steps=2"), reward_fn=parity)
+    hook, src = _hook(tr), tr.rollouts
+    while not isinstance(src, OneStepOffSource):
+        src = src.inner
+    held: list[int] = []
+    begin, collected = hook.begin_update, hook.collected
+
+    def late_begin(col):  # the thread finishes the next batch before the update begins
+        if src._pending is not None:
+            src._pending.result()
+        begin(col)
+
+    def counting(col):
+        held.append(hook.ahead)
+        return collected(col)
+
+    hook.begin_update, hook.collected = late_begin, counting
+    tr.train()
+    tr.close()
+    assert held[0] == 0 and held[1] > 0, held  # step 2's batch: its thread's forwards

@@ -295,14 +295,15 @@ def test_sigkill_and_resume_reaches_the_uninterrupted_parameters(
         assert torch.equal(a[k], b[k]), k
     ref_rows = (ref_dir / "metrics.jsonl").read_text().splitlines()
     res_rows = (killed_dir / "metrics.jsonl").read_text().splitlines()
-    strip = [
-        {k: v for k, v in json.loads(r).items() if not k.startswith(("time/", "reward/time"))}
-        for r in ref_rows
-    ]
-    assert strip == [
-        {k: v for k, v in json.loads(r).items() if not k.startswith(("time/", "reward/time"))}
-        for r in res_rows
-    ]
+    assert len(ref_rows) == len(res_rows)
+    for r, q in zip(ref_rows, res_rows, strict=True):
+        r, q = json.loads(r), json.loads(q)
+        differ = {
+            k: (r.get(k), q.get(k))
+            for k in r.keys() | q.keys()
+            if not k.startswith(("time/", "reward/time")) and r.get(k) != q.get(k)
+        }
+        assert not differ, f"step {r.get('step')}: {differ}"
 
 
 @pytest.mark.parametrize(

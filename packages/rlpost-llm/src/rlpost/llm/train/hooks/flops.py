@@ -73,7 +73,9 @@ class FlopsHook(StepHook):
 
     def _attach_others(self) -> None:
         """The models built after this hook: the engine's copy, the reference copy, the
-        teachers."""
+        teachers. Hooked when the first rollouts arrive, before a generator thread starts
+        the next batch on the engine's copy (hooked later, the forwards the thread ran
+        before would go uncounted, as many as thread timing let it run)."""
         t = self.trainer
         self._count(getattr(t.engine, "model", None), self._bucket)
         for c in t.components.items:
@@ -98,6 +100,7 @@ class FlopsHook(StepHook):
 
     # ------------------------------------------------------------------ phases
     def collected(self, col: Any) -> Any:
+        self._attach_others()
         counts = self._drain()
         self._add(counts, "rollout")
         generated, self.ahead = self.ahead, 0
@@ -118,8 +121,7 @@ class FlopsHook(StepHook):
         return forward_flops(self.counters[0].n_params, tokens)
 
     def begin_update(self, col: Any) -> None:
-        if len(self.counters) == 1:
-            self._attach_others()
+        self._attach_others()  # (a source that trains as it generates: no rollouts yet)
         self._add(self._drain(), "rollout")
         self.phase = "update"
 
