@@ -9,11 +9,23 @@ Ray's ``uv run`` hook is switched off (``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0``): und
 ``uv run pytest`` it would start every actor through ``uv run`` with the working
 directory packaged as its runtime environment, about half a minute per Ray session on 2
 cores, for workers that run on this machine in this same environment anyway.
+
+``record_result``: a test that measures what a docs page quotes (a toy's final reward, an
+estimator's spread) hands it the numbers; ``RLPOST_RESULTS=docs/results/tests uv run
+pytest -n 0 TEST`` writes them there in the benchmarks' common shape, one file per name
+(the rows of every test that recorded under it, in run order), for the page to cite.
+Without the variable nothing is written.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_RECORDED: dict[str, dict] = {}  # name -> the file's fields, rows gathered in run order
 
 
 def pytest_configure(config):
@@ -25,3 +37,41 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def record_result(request):
+    """``record_result(name, rows, *, catalog_ids=(), config=None, seeds=())``: keep the
+    test's measured rows (dicts) under ``name``; written at the session's end when
+    ``RLPOST_RESULTS`` names a directory."""
+    out = os.environ.get("RLPOST_RESULTS")
+    if out and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("RLPOST_RESULTS: run with -n 0 (one process writes each results file)")
+
+    def record(name, rows, *, catalog_ids=(), config=None, seeds=()):
+        entry = _RECORDED.setdefault(
+            name, {"catalog_ids": [], "config": {"tests": []}, "seeds": [], "rows": []}
+        )
+        entry["catalog_ids"] += [c for c in catalog_ids if c not in entry["catalog_ids"]]
+        entry["config"]["tests"].append(request.node.nodeid)
+        entry["config"].update(config or {})
+        entry["seeds"] += [s for s in seeds if s not in entry["seeds"]]
+        entry["rows"] += [{"test": request.node.nodeid, **r} for r in rows]
+
+    return record if out else (lambda *a, **k: None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = os.environ.get("RLPOST_RESULTS")
+    if not (out and _RECORDED):
+        return
+    if exitstatus != 0:  # a failing test's numbers are not a result
+        print(f"\nRLPOST_RESULTS: nothing written (pytest exit status {exitstatus})")
+        return
+    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    from benchlib import HEADLINE_KEYS, write_result
+
+    for name, entry in _RECORDED.items():
+        headline = dict.fromkeys(HEADLINE_KEYS)  # (a test's rows are its result)
+        path = write_result(Path(out) / f"{name}.json", name=name, headline=headline, **entry)
+        print(f"\nwrote {path}")

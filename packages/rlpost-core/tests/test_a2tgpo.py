@@ -139,17 +139,23 @@ def _depth_batch(gamma: float, rescale: bool, seed: int = 0):
 
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
-def test_advantage_magnitude_independent_of_trajectory_depth(gamma):
+def test_advantage_magnitude_independent_of_trajectory_depth(gamma, record_result):
     acc, n_terms = _depth_batch(gamma, rescale=True)
     raw, _ = _depth_batch(gamma, rescale=False)
+    rows = []
     for n in range(1, 9):  # by number of accumulated terms
         sel = n_terms == n
         assert abs(acc[sel].std().item() - 1.0) < 0.1, (n, acc[sel].std().item())
         expected = math.sqrt(sum(gamma ** (2 * k) for k in range(n)))
         assert abs(raw[sel].std().item() / expected - 1.0) < 0.1, (n, raw[sel].std().item())
+        rows.append({"gamma": gamma, "n": n, "count": int(sel.sum()), "expected": expected})
+        rows[-1] |= {"rescaled_std": acc[sel].std().item(), "plain_std": raw[sel].std().item()}
     for u in range(8):  # by turn position: the rescaled std stays ~1 at every position
         sel = n_terms[:, u] > 0
         assert abs(acc[sel, u].std().item() - 1.0) < 0.1, (u, acc[sel, u].std().item())
+        rows.append({"gamma": gamma, "u": u, "rescaled_std": acc[sel, u].std().item()})
+        rows[-1] |= {"plain_std": raw[sel, u].std().item()}
+    record_result("a2tgpo_depth", rows, catalog_ids=["001-15"], config={"prompts": 32})
     if gamma == 1.0:  # the un-rescaled sum drifts with depth: sqrt(8) = 2.83 at 8 terms
         assert raw[n_terms == 8].std() > 2.5
 

@@ -18,6 +18,8 @@ from rlpost.core import (
     random_token_subset,
 )
 
+AE_ID = "001-08"
+
 
 def test_entropy_of_uniform_one_hot_and_empty_rows():
     att = torch.zeros(1, 2, 3, 4)  # (B, H, T, S)
@@ -64,7 +66,7 @@ def test_entropy_in_head_chunks_matches_the_plain_formula_and_leaves_input_alone
         attention_entropy(layers, chunk_elements=0)
 
 
-def test_entropy_from_a_tiny_hugging_face_model():
+def test_entropy_from_a_tiny_hugging_face_model(record_result):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Qwen2Config(
         vocab_size=64,
@@ -96,6 +98,11 @@ def test_entropy_from_a_tiny_hugging_face_model():
     assert (ent[valid] < bound[valid] - 0.05).sum() > valid.sum() // 2  # not all uniform
     sub = anchor_explorer_masks(ent, am, quantile=0.2)
     assert ent[sub.anchors].max() <= ent[sub.explorers].min()
+    row = {"valid_tokens": int(valid.sum()), "anchors": int(sub.anchors.sum())}
+    row |= {"explorers": int(sub.explorers.sum()), "anchor_max_H": ent[sub.anchors].max().item()}
+    row |= {"explorer_min_H": ent[sub.explorers].min().item(), "row0_H": ent[0].tolist()}
+    row |= {"below_bound_by_0.05": int((ent[valid] < bound[valid] - 0.05).sum())}
+    record_result("attention_entropy_properties", [row], catalog_ids=[AE_ID])
 
 
 def test_anchor_and_explorer_subsets():
@@ -126,7 +133,7 @@ def _policy_grad(token_weights, x, targets, A, mask, W):
     return torch.autograd.grad(out.loss.sum(), W)[0].flatten()
 
 
-def test_random_20_percent_subset_estimator_is_unbiased():
+def test_random_20_percent_subset_estimator_is_unbiased(record_result):
     g = torch.Generator().manual_seed(0)
     B, T, D, V = 4, 10, 3, 5
     x, targets = torch.randn(B, T, D, generator=g), torch.randint(0, V, (B, T), generator=g)
@@ -148,11 +155,19 @@ def test_random_20_percent_subset_estimator_is_unbiased():
     # without the 1/frac weights the same draws estimate 0.2 x the full gradient: caught
     z_unweighted = (0.2 * G.mean(0) - full) / (0.2 * se)
     assert z_unweighted.abs().max() > 20
+    cos = torch.nn.functional.cosine_similarity(G, full[None], dim=1)
+    row = {"draws": len(draws), "max_abs_z": z.abs().max().item()}
+    row |= {"kept_frac": torch.stack(kept).mean().item()}
+    row |= {"mean_rel_error": ((G.mean(0) - full).norm() / full.norm()).item()}
+    row |= {"single_draw_rel_error": ((G - full).norm(dim=1) / full.norm()).mean().item()}
+    row |= {"single_draw_mean_cosine": cos.mean().item()}
+    row |= {"unweighted_max_abs_z": z_unweighted.abs().max().item()}
+    record_result("attention_entropy_properties", [row], catalog_ids=[AE_ID], seeds=[0])
     with pytest.raises(ValueError, match="frac must be in"):
         random_token_subset(mask, 0.0)
 
 
-def test_dynamic_weights_mean_one_and_schedule():
+def test_dynamic_weights_mean_one_and_schedule(record_result):
     # entropies 0, 1, 2 (+ a masked token): z = -1, 0, 1; progress 0: lam = -1 -> w ∝ e, 1, 1/e
     ent = torch.tensor([[0.0, 1.0, 2.0, 5.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
@@ -167,10 +182,15 @@ def test_dynamic_weights_mean_one_and_schedule():
     ent = torch.rand(6, 20, generator=g) * 3
     mask = (torch.arange(20) < torch.randint(5, 21, (6, 1), generator=g)).float()
     sub = anchor_explorer_masks(ent, mask, 0.2)
-    for progress in (0.0, 0.3, 0.7, 1.0):
+    rows = []
+    for progress in (0.0, 0.25, 0.5, 0.75, 1.0):
         w = dynamic_entropy_weights(ent, mask, progress)
         assert_close(w[mask > 0].mean(), torch.tensor(1.0))
         assert (w[mask == 0] == 0).all() and torch.isfinite(w).all()
+        rows.append({"progress": progress, "anchors_mean": w[sub.anchors].mean().item()})
+        rows[-1] |= {"explorers_mean": w[sub.explorers].mean().item(), "max": w.max().item()}
+        rows[-1] |= {"min_valid": w[mask > 0].min().item()}
+    record_result("attention_entropy_weights", rows, catalog_ids=[AE_ID], seeds=[5])
     w0, w1 = (dynamic_entropy_weights(ent, mask, p) for p in (0.0, 1.0))
     assert w0[sub.anchors].mean() > 1.5 > 0.6 > w0[sub.explorers].mean()
     assert w1[sub.explorers].mean() > 1.5 > 0.6 > w1[sub.anchors].mean()

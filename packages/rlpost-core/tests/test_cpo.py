@@ -7,6 +7,8 @@ import torch
 
 from rlpost.core.regularizers import CPORegularizer, movement_fisher
 
+CPO_ID = "004-18"
+
 
 def test_surrogate_matches_its_definition():
     # delta^2 = [1, 4, 0 | 9, 0.25]: mean 14.25 / 5 = 2.85; density 0.4 keeps the top
@@ -61,7 +63,7 @@ def test_important_parameters_are_pulled_back_more():
     torch.testing.assert_close(back, 0.1 * reg.fisher[0])
 
 
-def test_tasks_accumulate_and_reduce_forgetting():
+def test_tasks_accumulate_and_reduce_forgetting(record_result):
     """Two linear-regression tasks: A reads inputs 0-3, B (2 samples) reads inputs 2-7, so
     B can be fitted without moving what A needs, but plain training moves it anyway."""
     gen = torch.Generator().manual_seed(1)
@@ -91,10 +93,11 @@ def test_tasks_accumulate_and_reduce_forgetting():
 
     forget_plain, fit_plain, _ = run(0.0)
     forget_cpo, fit_cpo, reg = run(1.0)
-    print(
-        f"task-A loss after B: plain {forget_plain:.2e}, cpo {forget_cpo:.2e}; "
-        f"task-B loss: plain {fit_plain:.2e}, cpo {fit_cpo:.2e}"
-    )
+    rows = [
+        {"method": "plain", "task_a_loss_after_b": forget_plain, "task_b_loss": fit_plain},
+        {"method": "cpo", "task_a_loss_after_b": forget_cpo, "task_b_loss": fit_cpo},
+    ]
+    record_result("cpo_forgetting", rows, catalog_ids=[CPO_ID], config={"coef": 1.0})
     assert (reg.fisher[0] > 0).sum() >= 3  # two tasks' surrogates summed
     assert forget_cpo < 0.2 * forget_plain
     assert fit_cpo < 1e-3 and fit_plain < 1e-3

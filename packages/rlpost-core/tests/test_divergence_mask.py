@@ -15,6 +15,8 @@ from rlpost.core.ratios.divergence import (
     topk_predictive_divergence,
 )
 
+PDM_ID = "004-05"
+
 torch.set_num_threads(1)
 
 
@@ -63,7 +65,7 @@ def topk_inputs(z, z_old, y, k):
 
 @pytest.mark.parametrize("kind", ["kl", "tv"])
 @pytest.mark.parametrize("estimator", ["lumped", "renorm"])
-def test_topk_estimate_converges_as_k_grows(kind, estimator):
+def test_topk_estimate_converges_as_k_grows(kind, estimator, record_result):
     g = torch.Generator().manual_seed(1)
     V = 64
     z = 2.0 * torch.randn(64, V, generator=g, dtype=torch.float64)  # peaked, LLM-like
@@ -82,6 +84,9 @@ def test_topk_estimate_converges_as_k_grows(kind, estimator):
     # tv lumped 2.31, 1.33, 0.21, 0.022, 0     tv renorm 3.28, 1.00, 0.19, 0.051, 0
     assert all(a >= b for a, b in itertools.pairwise(errs)), errs
     assert errs[2] < 0.25 and errs[3] < 0.06 and errs[-1] < 1e-10
+    rows = [{"divergence": kind, "estimator": estimator, "k": k, "rel_error": e}
+            for k, e in zip((1, 4, 16, 32, V), errs, strict=True)]  # fmt: skip
+    record_result("divergence_mask_topk", rows, catalog_ids=[PDM_ID], seeds=[1])
 
 
 def test_mask_rule_and_direction_differs_from_ratio_test():
@@ -127,6 +132,33 @@ def test_predicted_direction_can_disagree_with_the_ratio_test():
     )
     assert out.mask.item() == 1.0  # kept: the step lowers the divergence
     assert out.metrics["pdm_ratio_disagree_frac"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+def test_direction_and_ratio_tests_disagree_on_random_tokens(kind, record_result):
+    """On random 4-token distributions (uniform on the simplex, y ~ mu, A = +-1, every
+    token past the threshold) the predicted direction of the divergence and PPO's ratio
+    test disagree on a share of tokens: the ratio is not the divergence's direction."""
+    g = torch.Generator().manual_seed(4)
+    N, K = 20_000, 4
+    pi, mu = (-torch.rand(2, N, K, generator=g, dtype=torch.float64).log()).unbind(0)
+    pi, mu = pi / pi.sum(-1, keepdim=True), mu / mu.sum(-1, keepdim=True)
+    y = torch.multinomial(mu, 1, generator=g)
+    adv = torch.randint(0, 2, (N, 1), generator=g).double() * 2 - 1
+    out = CORRECTIONS.build("predictive_divergence_mask", divergence=kind, threshold=0.0)(
+        RatioInput(
+            pi.log().gather(-1, y).T,
+            mu.log().gather(-1, y).T,
+            torch.ones(1, N),
+            advantages=adv.T,
+            dists=TokenDistributions(pi.log()[None], mu.log()[None], y.T),
+        )
+    )
+    frac = out.metrics["pdm_ratio_disagree_frac"]
+    assert out.metrics["pdm_outside_frac"] > 0.999
+    assert 0.02 < frac < 0.4, frac
+    row = {"divergence": kind, "tokens": N, "ratio_disagree_frac": frac}
+    record_result("divergence_mask_vs_ratio", [row], catalog_ids=[PDM_ID], seeds=[4])
 
 
 def test_recipe_plumbs_token_dists_and_validates_shapes():

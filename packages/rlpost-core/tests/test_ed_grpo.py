@@ -1,5 +1,7 @@
 """ED-GRPO (EDO, catalog 001-04): self-information reward bias keeps entropy up."""
 
+import itertools
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -71,15 +73,30 @@ def train_bandit(alpha: float, steps: int = 300, seed: int = 0):
     return float(-(pi * pi.log()).sum()), float(pi @ correct)
 
 
-def test_entropy_stays_higher_than_grpo_at_equal_reward():
+def test_entropy_stays_higher_than_grpo_at_equal_reward(record_result):
     h_grpo, r_grpo = train_bandit(0.0)  # 0.778 nats, reward 0.997
     h_ed, r_ed = train_bandit(0.1)  # 1.123 nats, reward 0.997
     assert r_ed > 0.97 and r_grpo > 0.97  # both solve the task
     assert h_ed > h_grpo + 0.3, (h_ed, h_grpo)  # ED keeps the three correct arms alive
     assert h_ed <= torch.log(torch.tensor(3.0)) + 0.15
     # the bonus scales with alpha: a negligible alpha is GRPO (0.781 nats)
-    h_tiny, _ = train_bandit(1e-4)
+    h_tiny, r_tiny = train_bandit(1e-4)
     assert abs(h_tiny - h_grpo) < 0.05, (h_tiny, h_grpo)
+    ends = {0.0: (h_grpo, r_grpo), 1e-4: (h_tiny, r_tiny), 0.1: (h_ed, r_ed)}
+    rows = [{"alpha": a, "entropy": h, "reward": r} for a, (h, r) in ends.items()]
+    record_result("ed_grpo_bandit", rows, catalog_ids=["001-04"], seeds=[0])
+
+
+def test_a_larger_alpha_keeps_more_entropy(record_result):
+    """The bonus's size is ``alpha``'s alone: entropy rises with it, and only a large one
+    (0.5) starts to cost reward by spreading mass onto wrong arms."""
+    alphas = (0.01, 0.02, 0.05, 0.2, 0.5)
+    ends = [train_bandit(a) for a in alphas]
+    entropies = [h for h, _ in ends]
+    assert all(x < y for x, y in itertools.pairwise(entropies)), entropies
+    assert ends[-1][1] < min(r for _, r in ends[:-1]), ends
+    rows = [{"alpha": a, "entropy": h, "reward": r} for a, (h, r) in zip(alphas, ends, strict=True)]
+    record_result("ed_grpo_bandit", rows, catalog_ids=["001-04"], seeds=[0])
 
 
 def test_needs_logprobs_and_preset():

@@ -60,7 +60,7 @@ def test_uniform_ratios_give_the_on_policy_score_function(level):
     assert_close(g, -A, rtol=1e-5, atol=1e-6)
 
 
-def test_tightens_as_ratios_concentrate():
+def test_tightens_as_ratios_concentrate(record_result):
     g_ = torch.Generator().manual_seed(1)
     z = torch.randn(8, 16, generator=g_)
     A = torch.ones(8, 16)
@@ -84,6 +84,10 @@ def test_tightens_as_ratios_concentrate():
     assert cap == sorted(cap, reverse=True) and cap[-1] < 1.2
     assert reg == sorted(reg)
     assert cut == sorted(cut) and cut[0] == 0.0 and cut[-1] > 0.5
+    spread = (0.05, 0.25, 0.5, 1.0, 2.0)
+    out = [{"s": s_, "ess": e, "cap": c, "reg": r, "is_mass_cut": t}
+           for s_, (e, c, r, t) in zip(spread, rows, strict=True)]  # fmt: skip
+    record_result("ess_adaptive_concentration", out, catalog_ids=["000-27"], seeds=[1])
     # the regulariser pulls back to the behaviour policy: with A = 0, g * log r >= 0
     g0, _ = _grad(2.0 * z, torch.zeros(8, 16))
     assert (g0 * z >= 0).all() and g0.abs().max() > 0.5

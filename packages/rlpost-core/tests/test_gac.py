@@ -9,6 +9,8 @@ import torch
 
 from rlpost.core.regularizers import GACController, GACSignals, gac_signals
 
+GAC_ID = "000-06"
+
 
 def _settled(s: GACSignals, **kw) -> GACController:
     ctl = GACController(**kw)
@@ -85,7 +87,7 @@ def test_gac_signals_match_their_definition():
     assert out.disagreement == pytest.approx(d, rel=1e-12)
 
 
-def test_disagreement_is_noise_corrected():
+def test_disagreement_is_noise_corrected(record_result):
     # E[||gbar_s - gbar_r||^2 - v_s - v_r] = ||mu_sft - mu_rl||^2 (here 4 * 0.5^2 = 1)
     g = torch.Generator().manual_seed(2)
     D, K, n = 4, 4, 4000
@@ -102,9 +104,12 @@ def test_disagreement_is_noise_corrected():
     R = mu_r + 0.3 * torch.randn(n, K, D, generator=g)
     d = torch.tensor([gac_signals(S[i], R[i]).disagreement for i in range(n)])
     assert abs(d.mean().item() - 1.0) < 0.05, d.mean()
+    row = {"true_distance": 1.0, "raw_mean": raw.mean().item()}
+    row |= {"corrected_mean": corrected.mean().item(), "low_noise_clipped_d_mean": d.mean().item()}
+    record_result("gac_properties", [row], catalog_ids=[GAC_ID], seeds=[2])
 
 
-def test_noisier_rl_gradients_raise_the_sft_weight_end_to_end():
+def test_noisier_rl_gradients_raise_the_sft_weight_end_to_end(record_result):
     g = torch.Generator().manual_seed(3)
     mu = torch.randn(16, generator=g)
     lams = {}
@@ -117,6 +122,8 @@ def test_noisier_rl_gradients_raise_the_sft_weight_end_to_end():
         lams[noise] = ctl.lam
     # expected lam* = v_rl / (v_rl + v_sft) = noise^2 / (noise^2 + 1): 0.2 and 0.94
     assert lams[0.5] < 0.45 < 0.8 < lams[4.0], lams
+    rows = [{"rl_noise": k, "sft_noise": 1.0, "lam": v} for k, v in lams.items()]
+    record_result("gac_properties", rows, catalog_ids=[GAC_ID], seeds=[3])
 
 
 def test_mix_and_validation():

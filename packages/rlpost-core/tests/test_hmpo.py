@@ -70,13 +70,16 @@ def _train(name: str, seed: int, steps: int = 300, **params) -> tuple[float, flo
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_hmpo_shortens_answers_and_keeps_accuracy_on_a_toy(seed):
+def test_hmpo_shortens_answers_and_keeps_accuracy_on_a_toy(seed, record_result):
     """The abstract's claim on a toy: HMPO (alpha 0.2, GRPO's std scaling) trains shorter
     answers than GRPO at an accuracy within 2 points of GRPO's (measured: 8-17 % shorter,
     0.8-1.5 points). The earlier form, which normalised r + bonus together, went to length
     4 at accuracy 0.80 against GRPO's 7.9 and 0.94."""
     acc_grpo, len_grpo = _train("grpo", seed)
     acc, length = _train("hmpo", seed, alpha=0.2)
+    row = {"seed": seed, "grpo_accuracy": acc_grpo, "grpo_length": len_grpo}
+    row |= {"hmpo_accuracy": acc, "hmpo_length": length}
+    record_result("hmpo_toy", [row], catalog_ids=["004-11b"], config={"alpha": 0.2}, seeds=[seed])
     assert length < 0.93 * len_grpo, (length, len_grpo)
     assert acc > acc_grpo - 0.02, (acc, acc_grpo)
 

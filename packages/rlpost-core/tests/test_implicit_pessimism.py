@@ -37,6 +37,7 @@ def test_gradient_matches_hand_form():
 
 
 MU = torch.tensor([0.35, 0.25, 0.15, 0.12, 0.08, 0.05], dtype=torch.float64)
+IP_ID = "000-01"
 
 
 def _softmax_fit(A, beta, stabilize, steps=1000, lr=2.0):
@@ -84,7 +85,7 @@ def _gain_kl(p, A):
     return (p * A).sum().item(), (p * (p / MU).log()).sum().item()
 
 
-def test_induced_target_is_more_conservative_than_nominal():
+def test_induced_target_is_more_conservative_than_nominal(record_result):
     # one rare action with a large advantage: the upside where no-IS is pessimistic
     beta = 1.0
     A = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
@@ -98,9 +99,13 @@ def test_induced_target_is_more_conservative_than_nominal():
     # KL(pi || mu) 0.0188 vs 0.1783
     assert (pi / MU)[5] < 0.5 * (nominal / MU)[5]
     assert gain < 0.5 * gain_nom and kl < 0.5 * kl_nom
+    row = {"case": "rare good action", "target_ratio": (pi / MU)[5].item()}
+    row |= {"nominal_ratio": (nominal / MU)[5].item(), "gain": gain, "nominal_gain": gain_nom}
+    row |= {"kl": kl, "nominal_kl": kl_nom}
+    record_result("implicit_pessimism_targets", [_floats(row)], catalog_ids=[IP_ID])
 
 
-def test_modification_bounds_the_induced_target():
+def test_modification_bounds_the_induced_target(record_result):
     beta = 0.5
     A = torch.tensor([1.0, 0.2, -0.3, -1.5, 0.4, 0.1], dtype=torch.float64)
     A = A - (MU * A).sum()  # action 3 has A < -beta
@@ -120,3 +125,17 @@ def test_modification_bounds_the_induced_target():
     gain_nom, kl_nom = _gain_kl(nominal_target(A, beta), A)
     assert gain < gain_nom and kl < kl_nom
     assert (target / MU).max() < (nominal_target(A, beta) / MU).max()
+    row = {"case": "A < -beta", "plain_loss_half": losses_n[len(losses_n) // 2]}
+    row |= {"plain_loss_end": losses_n[-1], "plain_prob_end": pi_n[3]}
+    row |= {"stabilised_loss_end": losses_s[-1], "bad_ratio": (target / MU)[3]}
+    row |= {"gain": gain, "nominal_gain": gain_nom, "kl": kl, "nominal_kl": kl_nom}
+    row |= {
+        "max_ratio": (target / MU).max(),
+        "nominal_max_ratio": (nominal_target(A, beta) / MU).max(),
+    }
+    row |= {"steps": len(losses_n)}
+    record_result("implicit_pessimism_targets", [_floats(row)], catalog_ids=[IP_ID])
+
+
+def _floats(row):
+    return {k: v.item() if torch.is_tensor(v) else v for k, v in row.items()}

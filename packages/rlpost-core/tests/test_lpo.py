@@ -11,6 +11,7 @@ from rlpost.core import OBJECTIVES, ObjectiveInput, PolicyBatch, get_preset
 from rlpost.core.objectives.group import lpo_projection_grad
 
 torch.set_num_threads(1)
+LPO_ID = "001-17"
 DIVS = ("forward_kl", "reverse_kl", "hellinger")
 
 
@@ -60,7 +61,7 @@ def test_gradient_equals_autograd_of_the_plain_divergence(div, length_norm):
 
 
 @pytest.mark.parametrize("div", DIVS)
-def test_projection_gradient_is_zero_sum_and_bounded(div):
+def test_projection_gradient_is_zero_sum_and_bounded(div, record_result):
     # extreme inputs: sequence log-ratios up to +-40, advantages up to +-5, beta 0.1
     g = torch.Generator().manual_seed(3)
     B, n = 64, 8
@@ -82,9 +83,12 @@ def test_projection_gradient_is_zero_sum_and_bounded(div):
     if div == "forward_kl":
         assert torch.zeros(B // n, dtype=c.dtype).index_add(0, idx, c.abs()).max() <= 2.0
     assert (D >= -1e-12).all()
+    row = {"divergence": div, "max_group_sum": sums.abs().max().item()}
+    row |= {"max_abs_grad": c.abs().max().item(), "bound": bound}
+    record_result("lpo_properties", [row], catalog_ids=[LPO_ID], seeds=[3])
 
 
-def test_zero_sum_through_the_objective_and_first_order_grpo():
+def test_zero_sum_through_the_objective_and_first_order_grpo(record_result):
     mask, old, logp, adv, groups, lengths = batch(spread=1.0)
     out = OBJECTIVES.build("lpo", divergence="reverse_kl")(
         ObjectiveInput(logp, old, adv, mask, group_ids=groups)
@@ -104,9 +108,12 @@ def test_zero_sum_through_the_objective_and_first_order_grpo():
     )
     grpo = -(adv - centred[groups])[:, None] * mask / lengths[:, None]
     assert_close(g, grpo, atol=2e-3, rtol=2e-3)
+    row = {"first_order_max_abs_diff": (g - grpo).abs().max().item()}
+    row |= {"grpo_max_abs_entry": grpo.abs().max().item()}
+    record_result("lpo_properties", [row], catalog_ids=[LPO_ID])
 
 
-def test_self_correcting_descent_reaches_the_target():
+def test_self_correcting_descent_reaches_the_target(record_result):
     # one-token responses: l_i = log pi(y_i) - log pi_old(y_i), free parameters (float64)
     old = torch.zeros(4, 1, dtype=torch.float64)
     x = torch.zeros(4, 1, dtype=torch.float64, requires_grad=True)
@@ -124,6 +131,8 @@ def test_self_correcting_descent_reaches_the_target():
     assert ds[0] == pytest.approx(0.24840, abs=1e-5) and ds[-1] < 1e-12
     assert_close(torch.softmax(x.detach().flatten(), 0), target, atol=1e-6, rtol=0)
     assert g.abs().max() < 1e-6  # the gradient vanishes at the target
+    row = {"descent_first_divergence": ds[0], "descent_last_divergence": ds[-1]}
+    record_result("lpo_properties", [row], catalog_ids=[LPO_ID])
 
 
 def test_group_ids_required_and_split_groups_raise():

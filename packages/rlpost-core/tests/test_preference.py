@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -136,7 +137,7 @@ def test_xi_dpo_gradient_bounded_for_a_near_certain_rejected_response():
     assert_close(loss_and_grads("xi_dpo", at, xi=0.2)[0].loss, out.loss)
 
 
-def test_xi_dpo_invariant_to_beta():
+def test_xi_dpo_invariant_to_beta(record_result):
     """The abstract's claim, checked on the rewards themselves: the margin is the *ratio*
     of SimPO's rewards r = beta * log pi / |y|, which scale with beta, so the loss
     (1 - r_w / r_l - xi)^2 built from each beta's rewards is the same for every beta (a
@@ -158,9 +159,13 @@ def test_xi_dpo_invariant_to_beta():
     s1, _, _ = loss_and_grads("simpo", x, beta=0.1, gamma=0.5)
     s2, _, _ = loss_and_grads("simpo", x, beta=50.0, gamma=0.5)
     assert (s1.loss - s2.loss).abs().max() > 0.1
+    row = {"simpo_max_loss_change": (s1.loss - s2.loss).abs().max().item()}
+    row |= {"simpo_mean_loss_beta_0.1": s1.loss.mean().item()}
+    row |= {"simpo_mean_loss_beta_50": s2.loss.mean().item()}
+    record_result("xi_dpo_properties", [row], catalog_ids=["001-06"])
 
 
-def test_xi_dpo_gradient_step_moves_rho_towards_xi_from_both_sides():
+def test_xi_dpo_gradient_step_moves_rho_towards_xi_from_both_sides(record_result):
     x = random_pairs(B=64, seed=1, dtype=torch.float64)
     xi = 0.2
 
@@ -175,6 +180,8 @@ def test_xi_dpo_gradient_step_moves_rho_towards_xi_from_both_sides():
     assert (gc[~below] > 0).all() and (gr[~below] < 0).all()  # past xi: pulled back
     rho1 = rho(x.chosen_logp - gc, x.rejected_logp - gr)  # one SGD step, lr 1
     assert ((rho1 - xi).abs() < (rho0 - xi).abs()).all()
+    row = {"pairs_below_xi": int(below.sum()), "pairs_above_xi": int((~below).sum())}
+    record_result("xi_dpo_properties", [row], catalog_ids=["001-06"], seeds=[1])
 
 
 def test_xi_from_initial_quantile_and_clip():
@@ -356,10 +363,23 @@ def iterative_dpo(name, seed, rounds=10, steps=25, pairs=64, lr=0.05, **params):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_ed_idpo_keeps_entropy_of_toy_policy(seed):
+def test_ed_idpo_keeps_entropy_of_toy_policy(seed, record_result):
     dpo = iterative_dpo("dpo", seed, beta=0.1)
     ed = iterative_dpo("ed_dpo", seed, beta=0.1, alpha=0.02)
     (r_dpo, h_dpo), (r_ed, h_ed) = dpo[-1], ed[-1]
+    first = [next(h for r, h in t if r >= 0.9) for t in (dpo, ed)]
+    record_result(
+        "ed_dpo_toy",
+        [
+            {
+                "seed": seed, "dpo_reward": r_dpo, "dpo_entropy": h_dpo, "ed_reward": r_ed,
+                "ed_entropy": h_ed, "dpo_entropy_at_ed_reward": next(h for r, h in dpo if r >= r_ed),
+                "entropy_at_first_reward_0.9": {"dpo": first[0], "ed": first[1]},
+                "end_of_round": {"dpo": dpo[24::25], "ed": ed[24::25]},  # (reward, entropy)
+            }
+        ],
+        catalog_ids=["001-04"], config={"beta": 0.1, "alpha": 0.02}, seeds=[seed],
+    )  # fmt: skip
     # measured (seeds 0-3): DPO ends at reward 0.998-1.000 with entropy 0.32-0.84 (it stops
     # after 4-5 rounds: no sampled pair contrasts a wrong answer any more); ED-iDPO at
     # 0.979-0.984 with entropy 1.69-1.83 (log 6 = 1.79 is all six correct answers equal)
@@ -369,3 +389,22 @@ def test_ed_idpo_keeps_entropy_of_toy_policy(seed):
     # (measured 1.45, 1.26, 1.59, 1.56: ED is 0.14-0.57 nats higher)
     h_dpo_at = next(h for r, h in dpo if r >= r_ed)
     assert h_ed > h_dpo_at + 0.1
+
+
+def test_ed_idpo_alpha_trades_reward_for_entropy(record_result):
+    """The entropy term moves iDPO's stationary point: a larger ``alpha`` ends every seed
+    with more entropy and less reward (the page's alpha sweep)."""
+    rows = []
+    for seed in range(4):
+        ends = [iterative_dpo("ed_dpo", seed, beta=0.1, alpha=a)[-1] for a in ALPHAS]
+        rewards, entropies = zip(*ends, strict=True)
+        assert all(x > y for x, y in itertools.pairwise(rewards)), rewards
+        assert all(x < y for x, y in itertools.pairwise(entropies)), entropies
+        rows += [
+            {"seed": seed, "alpha": a, "reward": r, "entropy": h}
+            for a, (r, h) in zip(ALPHAS, ends, strict=True)
+        ]
+    record_result("ed_dpo_toy_alpha", rows, catalog_ids=["001-04"], seeds=[0, 1, 2, 3])
+
+
+ALPHAS = (0.01, 0.015, 0.02, 0.03, 0.05)

@@ -14,6 +14,7 @@ torch.set_num_threads(1)
 # proposal q (the policy that sampled) and target pi (current policy) on 5 tokens
 Q = torch.tensor([0.40, 0.25, 0.20, 0.10, 0.05], dtype=torch.float64)
 PI = torch.tensor([0.15, 0.30, 0.20, 0.05, 0.30], dtype=torch.float64)  # rho up to 6
+SIS_ID = "004-17"
 
 
 def sample(n, seed=0):
@@ -42,7 +43,7 @@ def test_conditional_expectation_equals_rho():
         assert ((acc - a).abs()[rho != 1] < 0.005).all()
 
 
-def test_expected_weight_unbiased_under_the_proposal():
+def test_expected_weight_unbiased_under_the_proposal(record_result):
     y, inp = sample(200_000)
     out = CORRECTIONS.build("sis", envelope=2.0, rejected_weight="unbiased", seed=3)(inp)
     w = out.weights
@@ -60,9 +61,12 @@ def test_expected_weight_unbiased_under_the_proposal():
     assert acc == pytest.approx(
         torch.minimum(Q, PI).sum().item() / 2, abs=0.005
     )  # 0.35 (measured 0.351)
+    row = {"variant": "unbiased", "mean_weight": w.mean().item(), "mean_weight_se": se.item()}
+    row |= {"accept_frac": acc, "accept_frac_exact": torch.minimum(Q, PI).sum().item() / 2}
+    record_result("sis_weights", [row], catalog_ids=[SIS_ID], seeds=[3])
 
 
-def test_default_weight_has_lower_variance_than_plain_token_is():
+def test_default_weight_has_lower_variance_than_plain_token_is(record_result):
     # the abstract's rule (the default): rejected tokens keep rho, accepted ones get 1;
     # on the simulated mismatch (rho up to 6) the per-token weight variance falls below
     # plain token-level IS (measured 0.75 vs 1.44), the rescaled unbiased variant's rises
@@ -74,9 +78,13 @@ def test_default_weight_has_lower_variance_than_plain_token_is():
     assert plain == pytest.approx(1.44, abs=0.05)
     assert w.var().item() < 0.6 * plain
     assert unbiased.weights.var().item() > plain
+    rows = [{"variant": "plain token IS", "weight_var": plain}]
+    rows += [{"variant": "ratio (default)", "weight_var": w.var().item()}]
+    rows += [{"variant": "unbiased", "weight_var": unbiased.weights.var().item()}]
+    record_result("sis_weights", rows, catalog_ids=[SIS_ID], seeds=[3])
 
 
-def test_literal_ratio_weight_is_biased():
+def test_literal_ratio_weight_is_biased(record_result):
     # the abstract's literal rejected weight rho: E[w | y] = a + (1 - a) rho != rho;
     # here E_q[w] = 0.909 in closed form instead of 1
     _, inp = sample(200_000)
@@ -86,6 +94,8 @@ def test_literal_ratio_weight_is_biased():
     exact = (Q * (a + (1 - a) * rho)).sum().item()
     assert exact == pytest.approx(0.9094, abs=1e-3)
     assert w.mean().item() == pytest.approx(exact, abs=0.015)
+    row = {"variant": "ratio (default)", "mean_weight": w.mean().item(), "exact": exact}
+    record_result("sis_weights", [row], catalog_ids=[SIS_ID], seeds=[3])
 
 
 def test_on_policy_tokens_and_padding():

@@ -48,7 +48,7 @@ def solve():
 """
 
 
-def test_a_correct_solver_scores_high_and_the_physics_terms_are_graded():
+def test_a_correct_solver_scores_high_and_the_physics_terms_are_graded(record_result):
     fd = verify(FD_POISSON, POISSON)
     assert fd.valid and fd.error < 1e-2 and fd.residual == 1.0  # it solves the discrete system
     analytic = verify(ANALYTIC_POISSON, POISSON)
@@ -61,6 +61,12 @@ def test_a_correct_solver_scores_high_and_the_physics_terms_are_graded():
     assert adv.valid and adv.accuracy == 1.0 and adv.residual > 0.4
     assert magnitude_score(1e-7) == 1.0 and magnitude_score(1e-3) == 0.5
     assert magnitude_score(10.0) == 0.0 and magnitude_score(float("nan")) == 0.0
+    solvers = {"finite differences, Poisson": fd, "analytic, Poisson": analytic}
+    solvers |= {"zeros, Poisson": zeros, "explicit Euler (FTCS), heat": heat}
+    solvers |= {"exact advection": adv}
+    keys = ("valid", "error", "accuracy", "residual", "reward")
+    rows = [{"solver": k, **{f: getattr(v, f) for f in keys}} for k, v in solvers.items()]
+    record_result("rlvp_solvers", rows, catalog_ids=["004-07"])
 
 
 def test_validity_is_a_hard_check():
