@@ -149,7 +149,8 @@ def step(recipe, d: dict[str, torch.Tensor]) -> tuple[float, float, float]:
             d["old_logp"],
             adv,
             d["mask"],
-            ref_logp=d["ref_logp"] if kl_where == "loss" else None,
+            # (the recipe's contract asks for it wherever the KL is on, as the trainer passes it)
+            ref_logp=d["ref_logp"] if kl_where != "none" else None,
             generation_budget=float(d["mask"].shape[1]),
         )
     )
