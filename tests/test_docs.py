@@ -127,3 +127,28 @@ def test_no_page_cites_a_result_from_the_ignored_bench_results():
             if hit:
                 bad.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()[:90]}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_page_that_reports_a_measurement_cites_its_result_file():
+    """A page that runs a benchmark (``tools/bench_*.py``, ``tools/profile_*.py``) or has a
+    "Measured" / "Benchmark" section with numbers in it names the committed result file
+    (``docs/results/...``) its numbers come from; a section that only says what is not
+    measured yet needs none."""
+    import re
+
+    runs = re.compile(r"tools/(?:bench|profile)_\w+\.py")
+    heading = re.compile(r"^#+ .*\b(?:Measured|Benchmark)\b", re.M)
+    number = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
+    cite = re.compile(r"(?<![\w])results/[\w.\-/{},]+\.(?:json|log|txt)")
+    bare = []
+    for page in PAGES:
+        if "results" in page.parts:
+            continue
+        text = page.read_text()
+        if cite.search(text):
+            continue
+        sections = re.split(r"^(?=#+ )", text, flags=re.M)
+        measured = [s for s in sections if heading.match(s) and number.search(s)]
+        if runs.search(text) or measured:
+            bare.append(str(page.relative_to(ROOT)))
+    assert not bare, "cite the result file (docs/results/...) on: " + ", ".join(bare)
