@@ -46,6 +46,12 @@ seed to seed, against drifts of the machine's background load):
   optimizer, trainer included); "RSS growth" is that peak minus the RSS right before
   ``train()`` (i.e. what the training loop itself adds).
 
+``--full-length``: every response runs to ``--max-new-tokens`` on both sides, EOS
+suppressed until then (rlpost: ``rollout.min_new_tokens``; TRL: ``generate``'s
+``min_new_tokens`` through ``GRPOConfig.generation_kwargs``). The untrained tiny model
+ends a response after about 22 tokens on its own, which flatters row compaction and the
+padding-free update; reasoning-style RL has many responses at the cap.
+
 Threads: ``--threads 1`` by default. On a small machine shared with other jobs, two torch
 threads on two cores stall whenever another process holds a core (OpenMP barriers wait
 for the descheduled thread): a 200 ms step then takes seconds, on both sides. Use
@@ -238,6 +244,8 @@ def rlpost_config(spec: dict, run_dir: Path):
             f"rollout.group_size={G}",
             f"rollout.prompts_per_step={P}",
             f"rollout.max_new_tokens={spec['max_new_tokens']}",
+            # full length: EOS suppressed until max_new_tokens (TRL: generate's min_new_tokens)
+            f"rollout.min_new_tokens={spec['max_new_tokens'] if spec.get('full_length') else 0}",
             f"rollout.temperature={spec['temperature']}",
             "rollout.top_p=1.0",
             "rollout.top_k=0",
@@ -462,6 +470,10 @@ def trl_child(spec: dict) -> dict:
         dataloader_num_workers=0,
         disable_tqdm=True,
         log_completions=False,
+        # full length: EOS suppressed until max_new_tokens, as rlpost's rollout.min_new_tokens
+        generation_kwargs={"min_new_tokens": spec["max_new_tokens"]}
+        if spec.get("full_length")
+        else None,
     )
     trainer = GRPOTrainer(
         model=model,
@@ -611,6 +623,11 @@ def parse_args(argv=None):
         action="store_true",
         help="drop completions cut by max_new_tokens from the loss (both sides)",
     )
+    ap.add_argument(
+        "--full-length",
+        action="store_true",
+        help="every response runs to --max-new-tokens: EOS suppressed on both sides",
+    )
     ap.add_argument("--trl-venv", default=str(REPO / "bench_results" / ".venv-trl"))
     ap.add_argument(
         "--trl-version", default=DEFAULT_TRL_VERSION, help="trl release ('' for the newest)"
@@ -627,6 +644,8 @@ def parse_args(argv=None):
             ap.error("--prompts, --max-new-tokens, --steps, --warmup, --threads must be >= 1")
         if args.group_size < 2:
             ap.error("--group-size must be >= 2 (TRL's minimum)")
+        if args.full_length and args.mask_truncated:
+            ap.error("--full-length with --mask-truncated trains on nothing: every response is cut")
     return args
 
 
@@ -666,6 +685,7 @@ def main(argv=None) -> None:
                 "warmup": args.warmup,
                 "threads": args.threads,
                 "mask_truncated": args.mask_truncated,
+                "full_length": args.full_length,
             }
             pair = {}
             sides = [("rlpost", sys.executable), ("trl", trl_python)]

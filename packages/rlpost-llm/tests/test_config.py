@@ -22,6 +22,11 @@ def test_defaults_recipe_and_overrides_merge_in_order(tmp_path):
         ("optim.lr=-1", r"optim\.lr: Input should be greater than 0"),
         ("algo.preset=grpoo", r"unknown preset 'grpoo'; valid names: .*\bdapo\b"),
         ("train.steps=many", r"train\.steps: Input should be a valid integer"),
+        ("rollout.min_new_tokens=9", r"rollout\.min_new_tokens \(9\) is above rollout\.max_new"),
+        (
+            "rollout={min_new_tokens: 2, speculative: {draft: 1}}",
+            r"rollout\.speculative engine does not mask EOS",
+        ),
     ],
 )
 def test_bad_values_fail_at_load_naming_the_field(override, message):

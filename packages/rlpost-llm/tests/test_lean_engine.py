@@ -117,6 +117,35 @@ def test_greedy_equals_generate_when_rows_stop_early(tok):
     assert b.finish_reasons == a.finish_reasons
 
 
+def test_min_new_tokens_masks_eos_as_generate_does(tok):
+    """``min_new_tokens``: EOS is masked out of the sampler until then, as ``generate``'s
+    own processor does (before the warpers): the same greedy tokens, log-probs and finish
+    reasons on a model that would stop early, no row shorter than the minimum, and at the
+    maximum every row runs to full length with no EOS in it."""
+    torch.manual_seed(3)
+    m = Qwen2ForCausalLM(tiny.tiny_config(tok)).eval()
+    with torch.no_grad():  # bias the head towards EOS so that rows would stop early
+        m.lm_head.weight[tok.eos_token_id] += 2.0 * m.lm_head.weight[ids(tok, "1")[0]]
+    prompts = [ids(tok, p) for p in ["1+1=", "11+2=", "2+2=", "99+1=", "1=", "321+1="]]
+    natural = LeanEngine(m, tok).generate(prompts, 1, SamplingParams(16, 0.0))
+    assert int(natural.lengths.min()) < 6  # without the minimum some rows stop early
+    for low in (6, 16):
+        sp = SamplingParams(16, 0.0, min_new_tokens=low)
+        a, b = (
+            HFEngine(m, tok).generate(prompts, 1, sp),
+            LeanEngine(m, tok).generate(prompts, 1, sp),
+        )
+        assert b.completion_ids.tolist() == a.completion_ids.tolist()
+        assert b.finish_reasons == a.finish_reasons and int(b.lengths.min()) >= low
+        torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)
+    full = LeanEngine(m, tok).generate(prompts, 4, SamplingParams(16, 1.0, min_new_tokens=16))
+    assert full.lengths.tolist() == [16] * 24 and set(full.finish_reasons) == {"length"}
+    assert not (full.completion_ids == tok.eos_token_id).any()
+    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+        SamplingParams(8, 1.0, min_new_tokens=9)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_sampled_logprobs_equal_trainer_recomputation(models, tok, arch, temperature):

@@ -113,7 +113,7 @@ class Trainer:
         self.total_steps = cfg.train_steps()
         r = cfg.rollout
         self.sampling = SamplingParams(
-            r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop)
+            r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop), r.min_new_tokens
         )
         self.step, self.version, self.skipped = 0, 0, 0
         self.applied = False  # the last update was applied and not yet confirmed

@@ -55,6 +55,12 @@ class RolloutConfig(_Strict):
     group_size: int | None = Field(None, ge=1)  # None: the preset's
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(8, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    """Tokens a rollout runs before EOS may end it (``generate``'s ``min_new_tokens``,
+    vLLM's ``min_tokens``): EOS is masked out of the sampler until then, so the engine's
+    log-probs are the masked distribution's. ``= max_new_tokens`` forces full-length
+    responses (``tools/bench_llm_grpo.py --full-length``). 0: off. Evaluation is not
+    affected."""
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
@@ -75,6 +81,21 @@ class RolloutConfig(_Strict):
     kv_compression: KVCompressionConfig | None = None
     """Rollouts under a sink + window compressed KV cache, and the learner's correction
     (001-13; replaces the in-process engine)."""
+
+    @model_validator(mode="after")
+    def _check_min_new_tokens(self) -> RolloutConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"rollout.min_new_tokens ({self.min_new_tokens}) is above "
+                f"rollout.max_new_tokens ({self.max_new_tokens})"
+            )
+        for name in ("speculative", "kv_compression"):
+            if self.min_new_tokens and getattr(self, name) is not None:
+                raise ValueError(
+                    f"rollout.min_new_tokens: the rollout.{name} engine does not mask EOS; "
+                    "leave it 0 there"
+                )
+        return self
 
 
 class RewardFunction(_Strict):

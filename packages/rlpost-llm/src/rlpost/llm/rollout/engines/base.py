@@ -25,10 +25,16 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables
     stop: tuple[str, ...] = ()  # stop strings (the stop string itself is kept)
+    min_new_tokens: int = 0  # EOS masked out until then (generate's min_new_tokens)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError(f"invalid sampling parameters {self}")
 

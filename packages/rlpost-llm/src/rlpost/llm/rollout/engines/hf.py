@@ -65,6 +65,7 @@ class HFEngine(LocalEngine):
         kwargs = dict(
             do_sample=not greedy,
             max_new_tokens=sp.max_new_tokens,
+            min_new_tokens=sp.min_new_tokens or None,
             num_return_sequences=n,
             output_scores=True,
             return_dict_in_generate=True,

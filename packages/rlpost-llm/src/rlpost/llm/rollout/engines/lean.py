@@ -408,6 +408,8 @@ class LeanEngine(LocalEngine):
         greedy = sp.temperature == 0
         for t in range(L):
             finite &= torch.isfinite(logits).all()
+            if t < sp.min_new_tokens:  # generate's order: processors, then the warpers
+                logits = logits.index_fill(-1, eos, float("-inf"))
             tok, lp = sample(process_logits(logits, sp), greedy)
             toks[row, t], lps[row, t] = tok, lp
             stop = self._stop_at(tok, eos, toks, row, t, sp)

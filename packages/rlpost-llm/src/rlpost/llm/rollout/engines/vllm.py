@@ -83,6 +83,7 @@ class VLLMEngine:
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             max_tokens=sampling.max_new_tokens,
+            min_tokens=sampling.min_new_tokens,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's log-prob only
