@@ -56,7 +56,10 @@ PARTS = {
 }
 
 
-PARAMS = ("prompts", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "size")
+PARAMS = (
+    "prompts", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "size",
+    "full_length",
+)  # fmt: skip
 
 
 def _cumulative(stats: pstats.Stats, file_part: str, name: str) -> float:
@@ -159,7 +162,8 @@ def run(spec: dict) -> dict:
 def format_table(res: dict) -> str:
     p, prof = res["params"], res["profiled"]
     lines = [
-        f"GRPO step, P={p['prompts']} G={p['group_size']} max_new_tokens={p['max_new_tokens']}, "
+        f"GRPO step, P={p['prompts']} G={p['group_size']} max_new_tokens={p['max_new_tokens']}"
+        f"{' (full length)' if p.get('full_length') else ''}, "
         f"{res['model_parameters'] / 1e6:.2f}M-parameter tiny Qwen2, {p['threads']} thread(s)",
         f"plain run: {res['plain']['step_ms']:.0f} ms/step (rollout "
         f"{res['plain']['rollout_ms']:.0f}, update {res['plain']['update_ms']:.0f}; "
@@ -183,6 +187,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", default="default", help="rlpost.llm.model.tiny size preset")
+    ap.add_argument(
+        "--full-length", action="store_true", help="every response runs to --max-new-tokens"
+    )
     ap.add_argument("--out", default="bench_results/llm_grpo_profile.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -190,7 +197,7 @@ def main() -> int:
             "prompts": a.prompts, "group_size": a.group_size, "max_new_tokens": a.max_new_tokens,
             "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "seed": a.seed,
             "size": a.size, "work": work, "temperature": 1.0, "lr": 1e-4,
-            "mask_truncated": False,
+            "mask_truncated": False, "full_length": a.full_length,
         }  # fmt: skip
         res = run(spec)
     print(format_table(res))
