@@ -301,6 +301,26 @@ def test_ragged_packed_forward_computes_no_padding(model_tok):
     torch.testing.assert_close(lp * mask, ref * mask, atol=1e-5, rtol=1e-5)
 
 
+def test_packing_is_skipped_where_it_saves_too_few_positions(model_tok):
+    """``min_gain`` (``model.pack_min_gain``): short prompts and full-length responses
+    leave packing little to save, and the padded layout is kept; a long shared prompt is
+    still packed. The trainer's forwards pass the configured gain."""
+    from rlpost.llm.config import load_config
+    from rlpost.llm.train.forward import Forwards
+
+    m, tok = model_tok
+    short, full = [ids(tok, "1+2=")] * 4, torch.randint(3, 12, (4, 32))
+    ones = torch.ones(4, 32)
+    assert make_seq_batch(short, full, ones, 0, pack=True, min_gain=1.2).packed is None
+    assert make_seq_batch(short, full, ones, 0, pack=True).packed is not None  # (0: always)
+    long = [ids(tok, "12+34=" * 8)] * 4  # 48 prompt tokens shared by 4 responses
+    assert make_seq_batch(long, full, ones, 0, pack=True, min_gain=1.2).packed is not None
+    cfg = load_config(None, ["model.pack_min_gain=1.2"])
+    batch = RolloutBatch(short, full, torch.zeros(4, 32), ones, ["length"] * 4, torch.zeros(4), 0)
+    fw = Forwards(cfg, type("Learner", (), {"sharded": False})(), m, 1.0, None)
+    assert fw.seq_batch(batch).packed is None
+
+
 def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_tok):
     import copy
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlpost.core.contract import Property, Switch
 from rlpost.core.io import schema
@@ -63,6 +63,14 @@ class ModelConfig(_Strict):
     rows share forwards (packed, padded) and differ by float rounding (about 0.5 ulp-level
     differences on a third to a half of the tokens, 4.8e-7 at most, in float32 on CPU).
     Costs one forward per row."""
+    pack_min_gain: float = Field(1.2, ge=0)
+    """Pack a micro-batch only when the padded layout would compute at least this many
+    times the packed one's positions; below it the padded layout is used. Packing a group
+    costs gathers and a dense per-row mask, so it loses where it saves few positions: at
+    8-token prompts and 128-token full-length responses it saves 5 % of the positions and
+    was 0.90-0.92x the padded update's speed (``tools/bench_packing.py --prompt 8
+    --response 128``, ``docs/results/packing_p8_r128_2026-12-06.json``); at 256-token
+    prompts it saves 2.5-4x and was 1.6-3.2x faster. 0: always pack."""
     pack_layout: Literal["ragged", "uniform"] = "ragged"
     """``ragged``: each response keeps only its own tokens and several groups share a packed
     row (no padding computed), attention through the model's own implementation with the

@@ -185,6 +185,7 @@ def make_seq_batch(
     layout: str = "ragged",
     attend: Tensor | None = None,
     kv: tuple[int, int] | None = None,
+    min_gain: float = 0.0,
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
@@ -195,7 +196,9 @@ def make_seq_batch(
     on CUDA). ``attend``: the completion tokens attended to where they are more than the
     ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
     ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
-    (:func:`shadow_mask`; no packing)."""
+    (:func:`shadow_mask`; no packing). ``min_gain``: pack only when the padded layout's
+    positions are at least that many times the packed one's real tokens (the per-token
+    layers' work); below it the padded layout is kept (``model.pack_min_gain``)."""
     if layout not in ("ragged", "uniform"):
         raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
@@ -218,6 +221,9 @@ def make_seq_batch(
         packed = pack_groups(
             prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS, last_token=False
         )  # (the last token of a response predicts nothing: not an input)
+        gain = B * (P + L) / max(sum(packed.tokens), 1)  # padded positions per packed one
+        if gain < min_gain:
+            packed = None  # packing would save too few positions to pay for itself
     return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
 
 

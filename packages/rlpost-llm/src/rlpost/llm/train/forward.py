@@ -91,7 +91,7 @@ class Forwards:
         m = self.cfg.model
         return make_seq_batch(
             *args, pack=m.pack_prompts if pack is None else pack, layout=m.pack_layout,
-            attend=take(sub.attention), kv=self.kv,
+            attend=take(sub.attention), kv=self.kv, min_gain=m.pack_min_gain,
         )  # fmt: skip
 
     def seq_batches(self, batch: RolloutBatch, pack: bool | None = None):
