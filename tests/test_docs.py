@@ -152,3 +152,14 @@ def test_a_page_that_reports_a_measurement_cites_its_result_file():
         if runs.search(text) or measured:
             bare.append(str(page.relative_to(ROOT)))
     assert not bare, "cite the result file (docs/results/...) on: " + ", ".join(bare)
+    # and a benchmark's printed output (``$ uv run ... tools/bench_x.py``) names its file
+    # in the same section
+    shown = re.compile(r"^\$ uv run[^\n]*tools/(?:bench|profile)_\w+\.py", re.M)
+    unnamed = [
+        f"{page.relative_to(ROOT)}: {s.splitlines()[0][:60]}"
+        for page in [ROOT / "README.md", *PAGES]
+        if "results" not in page.parts
+        for s in re.split(r"^(?=#+ )", page.read_text(), flags=re.M)
+        if shown.search(s) and not cite.search(s)
+    ]
+    assert not unnamed, "name the result file beside the output: " + "; ".join(unnamed)
