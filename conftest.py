@@ -50,10 +50,9 @@ def record_result(request):
 
     def record(name, rows, *, catalog_ids=(), config=None, seeds=()):
         entry = _RECORDED.setdefault(
-            name, {"catalog_ids": [], "config": {"tests": []}, "seeds": [], "rows": []}
+            name, {"catalog_ids": [], "config": {}, "seeds": [], "rows": []}
         )
         entry["catalog_ids"] += [c for c in catalog_ids if c not in entry["catalog_ids"]]
-        entry["config"]["tests"].append(request.node.nodeid)
         entry["config"].update(config or {})
         entry["seeds"] += [s for s in seeds if s not in entry["seeds"]]
         entry["rows"] += [{"test": request.node.nodeid, **r} for r in rows]

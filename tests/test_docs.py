@@ -49,6 +49,17 @@ def test_the_readme_python_api_example_runs_as_written(tmp_path):
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
+#: a cited result file: docs/results/x.json from the root, or a page's relative ../results/x.json
+CITED = r"(?<![\w])results/([\w.\-/{},]+\.(?:json|log|txt))"
+#: a benchmark or profiling tool's command
+TOOL = r"tools/(?:bench|profile)_\w+\.py"
+
+
+def _sections(text: str) -> list[str]:
+    """A page's text split before each heading."""
+    import re
+
+    return re.split(r"^(?=#+ )", text, flags=re.M)
 
 
 def test_each_seed_citation_names_the_paragraph_of_its_catalog_entry():
@@ -97,9 +108,7 @@ def test_every_result_file_the_docs_cite_is_committed():
 
     missing, seen = [], 0
     for page in [ROOT / "README.md", *PAGES]:
-        # docs/results/x.json from the root, or a page's relative ../results/x.json
-        pattern = r"(?<![\w])results/([\w.\-/{},]+\.(?:json|log|txt))"
-        for cited in re.findall(pattern, page.read_text()):
+        for cited in re.findall(CITED, page.read_text()):
             for name in expand(cited):
                 seen += 1
                 if not (ROOT / "docs" / "results" / name).is_file():
@@ -136,30 +145,23 @@ def test_a_page_that_reports_a_measurement_cites_its_result_file():
     measured yet needs none."""
     import re
 
-    runs = re.compile(r"tools/(?:bench|profile)_\w+\.py")
     heading = re.compile(r"^#+ .*\b(?:Measured|Benchmark)\b", re.M)
     number = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
-    cite = re.compile(r"(?<![\w])results/[\w.\-/{},]+\.(?:json|log|txt)")
-    bare = []
-    for page in PAGES:
+    shown = re.compile(r"^\$ uv run[^\n]*" + TOOL, re.M)  # a benchmark's printed output
+    bare, unnamed = [], []
+    for page in [ROOT / "README.md", *PAGES]:
         if "results" in page.parts:
             continue
         text = page.read_text()
-        if cite.search(text):
-            continue
-        sections = re.split(r"^(?=#+ )", text, flags=re.M)
+        sections = _sections(text)
         measured = [s for s in sections if heading.match(s) and number.search(s)]
-        if runs.search(text) or measured:
+        if page in PAGES and not re.search(CITED, text) and (re.search(TOOL, text) or measured):
             bare.append(str(page.relative_to(ROOT)))
+        # and the output names its file in the same section
+        unnamed += [
+            f"{page.relative_to(ROOT)}: {s.splitlines()[0][:60]}"
+            for s in sections
+            if shown.search(s) and not re.search(CITED, s)
+        ]
     assert not bare, "cite the result file (docs/results/...) on: " + ", ".join(bare)
-    # and a benchmark's printed output (``$ uv run ... tools/bench_x.py``) names its file
-    # in the same section
-    shown = re.compile(r"^\$ uv run[^\n]*tools/(?:bench|profile)_\w+\.py", re.M)
-    unnamed = [
-        f"{page.relative_to(ROOT)}: {s.splitlines()[0][:60]}"
-        for page in [ROOT / "README.md", *PAGES]
-        if "results" not in page.parts
-        for s in re.split(r"^(?=#+ )", page.read_text(), flags=re.M)
-        if shown.search(s) and not cite.search(s)
-    ]
     assert not unnamed, "name the result file beside the output: " + "; ".join(unnamed)
