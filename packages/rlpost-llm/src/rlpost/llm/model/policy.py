@@ -197,8 +197,9 @@ def make_seq_batch(
     ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
     ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
     (:func:`shadow_mask`; no packing). ``min_gain``: pack only when the padded layout's
-    positions are at least that many times the packed one's real tokens (the per-token
-    layers' work); below it the padded layout is kept (``model.pack_min_gain``)."""
+    positions are at least that many times the packed one's (the per-token layers' work;
+    :func:`_packing_gain`), counted before packing; below it the padded layout is kept
+    (``model.pack_min_gain``)."""
     if layout not in ("ragged", "uniform"):
         raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
     B, L = completion_ids.shape
@@ -214,17 +215,24 @@ def make_seq_batch(
     if kv is not None:
         shadow = shadow_mask(attn, P, *kv)
         pack = False
-    if pack:
+    lengths = real.sum(1).long() if pack and layout == "ragged" else None
+    if pack and _packing_gain(prompt_ids, lengths, B, P, L) >= min_gain:
         from rlpost.kernels.ops.shared_prompt import pack_groups
 
-        lengths = real.sum(1).long() if layout == "ragged" else None
         packed = pack_groups(
             prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS, last_token=False
         )  # (the last token of a response predicts nothing: not an input)
-        gain = B * (P + L) / max(sum(packed.tokens), 1)  # padded positions per packed one
-        if gain < min_gain:
-            packed = None  # packing would save too few positions to pay for itself
     return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
+
+
+def _packing_gain(prompts: list[list[int]], lengths: Tensor | None, B: int, P: int, L: int):
+    """The padded layout's positions per position of the packed one (each distinct prompt
+    once, each response without its last token; ``lengths`` None: responses padded to
+    ``L``), counted before anything is built."""
+    responses = int(lengths.clamp_min(1).sum()) if lengths is not None else B * L
+    last = 0 if lengths is None and L == 1 else B  # (a uniform L = 1 keeps its one token)
+    packed = sum(len(p) for p in {tuple(p) for p in prompts}) + responses - last
+    return B * (P + L) / max(packed, 1)
 
 
 def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
