@@ -6,6 +6,13 @@ Command (defaults; writes bench_results/llm_grpo.json)::
         --max-new-tokens 8 --steps 20 --warmup 2 --threads 1 --lr 1e-4 --seeds 0 1 2 \\
         --out bench_results/llm_grpo.json
 
+The headline grid of issue 45 (natural and full length x 8 / 32 / 128 / 512 new tokens x
+G = 8 / 16, P = 8, 3 seeds; about an hour on one core; the headline is the smallest ratio of
+tokens per CPU-second and names ``min_full_length_ratio``)::
+
+    uv run --frozen python tools/bench_llm_grpo.py --grid --prompts 8 --seeds 0 1 2 \\
+        --out docs/results/llm_grpo_grid_<date>.json
+
 Quick run::
 
     uv run --frozen python tools/bench_llm_grpo.py --prompts 4 --group-size 4 --steps 3 \\
@@ -628,6 +635,13 @@ def parse_args(argv=None):
         action="store_true",
         help="every response runs to --max-new-tokens: EOS suppressed on both sides",
     )
+    ap.add_argument(
+        "--grid",
+        action="store_true",
+        help=f"every workload of the headline: natural and full length x {GRID_LENGTHS} new tokens "
+        f"x G {GRID_GROUPS} (P = --prompts, timed steps {GRID_STEPS}); the headline names "
+        "min_full_length_ratio (tokens per CPU-second)",
+    )
     ap.add_argument("--trl-venv", default=str(REPO / "bench_results" / ".venv-trl"))
     ap.add_argument(
         "--trl-version", default=DEFAULT_TRL_VERSION, help="trl release ('' for the newest)"
@@ -644,9 +658,176 @@ def parse_args(argv=None):
             ap.error("--prompts, --max-new-tokens, --steps, --warmup, --threads must be >= 1")
         if args.group_size < 2:
             ap.error("--group-size must be >= 2 (TRL's minimum)")
-        if args.full_length and args.mask_truncated:
+        if args.grid and args.full_length:
+            ap.error("--grid runs both natural and full length; drop --full-length")
+        if (args.full_length or args.grid) and args.mask_truncated:
             ap.error("--full-length with --mask-truncated trains on nothing: every response is cut")
     return args
+
+
+KEYS = (
+    "step_ms",
+    "rollout_ms",
+    "update_ms",
+    "gen_tok_s",
+    "train_tok_s",
+    "total_tok_s",
+    "cpu_ms",
+    "cpu_tok_s",
+    "peak_rss_mib",
+    "rss_growth_mib",
+)
+TABLE = [
+    "side",
+    ("step_ms", "step ms"),
+    ("step_ms_std", "+-"),
+    ("rollout_ms", "rollout ms"),
+    ("update_ms", "update ms"),
+    ("gen_tok_s", "gen tok/s"),
+    ("train_tok_s", "train tok/s"),
+    ("total_tok_s", "total tok/s"),
+    ("total_tok_s_std", "+-"),
+    ("peak_rss_mib", "peak RSS MiB"),
+    ("peak_rss_mib_std", "+-"),
+    ("rss_growth_mib", "RSS growth MiB"),
+    ("cpu_ms", "CPU ms/step"),
+    ("cpu_tok_s", "tok/CPU-s"),
+]
+# --grid: the headline workloads (issue 45). Timed steps per length keep every cell at a few
+# hundred thousand tokens; a natural-length cell is cheap (the model stops after ~22 tokens).
+GRID_LENGTHS = (8, 32, 128, 512)
+GRID_GROUPS = (8, 16)
+GRID_STEPS = {8: 10, 32: 6, 128: 3, 512: 3}
+
+
+def run_cell(args, cell: dict, model_dir: Path, trl_python: str, tmp: Path) -> dict:
+    """Both sides of one workload over ``args.seeds``: per-seed rows, means and their ratio."""
+    P, G, L = cell["prompts"], cell["group_size"], cell["max_new_tokens"]
+    steps, warmup = cell["steps"], cell["warmup"]
+    rows, ratios, cpu_ratios = [], [], []
+    for i, seed in enumerate(args.seeds):
+        spec = {
+            "model": str(model_dir),
+            "data": make_prompts(P * (warmup + steps), seed),
+            "seed": seed,
+            "prompts": P,
+            "group_size": G,
+            "max_new_tokens": L,
+            "temperature": args.temperature,
+            "lr": args.lr,
+            "steps": steps,
+            "warmup": warmup,
+            "threads": args.threads,
+            "mask_truncated": args.mask_truncated,
+            "full_length": cell["full_length"],
+        }
+        pair = {}
+        sides = [("rlpost", sys.executable), ("trl", trl_python)]
+        for order, (side, python) in enumerate(sides if i % 2 == 0 else sides[::-1]):
+            work = tmp / f"{cell['name']}-{side}-{seed}"
+            work.mkdir()
+            spec["work"] = str(work)
+            res = run_child(python, side, spec, work, args.verbose)
+            pair[side] = row = summarise(res, spec)
+            row.update(run_order=order, cell=cell["name"])
+            rows.append(row)
+            print(
+                f"{cell['name']} seed {seed} {side:6s}: {row['step_ms']:.1f} ms/step, "
+                f"{row['total_tok_s']:,.0f} tok/s, {row['cpu_tok_s']:,.0f} tok/CPU-s, peak RSS "
+                f"{row['peak_rss_mib']:.0f} MiB (process {row['process_s']:.1f} s)",
+                flush=True,
+            )
+        ratios.append(pair["rlpost"]["total_tok_s"] / pair["trl"]["total_tok_s"])
+        cpu_ratios.append(pair["rlpost"]["cpu_tok_s"] / pair["trl"]["cpu_tok_s"])
+    return _cell_summary(cell, rows, ratios, cpu_ratios)
+
+
+def _cell_summary(cell: dict, rows: list, ratios: list, cpu_ratios: list) -> dict:
+    import benchlib
+
+    summary = {}
+    for side in ("rlpost", "trl"):
+        s = {"side": side, "seed": "mean", "cell": cell["name"]}
+        for k in (*KEYS, "inner_ms", "gen_tokens_per_step", "trained_tokens_per_step"):
+            s[k], s[k + "_std"] = benchlib.mean_std(r[k] for r in rows if r["side"] == side)
+        summary[side] = s
+    ratio_row = {"side": "rlpost/TRL", "seed": "mean", "cell": cell["name"]}
+    for k in KEYS:
+        ratio_row[k] = summary["rlpost"][k] / summary["trl"][k]
+    ratio_row["total_tok_s_std"] = benchlib.mean_std(ratios)[1]  # spread of per-seed ratios
+    ratio_row["cpu_tok_s_std"] = benchlib.mean_std(cpu_ratios)[1]
+    ratio_row["per_seed_cpu_tok_s"] = cpu_ratios
+    ratio_row.update({k: cell[k] for k in ("prompts", "group_size", "max_new_tokens")})
+    ratio_row["full_length"] = cell["full_length"]
+    return {"rows": rows, "summary": summary, "ratio": ratio_row, "ratios": ratios}
+
+
+def grid_cells(args) -> list[dict]:
+    """The --grid workloads, or the one workload of the command line."""
+    if not args.grid:
+        return [
+            {
+                "name": f"{'full' if args.full_length else 'natural'}{args.max_new_tokens}"
+                f"_g{args.group_size}",
+                "prompts": args.prompts,
+                "group_size": args.group_size,
+                "max_new_tokens": args.max_new_tokens,
+                "full_length": args.full_length,
+                "steps": args.steps,
+                "warmup": args.warmup,
+            }
+        ]
+    return [
+        {
+            "name": f"{'full' if full else 'natural'}{L}_g{G}",
+            "prompts": args.prompts,
+            "group_size": G,
+            "max_new_tokens": L,
+            "full_length": full,
+            "steps": GRID_STEPS[L],
+            "warmup": 1,
+        }
+        for full in (False, True)
+        for L in GRID_LENGTHS
+        for G in GRID_GROUPS
+    ]
+
+
+def grid_headline(cells: list[dict]) -> dict:
+    """Tokens per CPU-second, rlpost over TRL: the smallest cell, split by length regime."""
+    ratio = {c["ratio"]["cell"]: c["ratio"] for c in cells}
+
+    def smallest(full: bool) -> float | None:
+        vals = [r["cpu_tok_s"] for r in ratio.values() if r["full_length"] == full]
+        return min(vals) if vals else None
+
+    worst = min(ratio.values(), key=lambda r: r["cpu_tok_s"])
+    return {
+        "metric": "GRPO tokens per CPU-second (generated+trained), rlpost / TRL, smallest cell",
+        "value": worst["cpu_tok_s"],
+        "baseline": 1.0,
+        "ratio": worst["cpu_tok_s"],
+        "paper": None,
+        "worst_cell": worst["cell"],
+        "min_full_length_ratio": smallest(True),
+        "min_natural_ratio": smallest(False),
+        "max_peak_rss_ratio": max(r["peak_rss_mib"] for r in ratio.values()),
+        "cells": {name: r["cpu_tok_s"] for name, r in ratio.items()},
+    }
+
+
+def _print_cell(cell: dict, res: dict, args, n_params: int, trl_versions: dict) -> None:
+    import benchlib
+
+    print(
+        f"\nGRPO on CPU, tiny Qwen2 ({n_params:,} params), {cell['name']}: P={cell['prompts']} "
+        f"prompts x G={cell['group_size']}, max_new_tokens={cell['max_new_tokens']}"
+        f"{' (full length)' if cell['full_length'] else ''}, {cell['steps']} timed steps after "
+        f"{cell['warmup']} warm-up, {args.threads} torch threads, seeds {args.seeds}, "
+        f"trl {trl_versions['trl']} (mean +- std over seeds)"
+    )
+    s = res["summary"]
+    benchlib.print_table([s["rlpost"], {**s["trl"], "side": "TRL"}, res["ratio"]], TABLE)
 
 
 def main(argv=None) -> None:
@@ -658,121 +839,52 @@ def main(argv=None) -> None:
         Path(out_path).write_text(json.dumps(res))
         return
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import benchlib
 
     t_start = time.perf_counter()
     trl_python, trl_versions = ensure_trl_venv(Path(args.trl_venv), args.trl_version)
     t_bench = time.perf_counter()
-    P, G = args.prompts, args.group_size
-    total = args.warmup + args.steps
-    rows, ratios = [], []
+    cells = grid_cells(args)
+    results = []
     with tempfile.TemporaryDirectory(prefix="bench_llm_grpo-") as tmp:
         model_dir = Path(tmp) / "model"
         n_params = save_model(model_dir, args.size, args.model_seed)
         print(f"tiny model ({n_params:,} params, size {args.size!r}) saved to {model_dir}")
-        for i, seed in enumerate(args.seeds):
-            spec = {
-                "model": str(model_dir),
-                "data": make_prompts(P * total, seed),
-                "seed": seed,
-                "prompts": P,
-                "group_size": G,
-                "max_new_tokens": args.max_new_tokens,
-                "temperature": args.temperature,
-                "lr": args.lr,
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "threads": args.threads,
-                "mask_truncated": args.mask_truncated,
-                "full_length": args.full_length,
-            }
-            pair = {}
-            sides = [("rlpost", sys.executable), ("trl", trl_python)]
-            for order, (side, python) in enumerate(sides if i % 2 == 0 else sides[::-1]):
-                work = Path(tmp) / f"{side}-{seed}"
-                work.mkdir()
-                spec["work"] = str(work)
-                res = run_child(python, side, spec, work, args.verbose)
-                pair[side] = row = summarise(res, spec)
-                row["run_order"] = order
-                rows.append(row)
-                print(
-                    f"seed {seed} {side:6s}: {row['step_ms']:.1f} ms/step, "
-                    f"{row['total_tok_s']:,.0f} tok/s, peak RSS {row['peak_rss_mib']:.0f} MiB "
-                    f"(process {row['process_s']:.1f} s)",
-                    flush=True,
-                )
-            ratios.append(pair["rlpost"]["total_tok_s"] / pair["trl"]["total_tok_s"])
-
-    keys = (
-        "step_ms",
-        "rollout_ms",
-        "update_ms",
-        "gen_tok_s",
-        "train_tok_s",
-        "total_tok_s",
-        "cpu_ms",
-        "cpu_tok_s",
-        "peak_rss_mib",
-        "rss_growth_mib",
-    )
-    summary = {}
-    for side in ("rlpost", "trl"):
-        s = {"side": side, "seed": "mean"}
-        for k in (*keys, "inner_ms", "gen_tokens_per_step", "trained_tokens_per_step"):
-            s[k], s[k + "_std"] = benchlib.mean_std(r[k] for r in rows if r["side"] == side)
-        summary[side] = s
-    ratio_row = {"side": "rlpost/TRL", "seed": "mean"}
-    for k in keys:
-        ratio_row[k] = summary["rlpost"][k] / summary["trl"][k]
-    ratio_row["total_tok_s_std"] = benchlib.mean_std(ratios)[1]  # spread of per-seed ratios
-
-    print(
-        f"\nGRPO on CPU, tiny Qwen2 ({n_params:,} params), P={P} prompts x G={G}, "
-        f"max_new_tokens={args.max_new_tokens}, {args.steps} timed steps after {args.warmup} "
-        f"warm-up, {args.threads} torch threads, seeds {args.seeds}, trl {trl_versions['trl']} "
-        f"(mean +- std over seeds)"
-    )
-    table = [summary["rlpost"], {**summary["trl"], "side": "TRL"}, ratio_row]
-    benchlib.print_table(
-        table,
-        [
-            "side",
-            ("step_ms", "step ms"),
-            ("step_ms_std", "+-"),
-            ("rollout_ms", "rollout ms"),
-            ("update_ms", "update ms"),
-            ("gen_tok_s", "gen tok/s"),
-            ("train_tok_s", "train tok/s"),
-            ("total_tok_s", "total tok/s"),
-            ("total_tok_s_std", "+-"),
-            ("peak_rss_mib", "peak RSS MiB"),
-            ("peak_rss_mib_std", "+-"),
-            ("rss_growth_mib", "RSS growth MiB"),
-            ("cpu_ms", "CPU ms/step"),
-            ("cpu_tok_s", "tok/CPU-s"),
-        ],
-    )
+        for cell in cells:
+            res = run_cell(args, cell, model_dir, trl_python, Path(tmp))
+            _print_cell(cell, res, args, n_params, trl_versions)
+            results.append(res)
+    rows = [r for res in results for r in res["rows"]]
     checks = {
         "same_prompts_in_order": all(r["same_prompts_in_order"] for r in rows),
         "trl_side_imported_rlpost": any(r.get("rlpost_imported") for r in rows),
         "torch_threads_seen": sorted({r["torch_threads_seen"] for r in rows}),
     }
     print(f"checks: {checks}")
-
-    headline = {
-        "metric": "GRPO tokens/s (generated+trained), tiny model, CPU",
-        "value": summary["rlpost"]["total_tok_s"],
-        "baseline": summary["trl"]["total_tok_s"],
-        "ratio": ratio_row["total_tok_s"],
-        "paper": None,
-    }
+    if args.grid:
+        headline = grid_headline(results)
+        benchlib.print_table(
+            [res["ratio"] for res in results],
+            [
+                "cell",
+                ("cpu_tok_s", "tok/CPU-s ratio"),
+                ("cpu_tok_s_std", "+-"),
+                ("total_tok_s", "tok/s ratio"),
+                ("update_ms", "update time ratio"),
+                ("peak_rss_mib", "peak RSS ratio"),
+            ],
+        )
+    else:
+        only = results[0]
+        headline = {
+            "metric": "GRPO tokens/s (generated+trained), tiny model, CPU",
+            "value": only["summary"]["rlpost"]["total_tok_s"],
+            "baseline": only["summary"]["trl"]["total_tok_s"],
+            "ratio": only["ratio"]["total_tok_s"],
+            "paper": None,
+        }
     config = {
-        "prompts_per_step": P,
-        "group_size": G,
-        "completions_per_step": P * G,
-        "max_new_tokens": args.max_new_tokens,
+        "cells": cells,
         "temperature": args.temperature,
         "top_p": 1.0,
         "top_k": 0,
@@ -781,10 +893,8 @@ def main(argv=None) -> None:
         "grad_clip": 1.0,
         "loss": "GRPO: group-std advantages, PPO clip 0.2, per-sequence token mean, beta=0",
         "updates_per_batch": 1,
-        "micro_batch": P * G,
+        "micro_batch": "P * G (the whole batch)",
         "mask_truncated": args.mask_truncated,
-        "steps_timed": args.steps,
-        "warmup_steps": args.warmup,
         "torch_threads": args.threads,
         "model": {"size": args.size, "params": n_params, "init_seed": args.model_seed},
         "task": "arithmetic (digits=3, ops='+'), prompts = first (warmup+steps)*P examples "
@@ -796,7 +906,7 @@ def main(argv=None) -> None:
         "trl_versions": trl_versions,
         "trl_venv": str(args.trl_venv),
         "checks": checks,
-        "per_seed_ratio_total_tok_s": ratios,
+        "per_seed_ratio_total_tok_s": {res["ratio"]["cell"]: res["ratios"] for res in results},
     }
     out = benchlib.write_result(
         args.out,
@@ -804,13 +914,10 @@ def main(argv=None) -> None:
         catalog_ids=["base"],
         config=config,
         seeds=args.seeds,
-        rows=[*rows, summary["rlpost"], summary["trl"], ratio_row],
+        rows=[r for res in results for r in (*res["rows"], *res["summary"].values(), res["ratio"])],
         headline=headline,
     )
-    print(
-        f"\nheadline: {headline['metric']}: rlpost {headline['value']:,.0f} vs TRL "
-        f"{headline['baseline']:,.0f}, ratio rlpost/TRL {headline['ratio']:.2f}"
-    )
+    print(f"\nheadline: {json.dumps(headline)}")
     now = time.perf_counter()
     print(
         f"wrote {out}; benchmark {now - t_bench:.1f} s "
