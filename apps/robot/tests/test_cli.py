@@ -31,6 +31,13 @@ def test_tasks_and_bad_task(capsys):
     assert main(["build-base", "--task", "walker"]) == 2
 
 
+def test_tasks_measures_the_scripted_demonstrators(capsys):
+    assert main(["tasks", "--episodes", "2"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["reacher"][:3] == ["1.00", "0.00", "0.00"]  # the good expert reaches, random not
+    assert "N" in rows["contour"] and len(rows["multimodal_reach"]) == 3  # force where logged
+
+
 def test_train_recipe_with_overrides_and_config_errors(tmp_path, monkeypatch, capsys):
     import json
 

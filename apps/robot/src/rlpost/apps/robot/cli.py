@@ -204,6 +204,8 @@ def _tasks(args: argparse.Namespace) -> int:
     from rlpost.robot.envs import TASKS
     from rlpost.robot.features import FeatureMap
 
+    if args.episodes:
+        return _task_experts(args.episodes)
     for name, spec in TASKS.items():
         print(f"{name:<24} obs {spec.obs_dim:>4}  act {spec.act_dim}  steps {spec.max_steps:>3}")
         if args.names:
@@ -211,6 +213,38 @@ def _tasks(args: argparse.Namespace) -> int:
             cam = f"  camera {f.image[0]} {f.image[1]}" if f.image else ""
             print(f"  observation: {', '.join(f.observation)}{cam}")
             print(f"  action:      {', '.join(f.action)}")
+    return 0
+
+
+def _task_experts(n: int) -> int:
+    """Success of the scripted good and poor demonstrators and of uniform random actions
+    over ``n`` episodes of each task (and, where force is logged, their peak force)."""
+    import numpy as np
+
+    from rlpost.robot.demos import collect_episodes, make_expert, success_rate
+    from rlpost.robot.envs import TASKS
+
+    print(f"{'task':<24} {'good':>5} {'poor':>5} {'random':>6}   peak force good / poor")
+    for name, spec in TASKS.items():
+        rng = np.random.default_rng(0)
+        runs = {
+            q: collect_episodes(name, make_expert(name, q, seed=0), n, seed=1000)
+            for q in ("good", "poor")
+        }
+        runs["random"] = collect_episodes(
+            name, lambda obs, rng=rng, a=spec.act_dim: rng.uniform(-1, 1, a), n, seed=1000
+        )
+        force = ""
+        if runs["good"][0].contact_force is not None:
+            peak = {q: [float(e.contact_force.max()) for e in runs[q]] for q in ("good", "poor")}
+            above = {q: np.mean([(e.contact_force > 8).mean() for e in runs[q]]) for q in peak}
+            force = "   " + " / ".join(
+                f"{np.mean(peak[q]):.1f} N ({above[q]:.0%} of steps > 8 N)" for q in peak
+            )
+        rates = " ".join(f"{success_rate(runs[q]):.2f}".rjust(w) for q, w in
+                         (("good", 5), ("poor", 5), ("random", 6)))  # fmt: skip
+        print(f"{name:<24} {rates}{force}", flush=True)
+    print(f"{n} episodes each (seeds from 1000); success = the task's own threshold")
     return 0
 
 
@@ -276,6 +310,12 @@ def build_app() -> App:
     b.add_argument("--force", action="store_true")
     t = app.command("tasks", _tasks, "list the tasks")
     t.add_argument("--names", action="store_true", help="their feature names (data.rename)")
+    t.add_argument(
+        "--episodes",
+        type=int,
+        default=0,
+        help="measure the scripted good / poor demonstrators and random actions over N episodes",
+    )
     return app
 
 
