@@ -502,6 +502,26 @@ def collect_episodes(
     return episodes  # type: ignore[return-value]
 
 
+def scripted_success(task: str, n: int, seed: int = 1000) -> dict[str, dict[str, float]]:
+    """``{good, poor, random: {success[, peak_force, above_8n]}}``: the scripted good and
+    poor demonstrators and uniform random actions over ``n`` episodes of ``task``; where
+    the task logs contact force, the mean peak force (N) and the mean fraction of steps
+    above 8 N."""
+    rng = np.random.default_rng(0)
+    act_dim = TASKS[task].act_dim
+    runs = {
+        q: collect_episodes(task, make_expert(task, q, seed=0), n, seed=seed) for q in _QUALITIES
+    }
+    runs["random"] = collect_episodes(task, lambda obs: rng.uniform(-1, 1, act_dim), n, seed=seed)
+    out: dict[str, dict[str, float]] = {}
+    for q, episodes in runs.items():
+        out[q] = {"success": float(success_rate(episodes) or 0.0)}
+        if q != "random" and episodes[0].contact_force is not None:
+            out[q]["peak_force"] = float(np.mean([e.contact_force.max() for e in episodes]))
+            out[q]["above_8n"] = float(np.mean([(e.contact_force > 8).mean() for e in episodes]))
+    return out
+
+
 def collect_demos(task: str, n_good: int = 20, n_poor: int = 20, seed: int = 0) -> list[Episode]:
     """A deliberately suboptimal demonstration mix: ``n_good`` episodes of the good
     expert, then ``n_poor`` of the poor one (``Episode.quality`` tells them apart)."""

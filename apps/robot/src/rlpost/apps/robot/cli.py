@@ -217,32 +217,22 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _task_experts(n: int) -> int:
-    """Success of the scripted good and poor demonstrators and of uniform random actions
-    over ``n`` episodes of each task (and, where force is logged, their peak force)."""
-    import numpy as np
-
-    from rlpost.robot.demos import collect_episodes, make_expert, success_rate
+    """Success of the scripted demonstrators and of random actions (and peak forces)."""
+    from rlpost.robot.demos import scripted_success
     from rlpost.robot.envs import TASKS
 
     print(f"{'task':<24} {'good':>5} {'poor':>5} {'random':>6}   peak force good / poor")
-    for name, spec in TASKS.items():
-        rng = np.random.default_rng(0)
-        runs = {
-            q: collect_episodes(name, make_expert(name, q, seed=0), n, seed=1000)
+    for name in TASKS:
+        r = scripted_success(name, n, seed=1000)
+        force = "".join(
+            f"{'   ' if q == 'good' else ' / '}{r[q]['peak_force']:.1f} N "
+            f"({r[q]['above_8n']:.0%} of steps > 8 N)"
             for q in ("good", "poor")
-        }
-        runs["random"] = collect_episodes(
-            name, lambda obs, rng=rng, a=spec.act_dim: rng.uniform(-1, 1, a), n, seed=1000
+            if "peak_force" in r[q]
         )
-        force = ""
-        if runs["good"][0].contact_force is not None:
-            peak = {q: [float(e.contact_force.max()) for e in runs[q]] for q in ("good", "poor")}
-            above = {q: np.mean([(e.contact_force > 8).mean() for e in runs[q]]) for q in peak}
-            force = "   " + " / ".join(
-                f"{np.mean(peak[q]):.1f} N ({above[q]:.0%} of steps > 8 N)" for q in peak
-            )
-        rates = " ".join(f"{success_rate(runs[q]):.2f}".rjust(w) for q, w in
-                         (("good", 5), ("poor", 5), ("random", 6)))  # fmt: skip
+        rates = (
+            f"{r['good']['success']:5.2f} {r['poor']['success']:5.2f} {r['random']['success']:6.2f}"
+        )
         print(f"{name:<24} {rates}{force}", flush=True)
     print(f"{n} episodes each (seeds from 1000); success = the task's own threshold")
     return 0
