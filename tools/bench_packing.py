@@ -17,6 +17,14 @@ the same log-probs (checked here, max abs difference printed). Time: median of
 ``ragged`` (the trainer's default: each response's real tokens, the model's own attention
 under a 4D mask) and ``uniform`` (responses padded to ``R``, the shared-prompt attention
 op as the model's attention function). ``of_rho`` is the speed-up over ``rho``.
+
+``flop_ceiling``: the padded layout's FLOPs over the packed one's, counting what each
+computes (``2 x`` the decoder's non-embedding weights per input position, and ``4 x
+hidden x layers`` per attended (query, key) pair, the forward; the backward scales both
+sides alike, the LM head is the same on both). ``rho`` counts positions only; attention
+does not shrink by ``rho`` (every response still attends to the whole prompt), so the
+ceiling is below ``rho``, and a ragged layout that repeats its prompt in split rows
+lowers it further. ``of_ceiling`` = the speed-up over that ceiling: what overhead costs.
 """
 
 from __future__ import annotations
@@ -30,6 +38,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from benchlib import print_table, write_result
+
+
+def layout_flops(sb, cfg) -> float:
+    """Forward FLOPs of the decoder over ``sb``'s layout (see the module docstring)."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_pos = 2 * layers * (h * (h + 2 * kv) + h * h + 3 * h * cfg.intermediate_size)
+    if sb.packed is None:  # the padded rows: every position, causal pairs of the real ones
+        real = sb.attention_mask.sum(1).double()
+        positions, pairs = sb.attention_mask.numel(), float((real * (real + 1) / 2).sum())
+    elif sb.packed.layout is None:  # ragged: the rows' real tokens, the pairs they allow
+        positions, pairs = sum(sb.packed.tokens), float(sb.packed.allow.sum())
+    else:  # uniform: the prompt once, each response over the prompt and itself
+        positions, pairs = 0, 0.0
+        for P, N, L in sb.packed.layout:
+            positions += P + N * L
+            pairs += P * (P + 1) / 2 + N * (L * P + L * (L + 1) / 2)
+    return per_pos * positions + 4 * h * layers * pairs
 
 
 def main() -> None:
@@ -85,11 +111,11 @@ def main() -> None:
                 t0 = time.perf_counter()
                 step()
                 times.append(time.perf_counter() - t0)
-            res[layout] = (statistics.median(times), lp)
-        t_pad, lp_pad = res["padded"]
+            res[layout] = (statistics.median(times), lp, layout_flops(sb, cfg))
+        t_pad, lp_pad, f_pad = res["padded"]
         rho = packing_ratio(n, args.prompt, args.response)
         for layout in args.layouts:
-            t_pack, lp_pack = res[layout]
+            t_pack, lp_pack, f_pack = res[layout]
             rows.append(
                 {
                     "N": n,
@@ -101,6 +127,8 @@ def main() -> None:
                     "s_packed": t_pack,
                     "speedup": t_pad / t_pack,
                     "of_rho": t_pad / t_pack / rho,
+                    "flop_ceiling": f_pad / f_pack,
+                    "of_ceiling": t_pad / t_pack / (f_pad / f_pack),
                     "max_logp_diff": float((lp_pad - lp_pack).abs().max()),
                 }
             )

@@ -162,7 +162,7 @@ def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
         completion_logprobs(Capped(), sb, impl="fused")
 
 
-@pytest.mark.parametrize("layout", ["ragged", "uniform"])
+@pytest.mark.parametrize("layout", ["ragged", "uniform", "auto"])
 @pytest.mark.parametrize("impl", ["fused", "logits"])
 def test_packed_shared_prompt_logprobs_equal_the_unpacked_layout(model_tok, impl, layout):
     """Groups packed as [prompt; r_1; ...; r_N] (ragged: each response at its own length,
@@ -319,6 +319,67 @@ def test_packing_is_skipped_where_it_saves_too_few_positions(model_tok):
     batch = RolloutBatch(short, full, torch.zeros(4, 32), ones, ["length"] * 4, torch.zeros(4), 0)
     fw = Forwards(cfg, type("Learner", (), {"sharded": False})(), m, 1.0, None)
     assert fw.seq_batch(batch).packed is None
+
+
+def test_the_cost_model_counts_what_the_built_layouts_hold():
+    """``packed_work`` (the plan, before anything is built) equals the positions and pairs
+    of the layouts ``pack_groups`` builds: the ragged rows' real tokens and ``T^2`` per
+    row, the uniform rows' prompt once plus each padded response; a planner that drifted
+    from the builder (a split, a dropped last token) fails here."""
+    from rlpost.kernels.ops.shared_prompt import pack_groups, packed_work
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [[5] * 40] * 6 + [[6, 7, 8]] * 5 + [[9] * 70] * 3
+    comp = torch.randint(3, 12, (14, 24), generator=g)
+    lengths = torch.randint(1, 25, (14,), generator=g)
+    for lens in (lengths, None):
+        pk = pack_groups(prompts, comp, 0, lens, row_tokens=128, last_token=False)
+        positions, pairs = packed_work(prompts, 24, lens, row_tokens=128, last_token=False)
+        if lens is not None:
+            T = pk.input_ids.shape[1]
+            assert positions == sum(pk.tokens) and pairs == len(pk.tokens) * T * T
+        else:
+            assert positions == sum(P + N * R for P, N, R in pk.layout)
+            assert pairs == sum(P * (P + 1) / 2 + N * R * (P + R) for P, N, R in pk.layout)
+    assert sum(pk.tokens) < 14 * 24 + 40 * 6  # (the planner saw a split: prompt repeats)
+
+
+def test_auto_layout_takes_the_cheaper_packing_per_micro_batch(model_tok):
+    """``layout="auto"`` (the default, ``model.pack_layout``): a long prompt shared by many
+    full responses goes uniform (the ragged rows would split it and repeat the prompt),
+    short prompts with uneven responses go ragged, and short prompts with full responses
+    stay padded; each gives the padded layout's log-probs."""
+    from rlpost.llm.model.policy import decoder_cost, layout_costs
+
+    m, tok = model_tok
+    cost = decoder_cost(m)
+    g = torch.Generator().manual_seed(1)
+    long, comp = [ids(tok, "12+34=" * 8)] * 16, torch.randint(3, 12, (16, 24), generator=g)
+    ones = torch.ones(16, 24)
+    short = [ids(tok, f"{i}+1=") for i in range(4) for _ in range(4)]
+    uneven = (torch.arange(24)[None] < torch.randint(2, 24, (16, 1), generator=g)).float()
+    cases = {"uniform": (long, ones), "ragged": (short, uneven), "padded": (short, ones)}
+    for want, (prompts, mask) in cases.items():
+        sb = make_seq_batch(prompts, comp, mask, 0, pack=True, layout="auto", min_gain=1.2,
+                            cost=cost)  # fmt: skip
+        got = "padded" if sb.packed is None else "ragged" if sb.packed.layout is None else "uniform"
+        costs = layout_costs(prompts, mask.sum(1).long(), 24, cost)
+        assert got == want, costs
+        ref, _ = completion_logprobs(m, make_seq_batch(prompts, comp, mask, 0), 1.0)
+        lp, _ = completion_logprobs(m, sb, 1.0)
+        torch.testing.assert_close(lp * mask, ref * mask, atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_cost_is_twice_the_weights_and_the_attention_per_pair(model_tok):
+    from rlpost.llm.model.policy import decoder_cost
+
+    m, _ = model_tok
+    c = m.config
+    h, kv = c.hidden_size, c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    layer = h * (h + 2 * kv) + (h + 2 * kv) + h * h + 3 * h * c.intermediate_size + 2 * h
+    weights = c.num_hidden_layers * layer + h  # (the final norm; embeddings tied, excluded)
+    assert decoder_cost(m) == (2.0 * weights, 4.0 * h * c.num_hidden_layers)
+    assert decoder_cost(torch.nn.Linear(2, 2)) == (1.0, 0.0)
 
 
 def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_tok):

@@ -1,7 +1,9 @@
 """Shared-prompt attention (DualKV, catalog 000-21) and group packing.
 
 :func:`shared_prompt_attention` dispatches to the Triton kernels on CUDA (when Triton is
-installed) and to the torch reference elsewhere. Packing (:func:`pack_groups`) works with
+installed) and elsewhere to two calls of torch's fused ``scaled_dot_product_attention``
+(``backend="sdpa"``: the prompt causally, then every response over the prompt's keys and
+its own); ``backend="reference"`` is the explicit softmax the others are tested against. Packing (:func:`pack_groups`) works with
 any model that takes a 4D attention mask and position ids, e.g. Hugging Face decoders.
 """
 
@@ -9,12 +11,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from rlpost.kernels.ops.shared_prompt.reference import (
     PackedGroups,
     pack_group,
     pack_groups,
+    packed_work,
     packing_ratio,
 )
 from rlpost.kernels.ops.shared_prompt.reference import (
@@ -30,21 +34,49 @@ def shared_prompt_attention(
     k_r: Tensor,
     v_r: Tensor,
     scale: float | None = None,
-    backend: Literal["auto", "triton", "reference"] = "auto",
+    backend: Literal["auto", "triton", "sdpa", "reference"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``(out_prompt [H, P, d], out_responses [N, H, R, d])``: causal attention over each
     ``[prompt; response_i]`` with the prompt's keys and values held once."""
     from rlpost.kernels import triton_available
 
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
+    if backend not in ("auto", "triton", "sdpa", "reference"):
+        raise ValueError(f"backend must be auto, triton, sdpa or reference, got {backend!r}")
     if backend == "auto":
-        backend = "triton" if q_r.is_cuda and triton_available() else "reference"
+        backend = "triton" if q_r.is_cuda and triton_available() else "sdpa"
     if backend == "reference":
         return shared_prompt_attention_reference(q_p, k_p, v_p, q_r, k_r, v_r, scale)
+    if backend == "sdpa":
+        return shared_prompt_attention_sdpa(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     from rlpost.kernels.ops.shared_prompt.triton_impl import shared_prompt_attention_triton
 
     return shared_prompt_attention_triton(q_p, k_p, v_p, q_r, k_r, v_r, scale)
 
 
-__all__ = ["PackedGroups", "pack_group", "pack_groups", "packing_ratio", "shared_prompt_attention"]
+def shared_prompt_attention_sdpa(
+    q_p: Tensor, k_p: Tensor, v_p: Tensor, q_r: Tensor, k_r: Tensor, v_r: Tensor,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The op through torch's fused attention: the prompt causally, then each response's
+    queries over ``[prompt keys; its own keys]`` under a ``[R, P + R]`` mask (the prompt
+    whole, the response causal). The prompt's keys and values are copied once per response
+    for the call (``N P d`` per head); no ``[N, R, P + R]`` score tensor is kept for the
+    backward."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out_p = sdpa(q_p[None], k_p[None], v_p[None], is_causal=True, scale=scale)[0]
+    N, H, R, d = q_r.shape
+    P = k_p.shape[-2]
+    k = torch.cat([k_p.expand(N, H, P, d), k_r], dim=2)
+    v = torch.cat([v_p.expand(N, H, P, d), v_r], dim=2)
+    allow = torch.ones(R, P + R, dtype=torch.bool, device=q_r.device).tril(P)
+    return out_p, sdpa(q_r, k, v, attn_mask=allow, scale=scale)
+
+
+__all__ = [
+    "PackedGroups",
+    "pack_group",
+    "pack_groups",
+    "packed_work",
+    "packing_ratio",
+    "shared_prompt_attention",
+]

@@ -95,33 +95,17 @@ def pack_group(prompt: list[int], responses: Tensor) -> tuple[Tensor, Tensor, Te
     return ids, pos, allow
 
 
-def pack_groups(
+def _plan(
     prompt_ids: list[list[int]],
-    completion_ids: Tensor,
-    pad_id: int,
-    lengths: Tensor | None = None,
-    row_tokens: int | None = None,
-    last_token: bool = True,
-) -> PackedGroups:
-    """Pack rows that share a prompt (equal ``prompt_ids``) into one sequence each, in
-    order of first appearance; padding rows attend only to themselves.
-
-    ``lengths`` (``[B]`` real tokens per completion): the *ragged* layout. Each response
-    takes only its own tokens (no right padding inside a group), several groups may share
-    a packed row (first-fit decreasing into rows as long as the longest group, so that
-    rows need little padding), and ``layout`` is ``None``: ``allow`` is the mask (a token
-    attends within its own group only); with ``row_tokens``, a group longer than
-    ``max(row_tokens, 2 x its longest [prompt; response])`` is split, its prompt repeated
-    (smaller rows, smaller dense masks). Without ``lengths`` every response is padded to
-    ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
-    shared-prompt attention op. A completion position past a ragged response's length
-    gathers that response's last predicting position (finite; the caller masks it out).
-
-    ``last_token=False`` leaves each response's last token out of the packed input: its
-    output predicts nothing and no later token attends to it, so every gathered output is
-    unchanged while each response costs one position less (a uniform layout of ``L = 1``
-    keeps its one token)."""
-    B, L = completion_ids.shape
+    B: int,
+    L: int,
+    lengths: Tensor | None,
+    row_tokens: int | None,
+    last_token: bool,
+):
+    """How :func:`pack_groups` lays ``B`` responses out, before anything is built:
+    ``(packs [(prompt, rows)], response lengths, tokens kept per response, bins [packs
+    per row], row length T, tokens dropped per response)``."""
     order: dict[tuple[int, ...], list[int]] = {}
     for b, p in enumerate(prompt_ids):
         order.setdefault(tuple(p), []).append(b)
@@ -158,6 +142,59 @@ def pack_groups(
             else:
                 bins.append([g])
                 free.append(T - sizes[g])
+    return packs, lens_all, kept, bins, T, drop
+
+
+def packed_work(
+    prompt_ids: list[list[int]],
+    L: int,
+    lengths: Tensor | None = None,
+    row_tokens: int | None = None,
+    last_token: bool = True,
+) -> tuple[int, float]:
+    """``(positions, attention pairs)`` a forward over :func:`pack_groups`' layout computes,
+    counted from its plan without building it: the ragged layout (``lengths``) attends
+    densely within each packed row (``T^2`` pairs a row, as a masked fused attention
+    computes them), the uniform one through the shared-prompt op (the prompt causally, each
+    response over the prompt and itself)."""
+    B = len(prompt_ids)
+    packs, _, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
+    positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
+    if lengths is not None:
+        return positions, float(len(bins) * T * T)
+    R = L - drop
+    pairs = sum(len(p) * (len(p) + 1) / 2 + len(rows) * R * (len(p) + R) for p, rows in packs)
+    return positions, pairs
+
+
+def pack_groups(
+    prompt_ids: list[list[int]],
+    completion_ids: Tensor,
+    pad_id: int,
+    lengths: Tensor | None = None,
+    row_tokens: int | None = None,
+    last_token: bool = True,
+) -> PackedGroups:
+    """Pack rows that share a prompt (equal ``prompt_ids``) into one sequence each, in
+    order of first appearance; padding rows attend only to themselves.
+
+    ``lengths`` (``[B]`` real tokens per completion): the *ragged* layout. Each response
+    takes only its own tokens (no right padding inside a group), several groups may share
+    a packed row (first-fit decreasing into rows as long as the longest group, so that
+    rows need little padding), and ``layout`` is ``None``: ``allow`` is the mask (a token
+    attends within its own group only); with ``row_tokens``, a group longer than
+    ``max(row_tokens, 2 x its longest [prompt; response])`` is split, its prompt repeated
+    (smaller rows, smaller dense masks). Without ``lengths`` every response is padded to
+    ``L``, one group per row, and ``layout`` holds each row's ``(P, N, L)`` for the
+    shared-prompt attention op. A completion position past a ragged response's length
+    gathers that response's last predicting position (finite; the caller masks it out).
+
+    ``last_token=False`` leaves each response's last token out of the packed input: its
+    output predicts nothing and no later token attends to it, so every gathered output is
+    unchanged while each response costs one position less (a uniform layout of ``L = 1``
+    keeps its one token)."""
+    B, L = completion_ids.shape
+    packs, lens_all, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
     comp = completion_ids.tolist()
     ids, pos, grp, seg = [], [], [], []  # per packed row; grp / seg -1 on padding
     gather = [[0] * L for _ in range(B)]

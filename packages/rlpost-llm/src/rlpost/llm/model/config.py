@@ -64,18 +64,22 @@ class ModelConfig(_Strict):
     differences on a third to a half of the tokens, 4.8e-7 at most, in float32 on CPU).
     Costs one forward per row."""
     pack_min_gain: float = Field(1.2, ge=0)
-    """Pack a micro-batch only when the padded layout would compute at least this many
-    times the packed one's positions; below it the padded layout is used. Packing a group
-    costs gathers and a dense per-row mask, so it loses where it saves few positions: at
-    8-token prompts and 128-token full-length responses it saves 5 % of the positions and
-    was 0.90-0.92x the padded update's speed (``tools/bench_packing.py --prompt 8
+    """Pack a micro-batch only when the padded layout would cost at least this many times
+    the packed one (FLOPs modelled from the layout's positions and attended pairs,
+    ``rlpost.llm.model.policy.layout_costs``); below it the padded layout is used. At
+    8-token prompts and 128-token full-length responses packing saves 5 % of the positions
+    and was 0.90-0.92x the padded update's speed (``tools/bench_packing.py --prompt 8
     --response 128``, ``docs/results/packing_p8_r128_2026-12-06.json``); at 256-token
-    prompts it saves 2.5-4x and was 1.6-3.2x faster. 0: always pack."""
-    pack_layout: Literal["ragged", "uniform"] = "ragged"
+    prompts it saves 2.5-4x. 0: always pack."""
+    pack_layout: Literal["auto", "ragged", "uniform"] = "auto"
     """``ragged``: each response keeps only its own tokens and several groups share a packed
-    row (no padding computed), attention through the model's own implementation with the
-    4D mask; ``uniform``: every response padded to the longest, one group per row, attention
-    through the shared-prompt op (Triton on CUDA)."""
+    row (no padding computed), attention through the model's own implementation with a
+    dense per-row mask (a group longer than two of its sequences is split, its prompt
+    repeated); ``uniform``: every response padded to the longest, one group per row, the
+    prompt once, attention through the shared-prompt op (fused SDPA on CPU, Triton on
+    CUDA); ``auto`` (default): per micro-batch, whichever of the two the cost model puts
+    lower (uniform for long shared prompts, ragged for short prompts and uneven
+    responses)."""
 
 
 PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

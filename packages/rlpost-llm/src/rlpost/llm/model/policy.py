@@ -186,22 +186,24 @@ def make_seq_batch(
     attend: Tensor | None = None,
     kv: tuple[int, int] | None = None,
     min_gain: float = 0.0,
+    cost: tuple[float, float] = (1.0, 0.0),
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
     :func:`rlpost.kernels.ops.shared_prompt.pack_groups`), which
     :func:`completion_logprobs` then uses instead: ``layout="ragged"`` keeps only each
     response's real tokens and attends through the model's own attention with a 4D mask;
-    ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (Triton
-    on CUDA). ``attend``: the completion tokens attended to where they are more than the
-    ``mask`` (:attr:`RolloutBatch.attention`: a multi-turn episode's observations).
-    ``kv``: ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
-    (:func:`shadow_mask`; no packing). ``min_gain``: pack only when the padded layout's
-    positions are at least that many times the packed one's (the per-token layers' work;
-    :func:`_packing_gain`), counted before packing; below it the padded layout is kept
-    (``model.pack_min_gain``)."""
-    if layout not in ("ragged", "uniform"):
-        raise ValueError(f"layout must be ragged or uniform, got {layout!r}")
+    ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (fused
+    SDPA on CPU, Triton on CUDA); ``"auto"`` takes whichever of the two costs less.
+    ``attend``: the completion tokens attended to where they are more than the ``mask``
+    (:attr:`RolloutBatch.attention`: a multi-turn episode's observations). ``kv``:
+    ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
+    (:func:`shadow_mask`; no packing). ``min_gain``: pack only when the padded layout costs
+    at least that many times the packed one, counted before anything is built
+    (:func:`layout_costs` with ``cost = (per position, per attended pair)``); below it the
+    padded layout is kept (``model.pack_min_gain``)."""
+    if layout not in ("ragged", "uniform", "auto"):
+        raise ValueError(f"layout must be ragged, uniform or auto, got {layout!r}")
     B, L = completion_ids.shape
     P = max(len(p) for p in prompt_ids)
     left = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompt_ids], dtype=torch.long)
@@ -215,24 +217,56 @@ def make_seq_batch(
     if kv is not None:
         shadow = shadow_mask(attn, P, *kv)
         pack = False
-    lengths = real.sum(1).long() if pack and layout == "ragged" else None
-    if pack and _packing_gain(prompt_ids, lengths, B, P, L) >= min_gain:
-        from rlpost.kernels.ops.shared_prompt import pack_groups
+    if pack:
+        lengths = real.sum(1).long()
+        costs = layout_costs(prompt_ids, lengths, L, cost)
+        chosen = min(("ragged", "uniform"), key=costs.get) if layout == "auto" else layout
+        if costs["padded"] >= min_gain * costs[chosen]:
+            from rlpost.kernels.ops.shared_prompt import pack_groups
 
-        packed = pack_groups(
-            prompt_ids, completion_ids, pad_id, lengths, row_tokens=ROW_TOKENS, last_token=False
-        )  # (the last token of a response predicts nothing: not an input)
+            packed = pack_groups(
+                prompt_ids,
+                completion_ids,
+                pad_id,
+                lengths if chosen == "ragged" else None,
+                row_tokens=ROW_TOKENS,
+                last_token=False,
+            )  # fmt: skip  (the last token of a response predicts nothing: not an input)
     return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
 
 
-def _packing_gain(prompts: list[list[int]], lengths: Tensor | None, B: int, P: int, L: int):
-    """The padded layout's positions per position of the packed one (each distinct prompt
-    once, each response without its last token; ``lengths`` None: responses padded to
-    ``L``), counted before anything is built."""
-    responses = int(lengths.clamp_min(1).sum()) if lengths is not None else B * L
-    last = 0 if lengths is None and L == 1 else B  # (a uniform L = 1 keeps its one token)
-    packed = sum(len(p) for p in {tuple(p) for p in prompts}) + responses - last
-    return B * (P + L) / max(packed, 1)
+def layout_costs(
+    prompts: list[list[int]], lengths: Tensor, L: int, cost: tuple[float, float] = (1.0, 0.0)
+) -> dict[str, float]:
+    """What a forward over each layout computes, ``per_position x positions + per_pair x
+    attended (query, key) pairs`` with ``cost = (per_position, per_pair)``
+    (:func:`decoder_cost`): the padded rows (``B (P + L)`` positions, ``B (P + L)^2``
+    pairs: a masked fused attention computes them all), the ragged and the uniform packed
+    layouts (:func:`rlpost.kernels.ops.shared_prompt.packed_work`), counted before
+    anything is built."""
+    from rlpost.kernels.ops.shared_prompt import packed_work
+
+    per_pos, per_pair = cost
+    S = max(len(p) for p in prompts) + L
+    out = {"padded": len(prompts) * (S * per_pos + S * S * per_pair)}
+    for name, lens in (("ragged", lengths), ("uniform", None)):
+        positions, pairs = packed_work(prompts, L, lens, ROW_TOKENS, last_token=False)
+        out[name] = positions * per_pos + pairs * per_pair
+    return out
+
+
+def decoder_cost(model: torch.nn.Module) -> tuple[float, float]:
+    """``(FLOPs per input position, FLOPs per attended pair)`` of ``model``'s forward: twice
+    its non-embedding weights, and ``4 x hidden x layers`` (scores and weighted values);
+    ``(1, 0)`` (positions only) for a model without a transformers config."""
+    cfg = getattr(model, "config", None)
+    hidden, layers = getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None)
+    if not (hidden and layers):
+        return 1.0, 0.0
+    embed = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings())
+             if m is not None for p in m.parameters()}  # fmt: skip
+    weights = sum(p.numel() for p in model.parameters() if id(p) not in embed)
+    return 2.0 * weights, 4.0 * hidden * layers
 
 
 def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:

@@ -69,6 +69,9 @@ class Forwards:
         self.temperature = temperature
         self.kv = kv
         self.sharded = learner.sharded
+        from rlpost.llm.model.policy import decoder_cost
+
+        self.cost = decoder_cost(getattr(model, "module", model))  # (per position, per pair)
 
     def seq_batch(
         self,
@@ -91,7 +94,7 @@ class Forwards:
         m = self.cfg.model
         return make_seq_batch(
             *args, pack=m.pack_prompts if pack is None else pack, layout=m.pack_layout,
-            attend=take(sub.attention), kv=self.kv, min_gain=m.pack_min_gain,
+            attend=take(sub.attention), kv=self.kv, min_gain=m.pack_min_gain, cost=self.cost,
         )  # fmt: skip
 
     def seq_batches(self, batch: RolloutBatch, pack: bool | None = None):
