@@ -642,6 +642,14 @@ def parse_args(argv=None):
         f"x G {GRID_GROUPS} (P = --prompts, timed steps {GRID_STEPS}); the headline names "
         "min_full_length_ratio (tokens per CPU-second)",
     )
+    ap.add_argument(
+        "--modes", nargs="+", choices=["natural", "full"], default=["natural", "full"],
+        help="--grid: which length regimes",
+    )  # fmt: skip
+    ap.add_argument(
+        "--lengths", type=int, nargs="+", default=list(GRID_LENGTHS),
+        help=f"--grid: new-token caps (each of {sorted(GRID_STEPS)})",
+    )  # fmt: skip
     ap.add_argument("--trl-venv", default=str(REPO / "bench_results" / ".venv-trl"))
     ap.add_argument(
         "--trl-version", default=DEFAULT_TRL_VERSION, help="trl release ('' for the newest)"
@@ -658,6 +666,8 @@ def parse_args(argv=None):
             ap.error("--prompts, --max-new-tokens, --steps, --warmup, --threads must be >= 1")
         if args.group_size < 2:
             ap.error("--group-size must be >= 2 (TRL's minimum)")
+        if args.grid and set(args.lengths) - set(GRID_STEPS):
+            ap.error(f"--lengths: each of {sorted(GRID_STEPS)}")
         if args.grid and args.full_length:
             ap.error("--grid runs both natural and full length; drop --full-length")
         if (args.full_length or args.grid) and args.mask_truncated:
@@ -788,7 +798,8 @@ def grid_cells(args) -> list[dict]:
             "warmup": 1,
         }
         for full in (False, True)
-        for L in GRID_LENGTHS
+        if ("full" if full else "natural") in args.modes
+        for L in args.lengths
         for G in GRID_GROUPS
     ]
 
