@@ -382,6 +382,21 @@ def test_decoder_cost_is_twice_the_weights_and_the_attention_per_pair(model_tok)
     assert decoder_cost(torch.nn.Linear(2, 2)) == (1.0, 0.0)
 
 
+def test_auto_layout_is_ragged_on_cuda():
+    from rlpost.llm.model.policy import pack_layout
+
+    cpu = torch.nn.Linear(2, 2)
+    assert pack_layout("auto", cpu) == "auto" and pack_layout("uniform", cpu) == "uniform"
+
+    class OnCuda:  # (no GPU needed: only the parameters' device is read)
+        def parameters(self):
+            return iter([type("P", (), {"device": torch.device("cuda", 0)})()])
+
+    assert (
+        pack_layout("auto", OnCuda()) == "ragged" and pack_layout("uniform", OnCuda()) == "uniform"
+    )
+
+
 def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_tok):
     import copy
 

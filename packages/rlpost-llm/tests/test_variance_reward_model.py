@@ -52,12 +52,29 @@ def trained(tmp_path_factory):
     return model, tok, out
 
 
-def test_the_model_recovers_each_styles_mean_and_spread(trained):
+def test_the_model_recovers_each_styles_mean_and_spread(trained, record_result):
     model, tok, _ = trained
     answers = {"plain": "68", "twice": "68 68", "bracketed": "(68)", "junk": "=+"}
     with torch.no_grad():
         mu, lv = heads(model, tok, ["23+45="] * 4, list(answers.values()))
     sigma = (lv / 2).exp()
+    record_result(
+        "variance_rm_styles",
+        [
+            {
+                "answer": a,
+                "style": k,
+                "mu": float(mu[i]),
+                "sigma": float(sigma[i]),
+                "judges_mu": JUDGES[k][0],
+                "judges_sigma": JUDGES[k][1],
+            }
+            for i, (k, a) in enumerate(answers.items())
+        ],
+        catalog_ids=["000-28"],
+        config={"prompt": "23+45=", "train_steps": 140, "pairs": 1000},
+        seeds=[0],
+    )
     for i, kind in enumerate(answers):
         true_mu, true_sigma = JUDGES[kind]
         assert abs(float(mu[i]) - true_mu) < 0.4, kind

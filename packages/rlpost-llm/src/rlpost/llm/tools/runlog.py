@@ -33,6 +33,7 @@ SUMMARY_KEYS = [
     "kl",
     "distill/kl",
     "clip_frac",
+    "rollout/sync_mb",  # (Ray workers: the weights sent per step; LoRA: adapters after the first)
 ]
 
 

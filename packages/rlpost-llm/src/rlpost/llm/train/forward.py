@@ -69,9 +69,10 @@ class Forwards:
         self.temperature = temperature
         self.kv = kv
         self.sharded = learner.sharded
-        from rlpost.llm.model.policy import decoder_cost
+        from rlpost.llm.model.policy import decoder_cost, pack_layout
 
         self.cost = decoder_cost(getattr(model, "module", model))  # (per position, per pair)
+        self.layout = pack_layout(cfg.model.pack_layout, model)
 
     def seq_batch(
         self,
@@ -93,7 +94,7 @@ class Forwards:
             return make_seq_batch(*args, attend=take(sub.attention))
         m = self.cfg.model
         return make_seq_batch(
-            *args, pack=m.pack_prompts if pack is None else pack, layout=m.pack_layout,
+            *args, pack=m.pack_prompts if pack is None else pack, layout=self.layout,
             attend=take(sub.attention), kv=self.kv, min_gain=m.pack_min_gain, cost=self.cost,
         )  # fmt: skip
 
