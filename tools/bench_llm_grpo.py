@@ -275,6 +275,7 @@ def rlpost_config(spec: dict, run_dir: Path):
             "run.progress=false",
             "run.tensorboard=false",
             "reward.workers=0",
+            *spec.get("rlpost_set", []),
         ],
     )
 
@@ -650,6 +651,10 @@ def parse_args(argv=None):
         "--lengths", type=int, nargs="+", default=list(GRID_LENGTHS),
         help=f"--grid: new-token caps (each of {sorted(GRID_STEPS)})",
     )  # fmt: skip
+    ap.add_argument(
+        "--rlpost-set", nargs="+", default=[], metavar="KEY=VALUE",
+        help="config overrides for the rlpost side only (e.g. run.malloc_mmap_kb=128)",
+    )  # fmt: skip
     ap.add_argument("--trl-venv", default=str(REPO / "bench_results" / ".venv-trl"))
     ap.add_argument(
         "--trl-version", default=DEFAULT_TRL_VERSION, help="trl release ('' for the newest)"
@@ -730,6 +735,7 @@ def run_cell(args, cell: dict, model_dir: Path, trl_python: str, tmp: Path) -> d
             "threads": args.threads,
             "mask_truncated": args.mask_truncated,
             "full_length": cell["full_length"],
+            "rlpost_set": args.rlpost_set,
         }
         pair = {}
         sides = [("rlpost", sys.executable), ("trl", trl_python)]
@@ -907,6 +913,7 @@ def main(argv=None) -> None:
         "micro_batch": "P * G (the whole batch)",
         "mask_truncated": args.mask_truncated,
         "torch_threads": args.threads,
+        "rlpost_set": args.rlpost_set,
         "model": {"size": args.size, "params": n_params, "init_seed": args.model_seed},
         "task": "arithmetic (digits=3, ops='+'), prompts = first (warmup+steps)*P examples "
         "of random.Random(seed)",

@@ -47,3 +47,22 @@ def pick_device(name: str):
                 f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here"
             )
     return dev
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def fix_mmap_threshold(kib: int | None) -> bool:
+    """Fix glibc's mmap threshold at ``kib`` KiB for this process (``run.malloc_mmap_kb``):
+    large blocks then return to the system when freed instead of staying in the heap, and
+    glibc stops raising the threshold. False where nothing was set (``None``, or a C
+    library without ``mallopt``)."""
+    if kib is None:
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, int(kib) * 1024))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlpost.core._env import fix_mmap_threshold
 from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard, training_loop
 from rlpost.core.io.checkpoint import (
     latest_checkpoint,
@@ -95,6 +96,7 @@ class Trainer:
         self.cfg, self._t_created = cfg, time.perf_counter()  # (the report counts set-up)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        fix_mmap_threshold(cfg.run.malloc_mmap_kb)
         self.dist = Ranks(cfg.run.device)
         self.main = self.dist.main
         self.preset = cfg.preset()

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlpost.core._env import fix_mmap_threshold
 from rlpost.core.contract import Input
 from rlpost.core.guard import UpdateGuard, training_loop
 from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
@@ -153,6 +154,7 @@ class PreferenceTrainer:
         self.cfg = cfg
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        fix_mmap_threshold(cfg.run.malloc_mmap_kb)
         self.loss = cfg.loss.build()
         self.needs_ref = Input.REF_LOGPROBS in self.loss.reads
         self.data = make_pair_data(cfg)  # a bad data file fails before the model loads
