@@ -870,16 +870,9 @@ def main(argv=None) -> None:
         for cell in cells:
             res = run_cell(args, cell, model_dir, trl_python, Path(tmp))
             _print_cell(cell, res, args, n_params, trl_versions)
-            results.append(res)
-    rows = [r for res in results for r in res["rows"]]
-    checks = {
-        "same_prompts_in_order": all(r["same_prompts_in_order"] for r in rows),
-        "trl_side_imported_rlpost": any(r.get("rlpost_imported") for r in rows),
-        "torch_threads_seen": sorted({r["torch_threads_seen"] for r in rows}),
-    }
-    print(f"checks: {checks}")
+            results.append(res)  # the file holds every finished cell (a late failure loses none)
+            out, headline = _write(args, cells, results, n_params, trl_versions, benchlib)
     if args.grid:
-        headline = grid_headline(results)
         benchlib.print_table(
             [res["ratio"] for res in results],
             [
@@ -891,6 +884,24 @@ def main(argv=None) -> None:
                 ("peak_rss_mib", "peak RSS ratio"),
             ],
         )
+    print(f"\nheadline: {json.dumps(headline)}")
+    now = time.perf_counter()
+    print(
+        f"wrote {out}; benchmark {now - t_bench:.1f} s "
+        f"(+ {t_bench - t_start:.1f} s TRL environment check/creation)"
+    )
+
+
+def _write(args, cells, results, n_params, trl_versions, benchlib):
+    """The result file of the cells finished so far: ``(path, headline)``."""
+    rows = [r for res in results for r in res["rows"]]
+    checks = {
+        "same_prompts_in_order": all(r["same_prompts_in_order"] for r in rows),
+        "trl_side_imported_rlpost": any(r.get("rlpost_imported") for r in rows),
+        "torch_threads_seen": sorted({r["torch_threads_seen"] for r in rows}),
+    }
+    if args.grid:
+        headline = grid_headline(results)
     else:
         only = results[0]
         headline = {
@@ -902,6 +913,7 @@ def main(argv=None) -> None:
         }
     config = {
         "cells": cells,
+        "cells_done": len(results),
         "temperature": args.temperature,
         "top_p": 1.0,
         "top_k": 0,
@@ -935,12 +947,7 @@ def main(argv=None) -> None:
         rows=[r for res in results for r in (*res["rows"], *res["summary"].values(), res["ratio"])],
         headline=headline,
     )
-    print(f"\nheadline: {json.dumps(headline)}")
-    now = time.perf_counter()
-    print(
-        f"wrote {out}; benchmark {now - t_bench:.1f} s "
-        f"(+ {t_bench - t_start:.1f} s TRL environment check/creation)"
-    )
+    return out, headline
 
 
 if __name__ == "__main__":

@@ -109,12 +109,14 @@ def write_result(
 ) -> Path:
     """Write one benchmark result as JSON, atomically (temp file + ``os.replace``).
 
-    ``headline`` must have exactly the keys ``metric, value, baseline, ratio, paper``.
+    ``headline`` must have the keys ``metric, value, baseline, ratio, paper`` (in that
+    order in the file); a benchmark may add its own after them.
     ``command`` and ``machine`` are filled in here. Parent directories are created.
     Non-finite floats are written as null. Returns the path written.
     """
-    if set(headline) != set(HEADLINE_KEYS):
-        raise ValueError(f"headline keys must be {HEADLINE_KEYS}, got {tuple(headline)}")
+    missing = [k for k in HEADLINE_KEYS if k not in headline]
+    if missing:
+        raise ValueError(f"headline keys must include {HEADLINE_KEYS}, missing {missing}")
     result = {
         "name": name,
         "catalog_ids": list(catalog_ids),
@@ -123,7 +125,7 @@ def write_result(
         "config": dict(config),
         "seeds": list(seeds),
         "rows": [dict(r) for r in rows],
-        "headline": {k: headline[k] for k in HEADLINE_KEYS},
+        "headline": {**{k: headline[k] for k in HEADLINE_KEYS}, **headline},
     }
     text = json.dumps(_jsonable(result), indent=2, allow_nan=False) + "\n"
     out = Path(path)

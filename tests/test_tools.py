@@ -1,0 +1,41 @@
+"""The benchmark tools' own logic, without running a benchmark."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str):
+    sys.path.insert(0, str(ROOT / "tools"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_grid_headline_names_the_smallest_ratio_per_regime_and_is_written(tmp_path):
+    """``bench_llm_grpo --grid``: the headline is the smallest tokens-per-CPU-second ratio,
+    names ``min_full_length_ratio`` and ``min_natural_ratio``, and the common-shape writer
+    keeps those keys after the five it requires (a grid run once lost an hour's results to
+    a writer that refused them)."""
+    bench, benchlib = _tool("bench_llm_grpo"), _tool("benchlib")
+
+    def cell(name, full, tok, rss):
+        ratio = {"cell": name, "full_length": full, "cpu_tok_s": tok, "peak_rss_mib": rss}
+        return {"ratio": ratio}
+
+    cells = [cell("natural8_g8", False, 2.1, 0.9), cell("full128_g8", True, 1.2, 1.01),
+             cell("full512_g8", True, 1.3, 0.98)]  # fmt: skip
+    head = bench.grid_headline(cells)
+    assert (head["ratio"], head["worst_cell"]) == (1.2, "full128_g8")
+    assert (head["min_full_length_ratio"], head["min_natural_ratio"]) == (1.2, 2.1)
+    assert head["max_peak_rss_ratio"] == 1.01
+    out = benchlib.write_result(tmp_path / "g.json", name="g", catalog_ids=[], config={},
+                                seeds=[0], rows=[], headline=head)  # fmt: skip
+    written = json.loads(out.read_text())["headline"]
+    assert list(written)[:5] == list(benchlib.HEADLINE_KEYS)
+    assert written["min_full_length_ratio"] == 1.2
