@@ -165,3 +165,99 @@ def test_a_page_that_reports_a_measurement_cites_its_result_file():
         ]
     assert not bare, "cite the result file (docs/results/...) on: " + ", ".join(bare)
     assert not unnamed, "name the result file beside the output: " + "; ".join(unnamed)
+
+
+#: a fenced code block, and a command line in it that runs one of the apps
+FENCED = r"```[^\n]*\n(.*?)```"
+APP_COMMAND = r"^\$ .*\brlpost-\w+"
+
+
+def _shown_transcripts(page: Path):
+    """``(line, block text, nearby text)`` of each fenced block of ``page`` that shows an
+    app's command (``$ ... rlpost-x ...``); nearby: the paragraphs just before and after."""
+    import re
+
+    text = page.read_text()
+    for m in re.finditer(FENCED, text, flags=re.S):
+        if re.search(APP_COMMAND, m.group(1), flags=re.M):
+            before = text[: m.start()].rstrip().rsplit("\n\n", 1)[-1]
+            after = text[m.end() :].lstrip().split("\n\n", 1)[0]
+            yield text[: m.start()].count("\n") + 1, m.group(1), before + after
+
+
+def test_a_shown_command_output_names_the_log_it_was_copied_from():
+    """A page that shows an app's command and the numbers it printed names, in the block
+    or the paragraph before or after it, the log ``tools/transcripts.py`` kept
+    (``docs/results/transcripts/<name>.log``): the log holds that command, and every
+    number of the shown output is in it (a number edited by hand, or left from an older
+    run, fails)."""
+    import re
+
+    number = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%?(?![\w.])")
+    bare, wrong = [], []
+    for page in [ROOT / "README.md", *PAGES]:
+        for line, block, nearby in _shown_transcripts(page):
+            output = [x for x in block.splitlines() if not x.startswith("$")]
+            if not any(re.search(r"\d\.\d", x) for x in output):
+                continue  # no measured number shown
+            where = f"{page.relative_to(ROOT)}:{line}"
+            logs = re.findall(r"results/(transcripts/[\w.\-]+\.log)", block + nearby)
+            if not logs:
+                bare.append(where)
+                continue
+            log = "\n".join((ROOT / "docs/results" / p).read_text() for p in logs)
+            for cmd in re.findall(r"^\$ (.*)$", block, flags=re.M):
+                cmd = cmd.split("  #")[0].rstrip()
+                if f"$ {cmd}\n" not in log:
+                    wrong.append(f"{where}: the command {cmd!r} is not in {logs}")
+            missing = {n for x in output for n in number.findall(x) if n not in log}
+            if missing:
+                wrong.append(f"{where}: numbers not in {logs}: {sorted(missing)[:8]}")
+    assert not bare, "name the transcript log beside the output: " + ", ".join(bare)
+    assert not wrong, "\n".join(wrong)
+
+
+def _transcripts_tool():
+    """``tools/transcripts.py`` as a module (registered: its dataclass needs that)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("transcripts", ROOT / "tools/transcripts.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["transcripts"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_transcript_log_belongs_to_a_transcript_of_the_tool():
+    """Each kept log is one of ``tools/transcripts.py``'s, starts with its commands, and ran
+    to exit 0."""
+    mod = _transcripts_tool()
+    logs = sorted((ROOT / "docs/results/transcripts").glob("*.log"))
+    assert logs
+    for log in logs:
+        text = log.read_text()
+        t = mod.TRANSCRIPTS.get(log.stem)
+        assert t is not None, f"{log.name}: no such transcript in tools/transcripts.py"
+        shown = [x[2:] for x in text.splitlines() if x.startswith("$ ")]
+        assert shown == list(t.commands), f"{log.name}: ran {shown}, the tool says {t.commands}"
+        assert text.rstrip().splitlines()[-1].startswith("# exit 0 "), f"{log.name} failed"
+
+
+def test_the_transcript_tool_logs_commands_their_last_drawn_lines_and_exit(tmp_path):
+    mod = _transcripts_tool()
+    t = mod.Transcript(
+        "docs/x.md",
+        (
+            "python -c \"import time; print('up', flush=True); time.sleep(60)\" &",
+            "printf '10%%\\r100%% \\033[1mdone\\033[0m 1.5\\n'",
+            "exit 3",
+        ),
+        ready="up",
+    )
+    status, text = mod.run("x", t)
+    lines = text.splitlines()
+    assert status == 3 and lines[-1].startswith("# exit 3 in ")
+    assert lines[1:6] == [f"$ {t.commands[0]}", "up", f"$ {t.commands[1]}", "100% done 1.5",
+                          f"$ {t.commands[2]}"]  # fmt: skip
+    assert mod.runnable("OMP_NUM_THREADS=1 uv run rlpost-x y &") == "OMP_NUM_THREADS=1 rlpost-x y"

@@ -1,0 +1,237 @@
+"""Run the command-line transcripts the docs show, and keep what they printed.
+
+A page that shows a command and its output (``$ uv run rlpost-robot residual ...`` and the
+table it prints) cites the log this tool wrote for it, ``docs/results/transcripts/<name>.log``;
+``tests/test_docs.py`` checks that the log's commands are the page's and that every number
+of the page's printed output is in the log.
+
+    uv run --frozen python tools/transcripts.py --list
+    uv run --frozen python tools/transcripts.py robot_residual diffusion_methods
+    uv run --frozen python tools/transcripts.py --all          # every one, in turn (~25 min)
+
+Each transcript runs in a fresh temporary directory (so ``runs/...`` starts empty, as for a
+new user; caches such as the tiny bases are shared), through this checkout's environment
+(``uv run X`` runs ``.venv/bin/X``), its commands in turn in one shell. A command ending
+in ``&`` runs in the background until the rest have finished; what it printed by then is
+logged under it. The log starts with a header line (date, commit, machine, threads), then
+each ``$ command`` and its output (colour codes removed, a progress bar's last state kept),
+and ends with the exit status and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "docs" / "results" / "transcripts"
+
+
+@dataclass(frozen=True)
+class Transcript:
+    page: str  # the page that shows it
+    commands: tuple[str, ...]  # exactly as the page shows them
+    ready: str = ""  # a background command's line that says it is up
+    timeout_s: int = 1200
+
+
+TRANSCRIPTS = {
+    "llm_demo": Transcript("docs/llm.md", ("uv run rlpost-llm demo",)),
+    "llm_sync_whole": Transcript(
+        "docs/llm.md",
+        (
+            "uv run rlpost-llm train --config grpo_arithmetic rollout.workers=2 train.steps=3 "
+            "run.eval_every=0",
+        ),
+    ),
+    "llm_sync_lora": Transcript(
+        "docs/llm.md",
+        (
+            "uv run rlpost-llm train --config grpo_arithmetic rollout.workers=2 train.steps=3 "
+            'run.eval_every=0 "model.lora={r: 4}"',
+        ),
+    ),
+    "llm_reward_model": Transcript(
+        "docs/algorithms/variance_rm.md", ("uv run rlpost-llm reward-model --out runs/rm",)
+    ),
+    "diffusion_methods": Transcript("docs/diffusion.md", ("uv run rlpost-diffusion methods",)),
+    "diffusion_reward_server": Transcript(
+        "docs/diffusion.md",
+        (
+            "OMP_NUM_THREADS=1 uv run rlpost-diffusion reward-server --reward geneval &",
+            "uv run rlpost-diffusion train --config flow_grpo_digits "
+            "reward.name=http://127.0.0.1:18085/ train.steps=3",
+            "uv run rlpost-diffusion train --config flow_grpo_digits reward.name=geneval "
+            "train.steps=3 run.dir=runs/in_process",
+        ),
+        ready="serving reward",
+    ),
+    "robot_tasks": Transcript("docs/robot.md", ("uv run rlpost-robot tasks --episodes 50",)),
+    "robot_deploy": Transcript("docs/robot.md", ("uv run rlpost-robot deploy --config contour",)),
+    "robot_residual": Transcript(
+        "docs/robot.md", ("uv run rlpost-robot residual --config decoding",)
+    ),
+    "robot_fleet": Transcript(
+        "docs/robot.md", ("uv run rlpost-robot fleet --robots 2 --minutes 1",)
+    ),
+    "robot_fleet_otql": Transcript(
+        "docs/robot.md",
+        ("uv run rlpost-robot fleet --config otql_multimodal_reach --robots 2 --minutes 1",),
+    ),
+}
+
+TRANSCRIPTS.update(
+    robot_demo=Transcript("docs/robot.md", ("uv run rlpost-robot demo",)),
+    llm_dpo=Transcript("docs/llm.md", ("uv run rlpost-llm dpo --config dpo_arithmetic",)),
+    llm_dpo_beta_01=Transcript(
+        "docs/llm.md",
+        (
+            "uv run rlpost-llm dpo --config dpo_arithmetic loss.per_loss.dpo.beta=0.1 "
+            "optim.lr=5e-5 train.steps=400",
+        ),
+    ),
+)
+for _base in ("frozen", "replay"):
+    TRANSCRIPTS[f"lwd_one_robot_{_base}"] = Transcript(
+        "docs/algorithms/lwd.md",
+        (
+            "uv run rlpost-robot train --config lwd_multimodal_reach algo.params.episodes=480 "
+            f"algo.params.base={_base} run.eval_steps=[10]",
+        ),
+    )
+for _tasks in (1, 2):
+    TRANSCRIPTS[f"hacking_chained_{_tasks}"] = Transcript(
+        "docs/algorithms/hacking.md",
+        (
+            'uv run rlpost-llm exploits --config grpo_search "data.env.params.shortcuts=[metadata]" '
+            f"data.env.params.tasks={_tasks}",
+        ),
+        timeout_s=1800,
+    )
+
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][A-Z0-9]")
+
+
+def clean(text: str) -> str:
+    """Colour and cursor codes removed; of a line redrawn with ``\\r`` its last state."""
+    lines = []
+    for line in ANSI.sub("", text).split("\n"):
+        parts = [p for p in line.split("\r") if p.strip()]
+        lines.append(parts[-1].rstrip() if parts else "")
+    return "\n".join(lines).strip("\n")
+
+
+def runnable(command: str) -> str:
+    """The command as this checkout runs it: ``uv run X`` is the environment's ``X``."""
+    return re.sub(r"\buv run (--frozen )?", "", command).rstrip(" &")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.update(PYTHONUNBUFFERED="1", TERM="dumb", COLUMNS="120")
+    return env
+
+
+def _header() -> str:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    return (
+        f"# {date.today().isoformat()}, commit {commit}, {cpu}, {os.cpu_count()} cores, "
+        f"OMP_NUM_THREADS={threads}"
+    )
+
+
+def run(name: str, t: Transcript) -> tuple[int, str]:
+    """Run one transcript; ``(exit status, log text)``."""
+    out, status, t0 = [_header()], 0, time.perf_counter()
+    background: list[tuple[str, subprocess.Popen, Path]] = []
+    with tempfile.TemporaryDirectory(prefix=f"transcript-{name}-") as tmp:
+        for i, command in enumerate(t.commands):
+            if command.endswith("&"):
+                log = Path(tmp) / f".bg{i}.log"
+                proc = subprocess.Popen(
+                    runnable(command), shell=True, cwd=tmp, env=_env(), start_new_session=True,
+                    stdout=log.open("w"), stderr=subprocess.STDOUT,
+                )  # fmt: skip
+                _wait_ready(log, t.ready, proc)
+                background.append((command, proc, log))
+                out += [f"$ {command}", clean(log.read_bytes().decode(errors="replace"))]
+                continue
+            res = subprocess.run(
+                runnable(command), shell=True, cwd=tmp, env=_env(),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=t.timeout_s,
+            )  # fmt: skip
+            # (bytes: text mode would turn a progress bar's \r into new lines)
+            out += [f"$ {command}", clean(res.stdout.decode(errors="replace"))]
+            if res.returncode != 0:
+                status = res.returncode
+                break
+        for _, proc, _ in background:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+    out.append(f"# exit {status} in {time.perf_counter() - t0:.1f} s")
+    return status, "\n".join(out) + "\n"
+
+
+def _wait_ready(log: Path, ready: str, proc: subprocess.Popen, limit_s: float = 120) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if ready and ready in log.read_bytes().decode(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"background command exited early:\n{log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    raise SystemExit(f"background command not ready within {limit_s:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("names", nargs="*", help="transcripts to run (see --list)")
+    ap.add_argument("--all", action="store_true", help="run every transcript")
+    ap.add_argument("--list", action="store_true", help="list them and their commands")
+    ap.add_argument("--out", default=str(OUT), help="folder for the logs")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, t in TRANSCRIPTS.items():
+            print(f"{name:24s} {t.page:32s} {' ; '.join(t.commands)}")
+        return 0
+    unknown = [n for n in args.names if n not in TRANSCRIPTS]
+    if unknown or not (args.names or args.all):
+        ap.error(f"unknown transcript {unknown}" if unknown else "name transcripts, or --all")
+    failed = []
+    for name in TRANSCRIPTS if args.all else args.names:
+        print(f"{name}: {' ; '.join(shlex.quote(c) for c in TRANSCRIPTS[name].commands)}")
+        status, text = run(name, TRANSCRIPTS[name])
+        path = Path(args.out) / f"{name}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(
+            f"  exit {status}; wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+        )
+        if status:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
