@@ -3,8 +3,10 @@
 :func:`shared_prompt_attention` dispatches to the Triton kernels on CUDA (when Triton is
 installed) and elsewhere to two calls of torch's fused ``scaled_dot_product_attention``
 (``backend="sdpa"``: the prompt causally, then every response over the prompt's keys and
-its own); ``backend="reference"`` is the explicit softmax the others are tested against. Packing (:func:`pack_groups`) works with
-any model that takes a 4D attention mask and position ids, e.g. Hugging Face decoders.
+its own); ``backend="reference"`` is the explicit softmax the others are tested against.
+Packing (:func:`pack_groups`) works with any model that takes a 4D attention mask and
+position ids, e.g. Hugging Face decoders; :func:`packed_work` counts what a layout
+computes from the same plan, before anything is built.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ from rlpost.llm.model.policy import (
     completion_logprobs,
     load_policy,
     make_seq_batch,
+    pack_layout,
     save_pretrained_files,
 )
 from rlpost.llm.preference.config import PreferenceConfig
@@ -295,7 +296,7 @@ class PreferenceTrainer:
             mask,
             pairs.pad_id,
             pack=self.cfg.model.pack_prompts,
-            layout=self.cfg.model.pack_layout,
+            layout=pack_layout(self.cfg.model.pack_layout, model),
         )
         logp, _ = completion_logprobs(model, sb, 1.0, impl=self.cfg.model.logprob_impl)
         m = mask.to(logp.device)

@@ -19,6 +19,7 @@ from rlpost.llm.data.prompts import encode_prompt
 from rlpost.llm.data.tasks import Task, make_task
 from rlpost.llm.methods.distill import Teachers, TeacherScores, student_distributions
 from rlpost.llm.methods.memory import TeacherMemory
+from rlpost.llm.model.policy import pack_layout
 from rlpost.llm.rollout.engines.base import SamplingParams
 from rlpost.llm.train.inputs import Role
 from rlpost.llm.train.providers.base import INPUT_PROVIDERS, InputProvider
@@ -107,7 +108,7 @@ class TeachersProvider(InputProvider):
         teach = self.teachers.score(
             col.batch, examples, t.model, temperature=t.sampling.temperature, topk=self.topk,
             full=self.full, micro_batch=t.cfg.optim.micro_batch_size, pack=m.pack_prompts,
-            layout=m.pack_layout, impl=m.logprob_impl,
+            layout=pack_layout(m.pack_layout, t.model), impl=m.logprob_impl,
         )  # fmt: skip
         rows = teach.rows * t.recipe.distill_row_mask(col.accuracy)
         tokens = torch.ones_like(step.mask)
