@@ -100,6 +100,22 @@ TRANSCRIPTS.update(
         ),
     ),
 )
+# the DPO recipe's per-loss choices, on its tuning seed (docs/llm.md, "Parameters the recipe uses")
+for _name, _loss, _set in (
+    ("ipo_tau_0.1", "ipo", ""),
+    ("ipo_tau_0.5", "ipo", " loss.per_loss.ipo.tau=0.5"),
+    ("simpo_gamma_1.0", "simpo", ""),
+    ("simpo_gamma_0.5", "simpo", " loss.per_loss.simpo.gamma=0.5"),
+    ("ed_dpo_alpha_1.0", "ed_dpo", ""),
+    ("ed_dpo_alpha_0.02", "ed_dpo", " loss.per_loss.ed_dpo.alpha=0.02"),
+):
+    TRANSCRIPTS[f"dpo_tuning_{_name}"] = Transcript(
+        "docs/llm.md",
+        (
+            f"uv run rlpost-llm dpo --config dpo_arithmetic loss.name={_loss} data.seed=7 "
+            f"train.steps=200{_set}",
+        ),
+    )
 for _base in ("frozen", "replay"):
     TRANSCRIPTS[f"lwd_one_robot_{_base}"] = Transcript(
         "docs/algorithms/lwd.md",
