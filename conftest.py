@@ -26,6 +26,25 @@ from pathlib import Path
 import pytest
 
 _RECORDED: dict[str, dict] = {}  # name -> the file's fields, rows gathered in run order
+TOOLS = Path(__file__).parent / "tools"
+
+
+@pytest.fixture
+def load_tool():
+    """``load_tool(name)``: the module ``tools/<name>.py`` (registered in ``sys.modules``, as
+    a dataclass in it needs; ``tools/`` on the path for its ``benchlib`` import)."""
+    import importlib.util
+
+    def load(name: str):
+        if str(TOOLS) not in sys.path:
+            sys.path.insert(0, str(TOOLS))
+        spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
 
 
 def pytest_configure(config):

@@ -18,13 +18,8 @@ def test_every_registry_entry_and_preset_is_documented():
     assert not missing, f"add to docs/core.md: {missing}"
 
 
-def test_the_contract_table_matches_the_declarations():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "contract_table.py"
-    spec = importlib.util.spec_from_file_location("contract_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_the_contract_table_matches_the_declarations(load_tool):
+    mod = load_tool("contract_table")
     begin, end = "<!-- contract-table:begin -->\n", "\n<!-- contract-table:end -->"
     current = DOC[DOC.index(begin) + len(begin) : DOC.index(end)]
     assert current == mod.table(), "regenerate with: uv run python tools/contract_table.py"
@@ -218,22 +213,10 @@ def test_a_shown_command_output_names_the_log_it_was_copied_from():
     assert not wrong, "\n".join(wrong)
 
 
-def _transcripts_tool():
-    """``tools/transcripts.py`` as a module (registered: its dataclass needs that)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("transcripts", ROOT / "tools/transcripts.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["transcripts"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_every_transcript_log_belongs_to_a_transcript_of_the_tool():
+def test_every_transcript_log_belongs_to_a_transcript_of_the_tool(load_tool):
     """Each kept log is one of ``tools/transcripts.py``'s, starts with its commands, and ran
     to exit 0."""
-    mod = _transcripts_tool()
+    mod = load_tool("transcripts")
     logs = sorted((ROOT / "docs/results/transcripts").glob("*.log"))
     assert logs
     for log in logs:
@@ -245,8 +228,8 @@ def test_every_transcript_log_belongs_to_a_transcript_of_the_tool():
         assert text.rstrip().splitlines()[-1].startswith("# exit 0 "), f"{log.name} failed"
 
 
-def test_the_transcript_tool_logs_commands_their_last_drawn_lines_and_exit(tmp_path):
-    mod = _transcripts_tool()
+def test_the_transcript_tool_logs_commands_their_last_drawn_lines_and_exit(load_tool):
+    mod = load_tool("transcripts")
     t = mod.Transcript(
         "docs/x.md",
         (

@@ -1,28 +1,14 @@
 """The benchmark tools' own logic, without running a benchmark."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool(name: str):
-    sys.path.insert(0, str(ROOT / "tools"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_grid_headline_names_the_smallest_ratio_per_regime_and_is_written(tmp_path):
+def test_the_grid_headline_names_the_smallest_ratio_per_regime_and_is_written(tmp_path, load_tool):
     """``bench_llm_grpo --grid``: the headline is the smallest tokens-per-CPU-second ratio,
     names ``min_full_length_ratio`` and ``min_natural_ratio``, and the common-shape writer
     keeps those keys after the five it requires (a grid run once lost an hour's results to
     a writer that refused them)."""
-    bench, benchlib = _tool("bench_llm_grpo"), _tool("benchlib")
+    bench, benchlib = load_tool("bench_llm_grpo"), load_tool("benchlib")
 
     def cell(name, full, tok, rss):
         ratio = {"cell": name, "full_length": full, "cpu_tok_s": tok, "peak_rss_mib": rss}
