@@ -19,8 +19,9 @@ under a 4D mask) and ``uniform`` (responses padded to ``R``, the shared-prompt a
 op as the model's attention function). ``of_rho`` is the speed-up over ``rho``.
 
 ``flop_ceiling``: the padded layout's FLOPs over the packed one's, counting what each
-computes (``2 x`` the decoder's non-embedding weights per input position, and ``4 x
-hidden x layers`` per attended (query, key) pair, the forward; the backward scales both
+needs (``2 x`` the decoder's non-embedding weights per input position, and ``4 x
+hidden x layers`` per attended (query, key) pair, the forward: the trainer's
+``decoder_cost``; the backward scales both
 sides alike, the LM head is the same on both). ``rho`` counts positions only; attention
 does not shrink by ``rho`` (every response still attends to the whole prompt), so the
 ceiling is below ``rho``, and a ragged layout that repeats its prompt in split rows
@@ -40,11 +41,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import print_table, write_result
 
 
-def layout_flops(sb, cfg) -> float:
-    """Forward FLOPs of the decoder over ``sb``'s layout (see the module docstring)."""
-    h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
-    per_pos = 2 * layers * (h * (h + 2 * kv) + h * h + 3 * h * cfg.intermediate_size)
+def layout_flops(sb, model) -> float:
+    """Forward FLOPs of the decoder over ``sb``'s layout: what it needs (causal pairs of
+    the real tokens), at the trainer's per-position and per-pair costs (``decoder_cost``;
+    see the module docstring)."""
+    from rlpost.llm.model.policy import decoder_cost
+
+    per_pos, per_pair = decoder_cost(model)
     if sb.packed is None:  # the padded rows: every position, causal pairs of the real ones
         real = sb.attention_mask.sum(1).double()
         positions, pairs = sb.attention_mask.numel(), float((real * (real + 1) / 2).sum())
@@ -55,7 +58,7 @@ def layout_flops(sb, cfg) -> float:
         for P, N, L in sb.packed.layout:
             positions += P + N * L
             pairs += P * (P + 1) / 2 + N * (L * P + L * (L + 1) / 2)
-    return per_pos * positions + 4 * h * layers * pairs
+    return per_pos * positions + per_pair * pairs
 
 
 def main() -> None:
@@ -111,7 +114,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 step()
                 times.append(time.perf_counter() - t0)
-            res[layout] = (statistics.median(times), lp, layout_flops(sb, cfg))
+            res[layout] = (statistics.median(times), lp, layout_flops(sb, model))
         t_pad, lp_pad, f_pad = res["padded"]
         rho = packing_ratio(n, args.prompt, args.response)
         for layout in args.layouts:

@@ -95,6 +95,40 @@ def pack_group(prompt: list[int], responses: Tensor) -> tuple[Tensor, Tensor, Te
     return ids, pos, allow
 
 
+def _split_long_groups(packs: list, kept: list[int], row_tokens: int) -> list:
+    """Groups longer than ``max(row_tokens, 2 x the longest [prompt; response])`` split into
+    several, each with the prompt."""
+    longest = max(len(p) + kept[b] for p, rows in packs for b in rows)
+    cap = max(row_tokens, 2 * longest)
+    split = []
+    for p, rows in packs:
+        cur, size = [], len(p)
+        for b in rows:
+            if cur and size + kept[b] > cap:
+                split.append((p, cur))
+                cur, size = [], len(p)
+            cur.append(b)
+            size += kept[b]
+        split.append((p, cur))
+    return split
+
+
+def _first_fit(sizes: list[int], T: int) -> list[list[int]]:
+    """Groups (by index) into rows of ``T`` tokens, first-fit decreasing."""
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for g in sorted(range(len(sizes)), key=lambda g: -sizes[g]):
+        for r, room in enumerate(free):
+            if sizes[g] <= room:
+                bins[r].append(g)
+                free[r] -= sizes[g]
+                break
+        else:
+            bins.append([g])
+            free.append(T - sizes[g])
+    return bins
+
+
 def _plan(
     prompt_ids: list[list[int]],
     B: int,
@@ -114,34 +148,11 @@ def _plan(
     drop = 0 if last_token or (lengths is None and L == 1) else 1
     kept = [n - drop for n in lens_all]  # tokens of each response in the packed input
     if lengths is not None and row_tokens:  # split groups longer than a row
-        longest = max(len(p) + kept[b] for p, rows in packs for b in rows)
-        cap = max(row_tokens, 2 * longest)
-        split = []
-        for p, rows in packs:
-            cur, size = [], len(p)
-            for b in rows:
-                if cur and size + kept[b] > cap:
-                    split.append((p, cur))
-                    cur, size = [], len(p)
-                cur.append(b)
-                size += kept[b]
-            split.append((p, cur))
-        packs = split
+        packs = _split_long_groups(packs, kept, row_tokens)
     sizes = [len(p) + sum(kept[b] for b in rows) for p, rows in packs]
     T = max(sizes)
-    if lengths is None:  # one group per row
-        bins = [[g] for g in range(len(packs))]
-    else:  # first-fit decreasing
-        bins, free = [], []
-        for g in sorted(range(len(packs)), key=lambda g: -sizes[g]):
-            for r, room in enumerate(free):
-                if sizes[g] <= room:
-                    bins[r].append(g)
-                    free[r] -= sizes[g]
-                    break
-            else:
-                bins.append([g])
-                free.append(T - sizes[g])
+    # one group per row (uniform), or first-fit decreasing into rows of T (ragged)
+    bins = [[g] for g in range(len(packs))] if lengths is None else _first_fit(sizes, T)
     return packs, lens_all, kept, bins, T, drop
 
 

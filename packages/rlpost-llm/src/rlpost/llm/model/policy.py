@@ -219,9 +219,12 @@ def make_seq_batch(
         pack = False
     if pack:
         lengths = real.sum(1).long()
-        costs = layout_costs(prompt_ids, lengths, L, cost)
-        chosen = min(("ragged", "uniform"), key=costs.get) if layout == "auto" else layout
-        if costs["padded"] >= min_gain * costs[chosen]:
+        chosen, costs = layout, None
+        if layout == "auto" or min_gain > 0:  # (else nothing to weigh: no cost counted)
+            layouts = ("ragged", "uniform") if layout == "auto" else (layout,)
+            costs = layout_costs(prompt_ids, lengths, L, cost, layouts)
+            chosen = min(layouts, key=costs.get)
+        if costs is None or costs["padded"] >= min_gain * costs[chosen]:
             from rlpost.kernels.ops.shared_prompt import pack_groups
 
             packed = pack_groups(
@@ -236,20 +239,25 @@ def make_seq_batch(
 
 
 def layout_costs(
-    prompts: list[list[int]], lengths: Tensor, L: int, cost: tuple[float, float] = (1.0, 0.0)
+    prompts: list[list[int]],
+    lengths: Tensor,
+    L: int,
+    cost: tuple[float, float] = (1.0, 0.0),
+    layouts: tuple[str, ...] = ("ragged", "uniform"),
 ) -> dict[str, float]:
     """What a forward over each layout computes, ``per_position x positions + per_pair x
     attended (query, key) pairs`` with ``cost = (per_position, per_pair)``
     (:func:`decoder_cost`): the padded rows (``B (P + L)`` positions, ``B (P + L)^2``
-    pairs: a masked fused attention computes them all), the ragged and the uniform packed
-    layouts (:func:`rlpost.kernels.ops.shared_prompt.packed_work`), counted before
-    anything is built."""
+    pairs: a masked fused attention computes them all) and each of ``layouts``, the ragged
+    and the uniform packed ones (:func:`rlpost.kernels.ops.shared_prompt.packed_work`),
+    counted before anything is built."""
     from rlpost.kernels.ops.shared_prompt import packed_work
 
     per_pos, per_pair = cost
     S = max(len(p) for p in prompts) + L
     out = {"padded": len(prompts) * (S * per_pos + S * S * per_pair)}
-    for name, lens in (("ragged", lengths), ("uniform", None)):
+    for name in layouts:
+        lens = lengths if name == "ragged" else None
         positions, pairs = packed_work(prompts, L, lens, ROW_TOKENS, last_token=False)
         out[name] = positions * per_pos + pairs * per_pair
     return out
