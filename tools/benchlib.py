@@ -39,7 +39,7 @@ RESULT_KEYS = ("name", "catalog_ids", "command", "machine", "config", "seeds", "
 HEADLINE_KEYS = ("metric", "value", "baseline", "ratio", "paper")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """CPU model name from /proc/cpuinfo (Linux), else :func:`platform.processor`."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -62,7 +62,7 @@ def _version(dist: str) -> str | None:
 def machine_info() -> dict[str, Any]:
     """Describe the machine and software stack a benchmark ran on."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import cpu_model
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "results" / "transcripts"
 
@@ -162,15 +165,9 @@ def _header() -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
-    cpu = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     return (
-        f"# {date.today().isoformat()}, commit {commit}, {cpu}, {os.cpu_count()} cores, "
+        f"# {date.today().isoformat()}, commit {commit}, {cpu_model()}, {os.cpu_count()} cores, "
         f"OMP_NUM_THREADS={threads}"
     )
 
