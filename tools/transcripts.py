@@ -45,6 +45,7 @@ class Transcript:
     commands: tuple[str, ...]  # exactly as the page shows them
     ready: str = ""  # a background command's line that says it is up
     timeout_s: int = 1200
+    in_repo: bool = False  # run in the checkout (a tools/ script), not a fresh directory
 
 
 TRANSCRIPTS = {
@@ -103,14 +104,86 @@ TRANSCRIPTS.update(
         ),
     ),
 )
+# numbers quoted in prose, from one run each: the rewrite agent's 40 steps (docs/agents.md),
+# OPSD's self-teacher without privileged knowledge, RAC's two pair variants at their first
+# step, OTQL's first-tried settings on Reacher
+_FIRST_ROW = (
+    "import json, sys; rows = [json.loads(s) for s in open(sys.argv[1])]; "
+    "keys = sys.argv[2].split(','); "
+    "[print(r['step'], *(f'{k}={r[k]:.3f}' for k in keys if k in r)) for r in rows "
+    "if any(k in r for k in keys)]"
+)
+TRANSCRIPTS.update(
+    agents_rewrite=Transcript(
+        "docs/agents.md", ("uv run rlpost-llm train --config grpo_rewrite train.steps=40",)
+    ),
+    opsd_correct_rows=Transcript(
+        "docs/algorithms/opsd.md",
+        (
+            "uv run rlpost-llm train --config opsd_arithmetic train.steps=2 "
+            "algo.distill_rows=correct",
+        ),
+    ),
+    rac_pair_sides=Transcript(
+        "docs/algorithms/rac.md",
+        (
+            "uv run rlpost-llm train --config rac_arithmetic train.steps=1 "
+            "algo.rac.pair_sample=false run.dir=runs/rescored",
+            "uv run rlpost-llm train --config rac_arithmetic train.steps=1 run.dir=runs/sampled",
+            f'uv run python -c "{_FIRST_ROW}" runs/rescored/metrics.jsonl '
+            "rac/pair_loss,rac/confidence_drop",
+            f'uv run python -c "{_FIRST_ROW}" runs/sampled/metrics.jsonl '
+            "rac/pair_loss,rac/confidence_drop",
+        ),
+    ),
+    otql_first_try=Transcript(
+        "docs/algorithms/otql.md",
+        (
+            "uv run rlpost-robot train --config otql_reacher algo.params.ot_coef=1.0 "
+            "algo.params.beta=2.0",
+            f'uv run python -c "{_FIRST_ROW}" runs/otql_reacher/metrics.jsonl '
+            "success,adv_samples,adv_data,target_from_data",
+        ),
+    ),
+)
+# outputs shown without their command line in the block: the reward-hacking monitor, a
+# run's traces, the MuJoCo control command, the batch-invariance measurement
+TRANSCRIPTS.update(
+    hacking_monitor=Transcript(
+        "docs/algorithms/hacking.md",
+        (
+            'uv run rlpost-llm monitor --config grpo_arithmetic --context "training=0:{prompt}" '
+            "--samples 8",
+        ),
+    ),
+    llm_traces=Transcript(
+        "docs/llm.md",
+        (
+            "uv run rlpost-llm train --config grpo_arithmetic run.traces=true train.steps=3 "
+            "run.eval_every=0 run.dir=tr2",
+            "uv run rlpost-llm traces tr2 --groups 1 --step 3",
+        ),
+    ),
+    diffusion_demo=Transcript("docs/diffusion.md", ("uv run rlpost-diffusion demo",)),
+    robot_control=Transcript(
+        "docs/robot.md",
+        (
+            "uv run rlpost-robot control --config pair_grpo_half_cheetah iterations=20 "
+            "run.dir=runs/ctl",
+        ),
+    ),
+    batch_invariance=Transcript(
+        "docs/llm.md", ("uv run python tools/measure_batch_invariance.py",), in_repo=True
+    ),
+)
 # the DPO recipe's per-loss choices, on its tuning seed (docs/llm.md, "Parameters the recipe uses")
 for _name, _loss, _set in (
     ("ipo_tau_0.1", "ipo", ""),
     ("ipo_tau_0.5", "ipo", " loss.per_loss.ipo.tau=0.5"),
     ("simpo_gamma_1.0", "simpo", ""),
     ("simpo_gamma_0.5", "simpo", " loss.per_loss.simpo.gamma=0.5"),
-    ("ed_dpo_alpha_1.0", "ed_dpo", ""),
-    ("ed_dpo_alpha_0.02", "ed_dpo", " loss.per_loss.ed_dpo.alpha=0.02"),
+    ("ed_dpo_alpha_0.02", "ed_dpo", ""),
+    ("ed_dpo_alpha_1.0", "ed_dpo", " loss.per_loss.ed_dpo.alpha=1.0"),
 ):
     TRANSCRIPTS[f"dpo_tuning_{_name}"] = Transcript(
         "docs/llm.md",
@@ -125,6 +198,15 @@ for _base in ("frozen", "replay"):
         (
             "uv run rlpost-robot train --config lwd_multimodal_reach algo.params.episodes=480 "
             f"algo.params.base={_base} run.eval_steps=[10]",
+        ),
+    )
+# LWD's inverse temperature around its default 50 (docs/algorithms/lwd.md, "QAM")
+for _inv_temp in (10, 200):
+    TRANSCRIPTS[f"lwd_inv_temp_{_inv_temp}"] = Transcript(
+        "docs/algorithms/lwd.md",
+        (
+            "uv run rlpost-robot train --config lwd_multimodal_reach algo.params.episodes=480 "
+            f"algo.params.base=frozen algo.params.inv_temp={_inv_temp} run.eval_steps=[10]",
         ),
     )
 for _tasks in (1, 2):
@@ -177,11 +259,12 @@ def run(name: str, t: Transcript) -> tuple[int, str]:
     out, status, t0 = [_header()], 0, time.perf_counter()
     background: list[tuple[str, subprocess.Popen, Path]] = []
     with tempfile.TemporaryDirectory(prefix=f"transcript-{name}-") as tmp:
+        cwd = REPO if t.in_repo else tmp
         for i, command in enumerate(t.commands):
             if command.endswith("&"):
                 log = Path(tmp) / f".bg{i}.log"
                 proc = subprocess.Popen(
-                    runnable(command), shell=True, cwd=tmp, env=_env(), start_new_session=True,
+                    runnable(command), shell=True, cwd=cwd, env=_env(), start_new_session=True,
                     stdout=log.open("w"), stderr=subprocess.STDOUT,
                 )  # fmt: skip
                 _wait_ready(log, t.ready, proc)
@@ -189,7 +272,7 @@ def run(name: str, t: Transcript) -> tuple[int, str]:
                 out += [f"$ {command}", clean(log.read_bytes().decode(errors="replace"))]
                 continue
             res = subprocess.run(
-                runnable(command), shell=True, cwd=tmp, env=_env(),
+                runnable(command), shell=True, cwd=cwd, env=_env(),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=t.timeout_s,
             )  # fmt: skip
             # (bytes: text mode would turn a progress bar's \r into new lines)
