@@ -18,6 +18,16 @@ held-out pairs / prompts before and after training:
 * ``pref_acc``: fraction of pairs with ``log pi(y_w) > log pi(y_l)``;
 * ``greedy_acc``: greedy task accuracy (the task's verifier).
 
+A ``--losses`` item may set parameters of its entry: ``ed_dpo@alpha=0.02`` runs ED-DPO
+with ``loss.per_loss.ed_dpo.alpha=0.02`` and is reported under that label.
+
+Before training, each seed's (and ``--xi-seeds``') initial model is scored on its training
+pairs: the quantiles of xi-DPO's per-token ratio margin ``rho_0`` (median, and the 0.9
+quantile that ``xi_from_initial`` returns, which the recipe's ``xi`` is, and the 0.1
+quantile) go to the JSON's ``headline.initial_ratio_margins``. They are clipped into
+``(1e-9, 1 - 1e-9)`` as ``xi_from_initial`` clips: a ``q10`` of ``1e-9`` says that at
+least 10 % of the pairs start with ``rho_0 <= 0`` (the rejected answer likelier per token).
+
 Rows give mean and sample std over the seeds; the headline compares the loss with the
 best final greedy accuracy with DPO.
 """
@@ -36,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch
 from benchlib import mean_std, print_table, write_result
 
-from rlpost.core.preference import PREFERENCE_LOSSES
+from rlpost.core.preference import PREFERENCE_LOSSES, xi_from_initial
 from rlpost.llm.model.policy import load_policy
 from rlpost.llm.preference import PreferenceTrainer, load_preference_config
 from rlpost.llm.recipes import recipe_path
@@ -45,11 +55,22 @@ CATALOG = {"xi_dpo": "001-06", "gate_dpo": "001-20", "ed_dpo": "001-04"}
 METRICS = {"margin": "margin", "pref_acc": "pref_acc", "greedy_acc": "eval"}
 
 
-def run_one(loss: str, seed: int, steps: int, root: Path, base) -> dict:
-    cfg = load_preference_config(
+def parse_variant(label: str) -> tuple[str, list[str]]:
+    """``"ed_dpo@alpha=0.02,beta=0.5"`` -> ``("ed_dpo", ["loss.per_loss.ed_dpo.alpha=0.02",
+    ...])``; a bare name has no overrides."""
+    loss, _, sets = label.partition("@")
+    if loss not in PREFERENCE_LOSSES.names():
+        raise SystemExit(f"unknown loss {loss!r} in {label!r}; one of {PREFERENCE_LOSSES.names()}")
+    return loss, [f"loss.per_loss.{loss}.{kv}" for kv in sets.split(",") if kv]
+
+
+def _config(label: str, seed: int, steps: int, root: Path):
+    loss, sets = parse_variant(label)
+    return load_preference_config(
         recipe_path("dpo_arithmetic"),
         [
             f"loss.name={loss}",
+            *sets,
             f"train.steps={steps}",
             f"data.seed={seed}",
             f"run.seed={seed}",
@@ -59,13 +80,31 @@ def run_one(loss: str, seed: int, steps: int, root: Path, base) -> dict:
             "run.progress=false",
             "run.tensorboard=false",
             "reward.workers=0",
-            f"run.dir={root / f'{loss}-seed{seed}'}",
+            f"run.dir={root / f'{label}-seed{seed}'}",
         ],
     )
+
+
+def initial_ratio_margins(seed: int, root: Path, base) -> dict:
+    """Quantiles of xi-DPO's ``rho_0`` of the initial model on seed ``seed``'s training pairs."""
+    model, tok = base
+    trainer = PreferenceTrainer(_config("xi_dpo", seed, 1, root / "initial"), model, tok)
+    # the trainer's own scoring of all pairs (no grad, eval mode, its micro-batches)
+    cw, cl, nw, nl = trainer._all_logprobs(model, trainer.train_pairs)
+    trainer.close()
+    q = {
+        f"q{int(p * 100)}": xi_from_initial(cw, cl, nw, nl, p, (1e-9, 1 - 1e-9))
+        for p in (0.1, 0.5, 0.9)
+    }
+    return {"seed": seed, "pairs": len(cw), **q, "xi_from_initial": xi_from_initial(cw, cl, nw, nl)}
+
+
+def run_one(label: str, seed: int, steps: int, root: Path, base) -> dict:
+    cfg = _config(label, seed, steps, root)
     model, tok = base
     t0 = time.perf_counter()
     res = PreferenceTrainer(cfg, copy.deepcopy(model), tok).train()
-    out = {"loss": loss, "seed": seed, "seconds": time.perf_counter() - t0}
+    out = {"loss": label, "seed": seed, "seconds": time.perf_counter() - t0}
     out["params"] = cfg.loss.resolved_params()
     for key, name in METRICS.items():
         out[f"{key}_before"], out[f"{key}_after"] = res[f"{name}_before"], res[f"{name}_after"]
@@ -76,7 +115,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--losses", nargs="+", default=PREFERENCE_LOSSES.names())
+    ap.add_argument(
+        "--losses",
+        nargs="+",
+        default=PREFERENCE_LOSSES.names(),
+        help="entries, each optionally with parameters: ed_dpo@alpha=0.02",
+    )
+    ap.add_argument(
+        "--xi-seeds",
+        type=int,
+        nargs="*",
+        default=[7],
+        help="more data seeds whose initial ratio margins are recorded (the recipe's tuning seed)",
+    )
     ap.add_argument("--out", default="bench_results/preference.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -84,7 +135,18 @@ def main() -> None:
     base = load_policy(base_cfg, progress=False)  # built once (cached), copied per run
     runs: list[dict] = []
     t_all = time.perf_counter()
+    for label in args.losses:
+        parse_variant(label)  # a bad name fails before anything runs
+    margins: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_preference_") as tmp:
+        for seed in dict.fromkeys([*args.seeds, *args.xi_seeds]):
+            margins.append(initial_ratio_margins(seed, Path(tmp), base))
+            m = margins[-1]
+            print(
+                f"  initial rho_0, seed {seed} ({m['pairs']} pairs): median {m['q50']:.3f}, "
+                f"0.9 quantile {m['q90']:.3f}",
+                flush=True,
+            )
         for seed in args.seeds:
             for loss in args.losses:
                 r = run_one(loss, seed, args.steps, Path(tmp), base)
@@ -147,6 +209,7 @@ def main() -> None:
             "baseline": dpo["greedy_acc_after"],
             "ratio": best["greedy_acc_after"] / max(dpo["greedy_acc_after"], 1e-12),
             "paper": None,
+            "initial_ratio_margins": margins,
         },
     )
     print(f"wrote {path}")

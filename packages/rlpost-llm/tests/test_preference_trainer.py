@@ -237,6 +237,42 @@ def test_bad_loss_name_fails_at_load_naming_the_valid_ones():
         load_preference_config(None, ["online.refresh_reference=true"])
 
 
+def _per_token_loglik(model, prompt: list[int], completion: list[int]) -> float:
+    """Mean log pi of ``completion``'s tokens after ``prompt``: one unpadded forward."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+    picked = logp[len(prompt) - 1 :].gather(1, ids[0, len(prompt) :, None])
+    return float(picked.mean())
+
+
+def test_xi_auto_is_the_initial_models_quantile_and_survives_resume(tmp_path, capsys):
+    """``xi: auto`` = the 0.9 quantile of rho_0 = 1 - l_w / l_l over the training pairs under
+    the *initial* model (per-token log-likelihoods computed here pair by pair, unpadded);
+    a resumed run (whose model then holds trained weights) gets the same xi."""
+    over = ("loss.name=xi_dpo", "loss.params.xi=auto", "run.save_every=2", "optim.lr=1e-2")
+    tr = PreferenceTrainer(cfg_of(tmp_path / "run", *over))
+    p = tr.train_pairs
+    rho = []
+    for i in range(len(p)):
+        lw = _per_token_loglik(tr.model, p.prompt_ids[i], p.chosen_ids[i])
+        ll = _per_token_loglik(tr.model, p.prompt_ids[i], p.rejected_ids[i])
+        rho.append(1 - lw / min(ll, -1e-2))
+    expected = min(max(float(torch.tensor(rho).double().quantile(0.9)), 0.05), 0.95)
+    assert tr.auto["xi"] == pytest.approx(expected, abs=1e-5)
+    assert tr.loss.params.xi == tr.auto["xi"]
+    assert f"xi = {tr.auto['xi']:.4f} from the initial model" in capsys.readouterr().err
+    assert tr.train()["xi"] == tr.auto["xi"]
+    resumed = PreferenceTrainer(cfg_of(tmp_path / "run", *over, "train.steps=4"), resume=True)
+    assert resumed.step == 2 and resumed.auto == tr.auto
+    # a stand-in value would have been 0.5; an online run has no initial pairs to set it from
+    assert tr.auto["xi"] != 0.5
+    with pytest.raises(ConfigError, match=r"xi=auto is set from the initial model's training"):
+        load_preference_config(None, ["loss.name=xi_dpo", "loss.params.xi=auto", "mode=online"])
+    with pytest.raises(ConfigError, match=r"'ipo'"):
+        load_preference_config(None, ["loss.name=ipo", "loss.params.tau=auto"])
+
+
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

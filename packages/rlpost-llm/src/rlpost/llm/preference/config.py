@@ -64,6 +64,12 @@ class PreferenceDataConfig(_Strict):
     seed: int = 0
 
 
+#: a parameter the trainer can set from the initial model (``"auto"``): xi-DPO's ``xi``
+#: by ``xi_from_initial`` over the training pairs, as its abstract prescribes
+AUTO_PARAMS = {"xi_dpo": "xi"}
+_STAND_IN = 0.5  # an ``auto`` parameter's value while the config is validated
+
+
 class LossConfig(_Strict):
     name: str = "dpo"
     """A ``PREFERENCE_LOSSES`` entry: dpo, ipo, simpo, xi_dpo, gate_dpo, ed_dpo."""
@@ -72,25 +78,39 @@ class LossConfig(_Strict):
     per_loss: dict[str, dict[str, Any]] = {}
     """Parameters a recipe ships for each loss name (every one validated at load). The
     entry is built with ``{**per_loss.get(name, {}), **params}``, so ``loss.name=simpo`` on
-    the command line takes the recipe's SimPO parameters instead of carrying DPO's."""
+    the command line takes the recipe's SimPO parameters instead of carrying DPO's.
+    ``xi_dpo: {xi: auto}`` sets xi from the initial model (:data:`AUTO_PARAMS`)."""
 
     @model_validator(mode="after")
     def _check_loss(self) -> LossConfig:
         try:
             for name, params in self.per_loss.items():
-                PREFERENCE_LOSSES.build(name, **params)
+                PREFERENCE_LOSSES.build(name, **_stood_in(name, params))
             self.build()
         except RegistryError as exc:
             raise ValueError(str(exc)) from exc
         return self
 
     def resolved_params(self) -> dict[str, Any]:
-        """The parameters the chosen entry is built with."""
+        """The parameters the chosen entry is built with (an ``auto`` one as ``"auto"``)."""
         return {**self.per_loss.get(self.name, {}), **self.params}
 
-    def build(self) -> Bound:
-        """The validated registry entry (``.needs`` / ``.reads`` / ``.coupling``)."""
-        return PREFERENCE_LOSSES.build(self.name, **self.resolved_params())
+    def auto_param(self) -> str | None:
+        """The chosen entry's parameter given as ``"auto"``, else ``None``."""
+        key = AUTO_PARAMS.get(self.name)
+        return key if key is not None and self.resolved_params().get(key) == "auto" else None
+
+    def build(self, **resolved: Any) -> Bound:
+        """The validated registry entry (``.needs`` / ``.reads`` / ``.coupling``), with
+        ``resolved`` values for ``auto`` parameters (a stand-in until they are known)."""
+        params = {**_stood_in(self.name, self.resolved_params()), **resolved}
+        return PREFERENCE_LOSSES.build(self.name, **params)
+
+
+def _stood_in(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with an ``auto`` parameter of entry ``name`` replaced by a stand-in."""
+    key = AUTO_PARAMS.get(name)
+    return {**params, key: _STAND_IN} if key and params.get(key) == "auto" else params
 
 
 class OnlineConfig(_Strict):
@@ -149,6 +169,11 @@ class PreferenceConfig(_Strict):
             raise ValueError(
                 "mode: online ranks samples with the task's verifier; data.path gives fixed "
                 "pairs (use mode=offline, or drop data.path)"
+            )
+        if self.mode == "online" and self.loss.auto_param() is not None:
+            raise ValueError(
+                f"loss: {self.loss.name}'s {self.loss.auto_param()}=auto is set from the "
+                "initial model's training pairs, which mode=online does not have (give a value)"
             )
         if self.mode == "offline" and self.online.refresh_reference:
             raise ValueError("online.refresh_reference: needs mode=online (iterative rounds)")

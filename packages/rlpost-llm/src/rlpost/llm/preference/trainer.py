@@ -51,7 +51,7 @@ from rlpost.core.io.config import ConfigError
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
 from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
-from rlpost.core.preference import PreferenceInput
+from rlpost.core.preference import PreferenceInput, xi_from_initial
 from rlpost.llm.data.prompts import PromptSource, make_prompt_source, split_eval
 from rlpost.llm.model.policy import (
     Reference,
@@ -166,6 +166,9 @@ class PreferenceTrainer:
         self.model, self.tok = model, tokenizer
         self.train_pairs = TokenPairs.from_pairs(self.data.train, tokenizer)
         self.eval_pairs = TokenPairs.from_pairs(self.data.eval, tokenizer)
+        self.auto: dict[str, float] = {}  # parameters set from the initial model
+        if cfg.loss.auto_param() is not None:  # (before any checkpoint loads)
+            self.loss = self._auto_loss()
         self.online = cfg.mode == "online"
         self.refresh = self.online and cfg.online.refresh_reference
         self.reference: Reference | None = None
@@ -188,6 +191,16 @@ class PreferenceTrainer:
         self._shuffle()
         resumed = self._resume() if resume else None
         self.logger = MetricsLogger.for_run(self.run_dir, cfg.run, resumed)
+
+    def _auto_loss(self):
+        """The loss with its ``auto`` parameter set from the initial model: xi-DPO's ``xi``
+        = :func:`xi_from_initial` (0.9 quantile of the per-token ratio margins) over the
+        training pairs. Deterministic, so a resumed run gets the same value."""
+        key = self.cfg.loss.auto_param()
+        cw, cl, nw, nl = self._all_logprobs(self.model, self.train_pairs)
+        self.auto = {key: xi_from_initial(cw, cl, nw, nl)}
+        notice(f"loss {self.cfg.loss.name}: {key} = {self.auto[key]:.4f} from the initial model")
+        return self.cfg.loss.build(**self.auto)
 
     def _total_steps(self) -> int:
         """The run's optimizer steps: ``train.steps``, or offline with ``train.epochs`` that
@@ -599,6 +612,7 @@ class PreferenceTrainer:
             vals = [r[key] for r in rows if key in r]
             if vals:
                 result[f"{name}_before"], result[f"{name}_after"] = vals[0], vals[-1]
+        result.update(self.auto)
         extra = {k: v for k, v in result.items() if k not in ("summary", "steps", "seconds")}
         write_summary(self.run_dir, "llm-preference", rows, result["seconds"], **extra)
         return result
