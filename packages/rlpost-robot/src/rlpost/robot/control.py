@@ -217,13 +217,16 @@ def _mujoco_warnings_to_python() -> None:
     """MuJoCo's own warning handler prints each warning and appends it to
     ``MUJOCO_LOG.TXT`` in the working directory (gymnasium's HalfCheetah model raises a
     deprecation warning per environment built); route them to :mod:`warnings` instead,
-    whose default filter shows a repeated warning once. The handler is process-wide and
-    stays set."""
+    whose default filter shows a repeated warning once. The deprecation of
+    ``settotalmass`` in gymnasium's own model files is dropped: a user cannot act on it
+    (it printed twice per run). The handler is process-wide and stays set."""
     import warnings
 
     import mujoco
 
     def warn(msg: str) -> None:
+        if "'settotalmass' is deprecated" in msg:
+            return
         warnings.warn(f"mujoco: {msg.strip()}", RuntimeWarning, stacklevel=2)
 
     mujoco.set_mju_user_warning(warn)
