@@ -57,6 +57,31 @@ def test_the_marker_parser():
                            ("exists", "out/x", "")]  # fmt: skip
 
 
+def test_every_name_a_pages_python_imports_from_rlpost_exists():
+    """The pages run in the slow tier only; this keeps their Python files importable in the
+    default one: each ``from rlpost... import name`` of a ``<!-- file: X.py -->`` block names
+    a module and an attribute that exist (a name moved by a refactor fails here)."""
+    import ast
+    import importlib
+    import importlib.util
+
+    wrong = []
+    for page in PAGES:
+        for kind, arg, body in steps(page.read_text()):
+            if kind != "file" or not arg.endswith(".py"):
+                continue
+            for node in ast.walk(ast.parse(body)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlpost"):
+                    module = importlib.import_module(node.module)
+                    wrong += [
+                        f"{page.name} {arg}: {node.module}.{a.name}"
+                        for a in node.names
+                        if not hasattr(module, a.name)
+                        and importlib.util.find_spec(f"{node.module}.{a.name}") is None
+                    ]
+    assert not wrong, "names the pages import that do not exist: " + ", ".join(wrong)
+
+
 def test_every_domain_has_a_page():
     assert {p.stem.removeprefix("bring-your-own-") for p in PAGES} >= {
         "llm",
@@ -67,7 +92,11 @@ def test_every_domain_has_a_page():
 
 @pytest.mark.slow  # (the slow tier: uv run pytest -m slow)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem.removeprefix("bring-your-own-"))
-def test_page_runs_as_written(page, tmp_path):
+def test_page_runs_as_written(page, tmp_path, record_result, load_tool):
+    """With ``RLPOST_RESULTS`` set, what each run block printed is kept
+    (``docs/results/tests/byo_<domain>.json``): the page's output blocks are copied from it
+    (``tests/test_docs.py`` checks their numbers)."""
+    clean = load_tool("transcripts").clean
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -77,6 +106,7 @@ def test_page_runs_as_written(page, tmp_path):
     env.pop("VIRTUAL_ENV", None)
     todo = steps(page.read_text())
     assert any(kind == "run" for kind, _, _ in todo), f"{page.name} runs nothing"
+    printed = []
     for kind, arg, body in todo:
         if kind == "file":
             (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
@@ -96,3 +126,8 @@ def test_page_runs_as_written(page, tmp_path):
                 f"{page.name}: exit {out.returncode} from\n{body}\n"
                 f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
             )
+            printed.append(
+                {"commands": body, "stdout": clean(out.stdout), "stderr": clean(out.stderr)}
+            )
+    domain = page.stem.removeprefix("bring-your-own-")
+    record_result(f"byo_{domain}", printed, config={"page": f"docs/{page.name}"})

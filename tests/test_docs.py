@@ -213,6 +213,59 @@ def test_a_shown_command_output_names_the_log_it_was_copied_from():
     assert not wrong, "\n".join(wrong)
 
 
+def _printed_text(source: str) -> str | None:
+    """What a cited source printed: a transcript log, or the outputs a test recorded from
+    a page's commands (``tests/byo_*.json``); ``None`` for a benchmark's JSON (its numbers
+    are stored unrounded, so they are not compared as text)."""
+    import json
+
+    path = ROOT / "docs/results" / source
+    if source.endswith(".log"):
+        return path.read_text()
+    if source.startswith("tests/byo_"):
+        rows = json.loads(path.read_text())["rows"]
+        return "\n".join(r["stdout"] + "\n" + r["stderr"] for r in rows)
+    return None
+
+
+def test_a_printed_output_block_names_where_it_was_copied_from():
+    """A ```text block that shows two or more measured decimals names, in the block or the
+    paragraph before or after it, the file it was copied from under ``docs/results/``; when
+    that file kept what a command printed (a transcript log, a page's recorded outputs),
+    every number of the block is in it. A "bring your own" page names its record
+    (``tests/byo_<domain>.json``) once, for all its blocks."""
+    import re
+
+    number = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%?(?![\w.])")
+    source = re.compile(r"results/((?:transcripts/|tests/)?[\w.\-]+\.(?:log|json))")
+    bare, wrong = [], []
+    for page in [ROOT / "README.md", *PAGES]:
+        text = page.read_text()
+        for m in re.finditer(r"```text\n(.*?)```", text, flags=re.S):
+            block = m.group(1)
+            if len(re.findall(r"\d\.\d", block)) < 2:
+                continue
+            where = f"{page.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}"
+            before = text[: m.start()].rstrip().rsplit("\n\n", 1)[-1]
+            after = text[m.end() :].lstrip().split("\n\n", 1)[0]
+            cited = source.findall(before + block + after) or re.findall(
+                r"results/(tests/byo_\w+\.json)", text
+            )
+            if not cited:
+                bare.append(where)
+                continue
+            kept = [t for t in map(_printed_text, cited) if t is not None]
+            if not kept:
+                continue
+            printed = set(number.findall("\n".join(kept)))
+            lines = [x for x in block.splitlines() if not x.startswith("$")]
+            missing = {n for x in lines for n in number.findall(x) if n not in printed}
+            if missing:
+                wrong.append(f"{where}: numbers not in {cited}: {sorted(missing)[:8]}")
+    assert not bare, "name the file the output was copied from: " + ", ".join(bare)
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_transcript_log_belongs_to_a_transcript_of_the_tool(load_tool):
     """Each kept log is one of ``tools/transcripts.py``'s, starts with its commands, and ran
     to exit 0."""
