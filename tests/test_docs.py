@@ -298,3 +298,8 @@ def test_the_transcript_tool_logs_commands_their_last_drawn_lines_and_exit(load_
     assert lines[1:6] == [f"$ {t.commands[0]}", "up", f"$ {t.commands[1]}", "100% done 1.5",
                           f"$ {t.commands[2]}"]  # fmt: skip
     assert mod.runnable("OMP_NUM_THREADS=1 uv run rlpost-x y &") == "OMP_NUM_THREADS=1 rlpost-x y"
+    # a command past its time limit: logged with what it printed, the tool goes on
+    slow = mod.Transcript("docs/x.md", ("echo started; sleep 30",), timeout_s=2)
+    status, text = mod.run("y", slow)
+    assert status == 124, text
+    assert text.splitlines()[1:4] == [f"$ {slow.commands[0]}", "started", "# timed out after 2 s"]

@@ -114,6 +114,9 @@ _FIRST_ROW = (
     "if any(k in r for k in keys)]"
 )
 TRANSCRIPTS.update(
+    agents_kg=Transcript(
+        "docs/agents.md", ("uv run rlpost-llm train --config grpo_kg train.steps=60",)
+    ),
     agents_rewrite=Transcript(
         "docs/agents.md", ("uv run rlpost-llm train --config grpo_rewrite train.steps=40",)
     ),
@@ -208,6 +211,7 @@ for _inv_temp in (10, 200):
             "uv run rlpost-robot train --config lwd_multimodal_reach algo.params.episodes=480 "
             f"algo.params.base=frozen algo.params.inv_temp={_inv_temp} run.eval_steps=[10]",
         ),
+        timeout_s=3600,  # (7 minutes alone; 19 beside two other jobs)
     )
 for _tasks in (1, 2):
     TRANSCRIPTS[f"hacking_chained_{_tasks}"] = Transcript(
@@ -271,20 +275,38 @@ def run(name: str, t: Transcript) -> tuple[int, str]:
                 background.append((command, proc, log))
                 out += [f"$ {command}", clean(log.read_bytes().decode(errors="replace"))]
                 continue
-            res = subprocess.run(
-                runnable(command), shell=True, cwd=cwd, env=_env(),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=t.timeout_s,
-            )  # fmt: skip
-            # (bytes: text mode would turn a progress bar's \r into new lines)
-            out += [f"$ {command}", clean(res.stdout.decode(errors="replace"))]
-            if res.returncode != 0:
-                status = res.returncode
+            code, printed = _run_one(command, cwd, t.timeout_s)
+            out += [f"$ {command}", printed]
+            if code is None:  # past its time limit: the log says so, the tool goes on
+                out.append(f"# timed out after {t.timeout_s} s")
+                status = 124
+                break
+            if code != 0:
+                status = code
                 break
         for _, proc, _ in background:
             os.killpg(proc.pid, 15)
             proc.wait(timeout=30)
     out.append(f"# exit {status} in {time.perf_counter() - t0:.1f} s")
     return status, "\n".join(out) + "\n"
+
+
+def _run_one(command: str, cwd, timeout_s: int) -> tuple[int | None, str]:
+    """``(exit status, what it printed)`` of one command; status ``None`` when it ran past
+    ``timeout_s``, and then its whole process group is killed (a shell's children too)."""
+    proc = subprocess.Popen(
+        runnable(command), shell=True, cwd=cwd, env=_env(), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        raw, _ = proc.communicate(timeout=timeout_s)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        raw, _ = proc.communicate()
+        code = None
+    # (bytes: text mode would turn a progress bar's \r into new lines)
+    return code, clean(raw.decode(errors="replace"))
 
 
 def _wait_ready(log: Path, ready: str, proc: subprocess.Popen, limit_s: float = 120) -> None:
