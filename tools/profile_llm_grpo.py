@@ -23,6 +23,11 @@ reference, and one under ``cProfile``, whose cumulative times split the step int
 cProfile adds a cost per Python call, so Python-heavy parts (the per-token loop of
 ``generate``) are inflated relative to the plain run; the table gives each part's share of
 the profiled step and the plain run's step time beside it. Prints a table, writes JSON.
+
+``--ops`` adds a third run whose steps after the warm-up go through ``torch.profiler``:
+the operators' self CPU time per step, grouped into matrix products (``mm``, ``addmm``,
+``bmm``: the decode's attention over its KV cache is ``bmm``), fused attention (SDPA's
+kernels, forward and backward) and everything else, with the top operators by name.
 """
 
 from __future__ import annotations
@@ -159,6 +164,53 @@ def run(spec: dict) -> dict:
     }
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def op_table(spec: dict, top: int = 12) -> dict:
+    """Operator self CPU time per step over the steps after the warm-up (``torch.profiler``),
+    in three groups and the ``top`` operators by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = _trainer(spec, Path(spec["work"]) / "ops")
+    t.train(until=spec["warmup"])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t.train()
+    steps = spec["steps"]
+    ops = [
+        (e.key, e.self_cpu_time_total / 1000 / steps, e.count / steps) for e in prof.key_averages()
+    ]
+    total = sum(ms for _, ms, _ in ops)
+    groups = {"matrix products": 0.0, "fused attention (SDPA)": 0.0, "everything else": 0.0}
+    for name, ms, _ in ops:
+        if name in MATMUL_OPS:
+            groups["matrix products"] += ms
+        elif "scaled_dot_product" in name:
+            groups["fused attention (SDPA)"] += ms
+        else:
+            groups["everything else"] += ms
+    ranked = sorted(ops, key=lambda o: -o[1])[:top]
+    return {
+        "self_cpu_ms_per_step": total,
+        "groups_ms": groups,
+        "top": [{"op": n, "ms_per_step": ms, "share": ms / total, "calls_per_step": c}
+                for n, ms, c in ranked],
+    }  # fmt: skip
+
+
+def format_ops(ops: dict) -> str:
+    total = ops["self_cpu_ms_per_step"]
+    lines = [f"operators (torch.profiler, self CPU): {total:.0f} ms/step"]
+    lines += [f"  {k:<28}{v:>9.1f} ms{v / total:>8.1%}" for k, v in ops["groups_ms"].items()]
+    lines.append(f"  {'top operators':<44}{'ms/step':>9}{'share':>8}{'calls/step':>12}")
+    for o in ops["top"]:
+        name = o["op"] if len(o["op"]) <= 44 else o["op"][:41] + "..."
+        lines.append(
+            f"  {name:<44}{o['ms_per_step']:>9.1f}{o['share']:>8.1%}{o['calls_per_step']:>12.0f}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(res: dict) -> str:
     p, prof = res["params"], res["profiled"]
     lines = [
@@ -190,6 +242,7 @@ def main() -> int:
     ap.add_argument(
         "--full-length", action="store_true", help="every response runs to --max-new-tokens"
     )
+    ap.add_argument("--ops", action="store_true", help="an operator table too (torch.profiler)")
     ap.add_argument("--out", default="bench_results/llm_grpo_profile.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -200,7 +253,11 @@ def main() -> int:
             "mask_truncated": False, "full_length": a.full_length,
         }  # fmt: skip
         res = run(spec)
+        if a.ops:
+            res["ops"] = op_table(spec)
     print(format_table(res))
+    if "ops" in res:
+        print(format_ops(res["ops"]))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {a.out}")
