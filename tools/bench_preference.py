@@ -88,7 +88,8 @@ def _config(label: str, seed: int, steps: int, root: Path):
 def initial_ratio_margins(seed: int, root: Path, base) -> dict:
     """Quantiles of xi-DPO's ``rho_0`` of the initial model on seed ``seed``'s training pairs."""
     model, tok = base
-    trainer = PreferenceTrainer(_config("xi_dpo", seed, 1, root / "initial"), model, tok)
+    # (a loss without a reference or an ``auto`` parameter: the trainer only scores here)
+    trainer = PreferenceTrainer(_config("simpo", seed, 1, root / "initial"), model, tok)
     # the trainer's own scoring of all pairs (no grad, eval mode, its micro-batches)
     cw, cl, nw, nl = trainer._all_logprobs(model, trainer.train_pairs)
     trainer.close()
@@ -105,7 +106,8 @@ def run_one(label: str, seed: int, steps: int, root: Path, base) -> dict:
     t0 = time.perf_counter()
     res = PreferenceTrainer(cfg, copy.deepcopy(model), tok).train()
     out = {"loss": label, "seed": seed, "seconds": time.perf_counter() - t0}
-    out["params"] = cfg.loss.resolved_params()
+    params = cfg.loss.resolved_params()  # (an ``auto`` one as the value the run set)
+    out["params"] = {k: res[k] if v == "auto" else v for k, v in params.items()}
     for key, name in METRICS.items():
         out[f"{key}_before"], out[f"{key}_after"] = res[f"{name}_before"], res[f"{name}_after"]
     return out
