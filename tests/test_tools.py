@@ -25,3 +25,19 @@ def test_the_grid_headline_names_the_smallest_ratio_per_regime_and_is_written(tm
     written = json.loads(out.read_text())["headline"]
     assert list(written)[:5] == list(benchlib.HEADLINE_KEYS)
     assert written["min_full_length_ratio"] == 1.2
+
+
+def test_the_doc_number_check_finds_what_a_cited_file_does_not_hold(tmp_path, load_tool):
+    """``tools/check_doc_numbers.py``: a number in a citing section's prose is backed when a
+    cited file holds it at the decimals shown (or as a fraction of a percentage); code
+    blocks and sections that cite nothing are not read."""
+    mod = load_tool("check_doc_numbers")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({"rows": [{"acc": 0.35546875, "share": 0.125}]}))
+    page = tmp_path / "p.md"
+    page.write_text(
+        "# A\n\nFrom `docs/results/r.json`: 0.355, 12.5 %, and 0.356.\n\n```\n9.99\n```\n\n"
+        "# B\n\nNo citation here: 0.777.\n"
+    )
+    assert mod.unbacked(page, results) == [("# A", ["0.356"])]
