@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for page in pages:
         for heading, missing in unbacked(page, REPO / "docs" / "results"):
             total += len(missing)
-            name = page.relative_to(REPO) if page.resolve().is_relative_to(REPO) else page
+            name = page.resolve().relative_to(REPO) if page.resolve().is_relative_to(REPO) else page
             print(f"{name} | {heading} | {missing}")
     print(f"{total} numbers to look at", file=sys.stderr)
     return 0
