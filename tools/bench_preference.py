@@ -91,7 +91,7 @@ def initial_ratio_margins(seed: int, root: Path, base) -> dict:
     # (a loss without a reference or an ``auto`` parameter: the trainer only scores here)
     trainer = PreferenceTrainer(_config("simpo", seed, 1, root / "initial"), model, tok)
     # the trainer's own scoring of all pairs (no grad, eval mode, its micro-batches)
-    cw, cl, nw, nl = trainer._all_logprobs(model, trainer.train_pairs)
+    cw, cl, nw, nl = trainer.all_logprobs(model, trainer.train_pairs)
     trainer.close()
     q = {
         f"q{int(p * 100)}": xi_from_initial(cw, cl, nw, nl, p, (1e-9, 1 - 1e-9))

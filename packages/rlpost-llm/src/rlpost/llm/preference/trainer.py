@@ -197,7 +197,7 @@ class PreferenceTrainer:
         = :func:`xi_from_initial` (0.9 quantile of the per-token ratio margins) over the
         training pairs. Deterministic, so a resumed run gets the same value."""
         key = self.cfg.loss.auto_param()
-        cw, cl, nw, nl = self._all_logprobs(self.model, self.train_pairs)
+        cw, cl, nw, nl = self.all_logprobs(self.model, self.train_pairs)
         self.auto = {key: xi_from_initial(cw, cl, nw, nl)}
         notice(f"loss {self.cfg.loss.name}: {key} = {self.auto[key]:.4f} from the initial model")
         return self.cfg.loss.build(**self.auto)
@@ -319,7 +319,7 @@ class PreferenceTrainer:
         return seq[:b], seq[b:], lens[:b], lens[b:]
 
     @torch.no_grad()
-    def _all_logprobs(self, model: torch.nn.Module, pairs: TokenPairs) -> tuple[Tensor, ...]:
+    def all_logprobs(self, model: torch.nn.Module, pairs: TokenPairs) -> tuple[Tensor, ...]:
         """:meth:`_sequence_logprobs` of every pair, no grad, in eval mode, in micro-batches
         of ``optim.micro_batch_size`` pairs: four ``[N]`` float32 CPU tensors."""
         was = model.training
@@ -341,7 +341,7 @@ class PreferenceTrainer:
     def _reference_logprobs(self, pairs: TokenPairs) -> tuple[Tensor, Tensor]:
         """The reference's ``(log ref(y_w), log ref(y_l))`` ``[N]`` of ``pairs``."""
         with self.reference.active(self.model) as ref:
-            c, r, _, _ = self._all_logprobs(ref, pairs)
+            c, r, _, _ = self.all_logprobs(ref, pairs)
         return c, r
 
     # ----------------------------------------------------------------- update
@@ -499,7 +499,7 @@ class PreferenceTrainer:
         if len(ev):
             if self.needs_ref and self.ref_eval is None:
                 self.ref_eval = self._reference_logprobs(ev)
-            c, r, nc, nr = self._all_logprobs(self.model, ev)
+            c, r, nc, nr = self.all_logprobs(self.model, ev)
             ref = self.ref_eval if self.needs_ref else (None, None)
             with torch.no_grad():
                 res = self.loss(PreferenceInput(c, r, ref[0], ref[1], nc, nr))
