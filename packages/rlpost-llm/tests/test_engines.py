@@ -138,6 +138,61 @@ def test_fused_logprobs_equal_the_logits_path_with_gradients(model_tok, temperat
         torch.testing.assert_close(g, res["logits"][2][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("impl", ["fused", "logits"])
+def test_contiguous_rows_run_causally_and_equal_each_sequence_alone(model_tok, impl, monkeypatch):
+    """Rows of different prompt lengths (left padding) and completion lengths (right
+    padding) run shifted, under plain causal attention with no mask: their log-probs,
+    entropies and parameter gradients equal each sequence's own unpadded forward."""
+    from rlpost.core.logprobs import logprobs_and_entropy
+
+    m, tok = model_tok
+    torch.manual_seed(4)
+    b = HFEngine(m, tok).generate(
+        [ids(tok, "12+3="), ids(tok, "4567+8=")], 3, SamplingParams(6, 1.0)
+    )
+    lengths = b.mask.sum(1).long()
+    assert len(set(lengths.tolist())) > 1 and len({len(p) for p in b.prompt_ids}) == 2
+    sb = make_seq_batch(b.prompt_ids, b.completion_ids, b.mask, b.pad_id)
+    sdpa, masks = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording(*args, **kwargs):
+        masks.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    m.zero_grad(set_to_none=True)
+    lp, ent = completion_logprobs(m, sb, 0.7, impl=impl)
+    ((lp * b.mask).sum() + 0.1 * (ent * b.mask).sum()).backward()
+    got = {n: p.grad.clone() for n, p in m.named_parameters()}
+    monkeypatch.undo()
+    assert masks and all(mask is None and causal for mask, causal in masks)
+
+    m.zero_grad(set_to_none=True)
+    total = 0.0
+    for i, prompt in enumerate(b.prompt_ids):
+        n = int(lengths[i])
+        seq = torch.tensor([prompt + b.completion_ids[i, :n].tolist()])
+        logits = m(input_ids=seq).logits[:, len(prompt) - 1 : len(prompt) - 1 + n]
+        res = logprobs_and_entropy(logits, b.completion_ids[i : i + 1, :n], temperature=0.7)
+        torch.testing.assert_close(lp[i, :n], res.logp[0].detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ent[i, :n], res.entropy[0].detach(), atol=1e-5, rtol=1e-5)
+        total = total + res.logp.sum() + 0.1 * res.entropy.sum()
+    total.backward()
+    for name, p in m.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    m.zero_grad(set_to_none=True)
+
+
+def test_only_rows_attending_one_contiguous_run_are_shifted():
+    from rlpost.llm.model.policy import contiguous_rows
+
+    rows = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]])
+    assert contiguous_rows(rows).tolist() == [2, 0, 1]
+    holed = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 0]])  # an unattended token inside
+    assert contiguous_rows(holed) is None
+    assert contiguous_rows(torch.tensor([[0, 0, 0], [1, 1, 0]])) is None  # an empty row
+
+
 def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
     from rlpost.llm.model.policy import fused_head
 

@@ -355,11 +355,19 @@ def _padded_logprobs(
     dists=None,
     student_ids=None,
 ):
-    """The padded forward: one row per sequence (left-padded prompts) under ``sb``'s
-    attention mask, or under ``sb.shadow`` (a compressed KV cache's dense mask) when it has
-    one."""
+    """The padded forward: one row per sequence under ``sb``'s attention, or under
+    ``sb.shadow`` (a compressed KV cache's dense mask) when it has one. When every row
+    attends to one contiguous run of positions (a left-padded prompt, its completion, right
+    padding: :func:`contiguous_rows`), each row is shifted to start at its first real token
+    and the forward runs without a mask: plain causal attention (no ``[B, 1, S, S]`` mask
+    built, or kept for the backward; the attention skips the blocks above the diagonal and
+    takes the grouped-query fast path), the same outputs at every real position."""
     L = targets.shape[1]
     dev = targets.device
+    offsets = contiguous_rows(sb.attention_mask) if sb.shadow is None else None
+    if offsets is not None:
+        return _causal_logprobs(model, sb, offsets, head, targets, temperature, chunk,
+                                dists, student_ids)  # fmt: skip
     inputs = {
         "input_ids": sb.input_ids.to(dev),
         "attention_mask": sb.attention_mask.to(dev),
@@ -390,6 +398,55 @@ def _padded_logprobs(
         temperature,
         chunk,
         {"logits_to_keep": L + 1},
+        dists=dists,
+        student_ids=student_ids,
+    )
+
+
+def contiguous_rows(attention_mask: Tensor) -> Tensor | None:
+    """``[B]`` each row's count of leading unattended positions when every row attends to
+    one contiguous, non-empty run of positions (``0...0 1...1 0...0``); else ``None``."""
+    am = attention_mask.bool()
+    S = am.shape[1]
+    idx = torch.arange(S, device=am.device)
+    first = torch.where(am, idx, S).amin(1)
+    last = torch.where(am, idx, -1).amax(1)
+    if not bool(((last - first + 1) == am.sum(1)).all()) or bool((first == S).any()):
+        return None
+    return first
+
+
+def _causal_logprobs(
+    model, sb: SeqBatch, offsets: Tensor, head, targets: Tensor, temperature: float,
+    chunk: int, dists=None, student_ids=None,
+):  # fmt: skip
+    """:func:`_padded_logprobs` over rows shifted left by ``offsets`` (the left padding
+    moves to the end) under plain causal attention: a real token at position ``j`` of its
+    row sees the same tokens at the same position ids as under the mask. Completion token
+    ``t`` of row ``i`` is predicted at ``P - 1 - offsets[i] + t``."""
+    B, L = targets.shape
+    S, dev = sb.input_ids.shape[1], targets.device
+    cols = torch.arange(S)
+    ids = sb.input_ids.gather(1, (cols + offsets[:, None]) % S)
+    first = sb.P - 1 - offsets  # [B] where each row's predictions start
+    take = first[:, None] + torch.arange(L)  # [B, L]
+    keep = S - int(first.min())  # the logits path keeps positions first.min() .. S - 1
+    inputs = {
+        "input_ids": ids.to(dev),
+        "position_ids": cols.expand(B, S).to(dev),
+        "use_cache": False,
+    }
+    rows = torch.arange(B, device=dev)[:, None]
+    at_hidden, at_logits = take.to(dev), (take - (S - keep)).to(dev)
+    return _head_logprobs(
+        model,
+        inputs,
+        head,
+        (lambda x: x[rows, at_hidden], lambda x: x[rows, at_logits]),
+        targets,
+        temperature,
+        chunk,
+        {"logits_to_keep": keep},
         dists=dists,
         student_ids=student_ids,
     )
