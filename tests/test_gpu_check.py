@@ -25,6 +25,9 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
         "mxfp4",
     }
     assert res["trainer_step"]["tokens_per_s"] > 0
+    assert set(res["trainer_step"]["layouts"]) == {"uniform", "ragged", "padded"}
+    assert all("step_ms" in v for v in res["trainer_step"]["layouts"].values())
+    assert res["trainer_step"]["mfu"] is None  # no peak to divide by on a CPU
     assert res["tiles"]["ok"] and len(res["tiles"]["rows"]) == 2
     assert res["vllm_engine"]["ok"]  # ran, or says why not (no vLLM on CPU)
     assert res["vllm_teacher"]["ok"]
@@ -37,3 +40,26 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
 
 def test_gpu_check_shell_wrapper_parses():
     assert subprocess.run(["bash", "-n", str(REPO / "tools" / "gpu_check.sh")]).returncode == 0
+
+
+def test_model_flops_count_the_head_once_and_not_the_lookup():
+    """MFU's numerator: six FLOPs per weight per token, the LM head's product counted (once,
+    when tied to the input embedding) and the input lookup not."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import gpu_check
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def model(tied: bool):
+        cfg = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          tie_word_embeddings=tied)  # fmt: skip
+        return Qwen2ForCausalLM(cfg)
+
+    tied, untied = model(True), model(False)
+    total = sum(p.numel() for p in tied.parameters())  # (parameters() lists a tied one once)
+    assert gpu_check.model_flops(tied, 10) == 60 * total
+    lookup = untied.get_input_embeddings().weight.numel()
+    assert gpu_check.model_flops(untied, 10) == 60 * (
+        sum(p.numel() for p in untied.parameters()) - lookup
+    )
+    assert gpu_check.peak_flops("cpu") is None

@@ -48,6 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PRIME_RL_TOKENS_PER_S = 11_900  # prime-rl trainer, Qwen3-0.6B, one H100 (published)
+# dense bfloat16 peak, FLOP/s, of the SXM parts (NVIDIA's data sheets; half the sparse figure)
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 QWEN3_06B = dict(  # Qwen/Qwen3-0.6B's config.json
     vocab_size=151_936,
     hidden_size=1024,
@@ -513,6 +515,28 @@ def engines(dev: str, smoke: bool) -> dict:
             "rows": rows, "lean_over_hf": round(ratio, 2)}  # fmt: skip
 
 
+def model_flops(model, tokens: int) -> float:
+    """A training step's model FLOPs over ``tokens`` positions, as MFU counts them: six per
+    weight per token (the forward's and the backward's matrix products), the LM head
+    included and the input embedding (a lookup) not; attention scores and activation
+    recomputation are not counted."""
+    head = model.get_output_embeddings()
+    lookup = {id(p) for p in model.get_input_embeddings().parameters()}
+    lookup -= {id(p) for p in head.parameters()} if head is not None else set()
+    unique = {id(p): p for p in model.parameters()}
+    return 6.0 * tokens * sum(p.numel() for i, p in unique.items() if i not in lookup)
+
+
+def peak_flops(dev: str) -> float | None:
+    """The device's dense bfloat16 peak (:data:`PEAK_BF16`), or None when unknown (a CPU)."""
+    if dev != "cuda":
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
 def trainer_step(dev: str, smoke: bool) -> dict:
     import torch
 
@@ -535,8 +559,12 @@ def trainer_step(dev: str, smoke: bool) -> dict:
 
     def step(layout: str) -> None:
         # uniform: the shared-prompt attention op (Triton on CUDA), one group a row;
-        # ragged: the model's own attention under a dense 4D mask over packed rows
-        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=True, layout=layout)
+        # ragged: the model's own attention under a dense 4D mask over packed rows;
+        # padded: one row per sequence, shifted and run under plain causal attention
+        # (no mask: SDPA's flash kernel), each prompt computed once per response
+        packed = layout != "padded"
+        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, layout=layout if packed
+                            else "ragged")  # fmt: skip
         logp, _ = completion_logprobs(model, sb, 1.0)
         m = mask.to(dev)
         batch = PolicyBatch(
@@ -549,8 +577,10 @@ def trainer_step(dev: str, smoke: bool) -> dict:
 
     tokens = B * L + prompts * P  # trained completion tokens + the packed prompts
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    flops = model_flops(model, B * L + prompts * P)  # the work a step must do, packed
+    peak = peak_flops(dev)
     layouts = {}
-    for layout in ("uniform", "ragged"):
+    for layout in ("uniform", "ragged", "padded"):
         try:
             ms = _time(lambda layout=layout: step(layout), dev, 2 if smoke else 5)
         except Exception as exc:  # reported; the other layout still counts
@@ -558,11 +588,13 @@ def trainer_step(dev: str, smoke: bool) -> dict:
             print(f"trainer step ({layout}): {layouts[layout]['error']}")
             continue
         tps = tokens / (ms / 1e3)
-        layouts[layout] = {"step_ms": round(ms, 1), "tokens_per_s": round(tps)}
+        mfu = flops / (ms / 1e3) / peak if peak else None
+        layouts[layout] = {"step_ms": round(ms, 1), "tokens_per_s": round(tps), "mfu": mfu}
         print(
-            f"trainer step ({layout}): {params / 1e6:.0f}M params, {B} x ({P} + {L}) tokens "
-            f"packed, {ms:.0f} ms/step, {tps:,.0f} tokens/s "
-            f"(prime-rl, one H100: ~{PRIME_RL_TOKENS_PER_S:,})"
+            f"trainer step ({layout}): {params / 1e6:.0f}M params, {B} x ({P} + {L}) tokens, "
+            f"{ms:.0f} ms/step, {tps:,.0f} tokens/s"
+            + (f", MFU {mfu:.1%}" if mfu is not None else "")
+            + f" (prime-rl, one H100: ~{PRIME_RL_TOKENS_PER_S:,})"
         )
     best = min((v for v in layouts.values() if "step_ms" in v), key=lambda v: v["step_ms"],
                default=None)  # fmt: skip
@@ -576,6 +608,9 @@ def trainer_step(dev: str, smoke: bool) -> dict:
         "layouts": layouts,
         "step_ms": best["step_ms"] if best else None,
         "tokens_per_s": best["tokens_per_s"] if best else None,
+        "mfu": best["mfu"] if best else None,
+        "model_flops_per_step": flops,
+        "peak_flops": peak,
         "prime_rl_h100_tokens_per_s": PRIME_RL_TOKENS_PER_S,
         "dtype": str(dtype),
     }
