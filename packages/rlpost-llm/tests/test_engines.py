@@ -420,6 +420,8 @@ def test_auto_layout_takes_the_cheaper_packing_per_micro_batch(model_tok):
         got = "padded" if sb.packed is None else "ragged" if sb.packed.layout is None else "uniform"
         costs = layout_costs(prompts, mask.sum(1).long(), 24, cost)
         assert got == want, costs
+        S = max(len(p) for p in prompts) + 24  # the padded rows' positions and causal pairs
+        assert costs["padded"] == 16 * (S * cost[0] + S * (S + 1) / 2 * cost[1])
         ref, _ = completion_logprobs(m, make_seq_batch(prompts, comp, mask, 0), 1.0)
         lp, _ = completion_logprobs(m, sb, 1.0)
         torch.testing.assert_close(lp * mask, ref * mask, atol=1e-5, rtol=1e-5)

@@ -247,15 +247,16 @@ def layout_costs(
 ) -> dict[str, float]:
     """What a forward over each layout computes, ``per_position x positions + per_pair x
     attended (query, key) pairs`` with ``cost = (per_position, per_pair)``
-    (:func:`decoder_cost`): the padded rows (``B (P + L)`` positions, ``B (P + L)^2``
-    pairs: a masked fused attention computes them all) and each of ``layouts``, the ragged
-    and the uniform packed ones (:func:`rlpost.kernels.ops.shared_prompt.packed_work`),
-    counted before anything is built."""
+    (:func:`decoder_cost`): the padded rows (``B (P + L)`` positions and the causal
+    ``B (P + L)(P + L + 1) / 2`` pairs: they run without a mask, :func:`_causal_logprobs`)
+    and each of ``layouts``, the ragged and the uniform packed ones
+    (:func:`rlpost.kernels.ops.shared_prompt.packed_work`), counted before anything is
+    built."""
     from rlpost.kernels.ops.shared_prompt import packed_work
 
     per_pos, per_pair = cost
     S = max(len(p) for p in prompts) + L
-    out = {"padded": len(prompts) * (S * per_pos + S * S * per_pair)}
+    out = {"padded": len(prompts) * (S * per_pos + S * (S + 1) / 2 * per_pair)}
     for name in layouts:
         lens = lengths if name == "ragged" else None
         positions, pairs = packed_work(prompts, L, lens, ROW_TOKENS, last_token=False)
