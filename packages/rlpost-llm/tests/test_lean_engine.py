@@ -79,24 +79,28 @@ def test_lean_engine_satisfies_the_protocol(models, tok):
     assert isinstance(LeanEngine(models["qwen2"], tok), RolloutEngine)
 
 
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "mistral"])
-def test_greedy_completions_equal_generate(models, tok, arch):
+def test_greedy_completions_equal_generate(models, tok, arch, decode):
     """Prompts of different lengths in one batch (left padding, shared prefill, rows that
-    stop at different steps and leave the batch): token for token what ``generate`` gives,
-    with the same finish reasons and (greedy) log-probs."""
+    stop at different steps and leave the batch, or with ``decode="static"`` stay in it at
+    fixed shapes, as a CUDA graph replays the step): token for token what ``generate``
+    gives, with the same finish reasons and (greedy) log-probs."""
     m = models[arch]
     prompts = [ids(tok, p) for p in PROMPTS]
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
     a = HFEngine(m, tok).generate(prompts, 1, greedy)
-    b = LeanEngine(m, tok).generate(prompts, 1, greedy)
+    b = LeanEngine(m, tok, decode=decode).generate(prompts, 1, greedy)
     assert b.completion_ids.tolist() == a.completion_ids.tolist()
     assert b.mask.tolist() == a.mask.tolist() and b.finish_reasons == a.finish_reasons
     torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_equals_generate_when_rows_stop_early(tok):
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_greedy_equals_generate_when_rows_stop_early(tok, decode):
     """A model that emits EOS early on some prompts: the compacted batch (finished rows
-    removed) still continues the others exactly."""
+    removed), or the fixed-shape one that keeps decoding them, still continues the others
+    exactly."""
     torch.manual_seed(3)
     m = Qwen2ForCausalLM(tiny.tiny_config(tok)).eval()
     with torch.no_grad():  # bias the head towards EOS so that rows stop at different steps
@@ -104,14 +108,14 @@ def test_greedy_equals_generate_when_rows_stop_early(tok):
     prompts = [ids(tok, p) for p in ["1+1=", "11+2=", "2+2=", "99+1=", "1=", "321+1="]]
     greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
     a = HFEngine(m, tok).generate(prompts, 1, greedy)
-    b = LeanEngine(m, tok).generate(prompts, 1, greedy)
+    b = LeanEngine(m, tok, decode=decode).generate(prompts, 1, greedy)
     assert len(set(a.lengths.tolist())) > 2  # rows really stop at different steps
     assert b.completion_ids.tolist() == a.completion_ids.tolist()
     assert b.finish_reasons == a.finish_reasons
     stop = SamplingParams(max_new_tokens=16, temperature=0.0, stop=("2", "5"))
     a, b = (
         HFEngine(m, tok).generate(prompts, 1, stop),
-        LeanEngine(m, tok).generate(prompts, 1, stop),
+        LeanEngine(m, tok, decode=decode).generate(prompts, 1, stop),
     )
     assert b.completion_ids.tolist() == a.completion_ids.tolist()
     assert b.finish_reasons == a.finish_reasons
@@ -146,12 +150,13 @@ def test_min_new_tokens_masks_eos_as_generate_does(tok):
         SamplingParams(8, 1.0, min_new_tokens=9)
 
 
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_sampled_logprobs_equal_trainer_recomputation(models, tok, arch, temperature):
+def test_sampled_logprobs_equal_trainer_recomputation(models, tok, arch, temperature, decode):
     m = models[arch]
     torch.manual_seed(1)
-    b = LeanEngine(m, tok).generate(
+    b = LeanEngine(m, tok, decode=decode).generate(
         [ids(tok, "12+3="), ids(tok, "456+78=")], 4, SamplingParams(10, temperature)
     )
     assert b.completion_ids.shape[0] == 8 and b.group.tolist() == [0] * 4 + [1] * 4
@@ -300,3 +305,14 @@ def test_trainer_picks_the_engine_and_says_when_it_falls_back(tok, fast_cfg, cap
     assert "lean engine does not run this model" in capsys.readouterr().err
     tr.train()  # and it trains through generate
     tr.close()
+
+
+def test_decode_modes_are_checked(models, tok):
+    """An unknown ``decode`` and CUDA graphs without CUDA are refused by name; ``auto`` on
+    the CPU is the dynamic loop (no fixed-shape step is built)."""
+    m = models["qwen2"]
+    with pytest.raises(ValueError, match="decode must be one of"):
+        LeanEngine(m, tok, decode="graphs")
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        LeanEngine(m, tok, decode="graph").generate([ids(tok, "1+1=")], 2, SamplingParams(4))
+    assert LeanEngine(m, tok)._static(None, None, torch.zeros(2, 3, dtype=torch.bool)) is None

@@ -53,6 +53,7 @@ _STATE: contextvars.ContextVar[_Cache | None] = contextvars.ContextVar(
 )
 _registered = False
 COMPACT = 8  # compact the batch once 1/COMPACT of its rows have finished
+DECODE_MODES = ("auto", "dynamic", "static", "graph")
 
 
 @dataclass
@@ -229,7 +230,8 @@ class _FusedDecode:
         return _FusedDecode(out)
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, st: _Cache) -> Tensor:
-        """``h [B, 1, D]`` through every layer at cache position ``st.write``."""
+        """``h [B, 1, D]`` through every layer at cache position ``st.write`` (an int, or a
+        one-element tensor on the device for a static step)."""
         B = h.shape[0]
         cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, d]: over the heads
         w, S = st.write, st.mask.shape[-1]
@@ -246,8 +248,12 @@ class _FusedDecode:
             rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos) + (rot * sin)
             kc, vc = st.k[i], st.v[i]
-            kc[:, :, w] = qk[:, H:, 0]
-            vc[:, :, w] = v[:, 0]
+            if isinstance(w, Tensor):  # a static step (_StaticDecode): the column on the device
+                kc.index_copy_(2, w, qk[:, H:])
+                vc.index_copy_(2, w, v.transpose(1, 2))
+            else:
+                kc[:, :, w] = qk[:, H:, 0]
+                vc[:, :, w] = v[:, 0]
             qh = qk[:, :H].reshape(B, Hkv, H // Hkv, hd)
             sc = torch.matmul(qh, kc[:, :, :S].transpose(-1, -2)) * ly["scale"]
             att = sc.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(qh.dtype)
@@ -257,6 +263,49 @@ class _FusedDecode:
             g, u = gu.split(ly["inter"], -1)
             h = h + ly["down"](ly["act"](g) * u)
         return h
+
+
+class _StaticDecode:
+    """The fused decode step at fixed shapes, so that a CUDA graph can replay it: every row
+    stays in the batch (no compaction), attention always spans the whole static cache under
+    its key mask (unwritten columns are masked), and the write column, the tokens and their
+    positions live in device buffers that each step overwrites. ``graph``: capture the step
+    once (after two warm-up runs on a side stream, which write what the first step writes)
+    and replay it; without, the same step runs eagerly (how the CPU tests check it)."""
+
+    def __init__(self, engine: LeanEngine, fused: _FusedDecode, st: _Cache, keys: Tensor,
+                 graph: bool):  # fmt: skip
+        N, dev = len(keys), keys.device
+        self.engine, self.fused, self.st, self.graph = engine, fused, st, graph
+        self.tok = torch.zeros(N, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(N, 1, dtype=torch.long, device=dev)
+        st.write = torch.zeros(1, dtype=torch.long, device=dev)
+        st.mask = keys[:, None, None, :]  # a view: the loop's in-place key updates show
+        self.out: Tensor | None = None
+        self.cuda_graph = None
+
+    def _step(self) -> Tensor:
+        return self.engine._forward(self.tok, self.pos, self.fused)
+
+    def __call__(self, tok: Tensor, pos: Tensor, column: int) -> Tensor:
+        """Float32 logits ``[N, V]`` of the step writing cache column ``column``."""
+        self.tok.copy_(tok[:, None])
+        self.pos.copy_(pos[:, None])
+        self.st.write.fill_(column)
+        if not self.graph:
+            return self._step()
+        if self.cuda_graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.cuda_graph):
+                self.out = self._step()
+        self.cuda_graph.replay()
+        return self.out  # (the graph's output buffer: the next call overwrites it)
 
 
 def _left_padded(prompts: list[list[int]], pad_id: int, dev) -> tuple[Tensor, Tensor]:
@@ -310,6 +359,11 @@ class LeanEngine(LocalEngine):
     trainer's module used in place (colocated) or a deep copy updated by
     :meth:`update_weights`; at most ``batch_size`` completions decoded at once; ``fuse``:
     decode steps of plain layers through :class:`_FusedDecode` (else the modules).
+    ``decode``: ``dynamic`` (finished rows leave the batch, attention over the filled
+    prefix), ``graph`` (CUDA: the fused step at fixed shapes captured once per call as a
+    CUDA graph and replayed, :class:`_StaticDecode`; on a launch-bound GPU decoding the
+    finished rows costs less than the launches it saves), ``static`` (the same fixed-shape
+    step run eagerly) or ``auto`` (``graph`` on CUDA, else ``dynamic``).
     """
 
     def __init__(
@@ -319,13 +373,28 @@ class LeanEngine(LocalEngine):
         own_copy: bool = False,
         batch_size: int = 256,
         fuse: bool = True,
+        decode: str = "auto",
     ):
         why = lean_unsupported(model)
         if why is not None:
             raise ValueError(f"LeanEngine: {why}; use the hf engine")
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
         super().__init__(model, tokenizer, own_copy, batch_size)
-        self.fuse = fuse
+        self.fuse, self.decode = fuse, decode
         _register()
+
+    def _static(self, fused: _FusedDecode | None, st: _Cache, keys: Tensor):
+        """The step of ``decode`` (see :class:`_StaticDecode`): ``None`` for the dynamic loop
+        (``auto`` off CUDA, or layers that do not fuse)."""
+        mode = self.decode
+        if mode == "auto":
+            mode = "graph" if keys.is_cuda else "dynamic"
+        if mode == "dynamic" or fused is None:
+            return None
+        if mode == "graph" and not keys.is_cuda:
+            raise ValueError("LeanEngine: decode='graph' needs the model on a CUDA device")
+        return _StaticDecode(self, fused, st, keys, graph=mode == "graph")
 
     @contextlib.contextmanager
     def _context(self) -> Iterator[None]:
@@ -373,7 +442,9 @@ class LeanEngine(LocalEngine):
             fused = _FusedDecode.build(_base(self.model).get_decoder()) if self.fuse else None
             keys = _spread_cache(st, real, n, sp.max_new_tokens)
             next_pos = real.sum(-1).repeat_interleave(n, 0)  # [N] position of token 0
-            toks, lps, lengths, finite = self._decode(logits, keys, next_pos, st, fused, sp)
+            static = self._static(fused, st, keys)
+            toks, lps, lengths, finite = self._decode(logits, keys, next_pos, st, fused, sp,
+                                                      static)  # fmt: skip
         finally:
             _STATE.reset(token)
         if not bool(finite):
@@ -392,10 +463,12 @@ class LeanEngine(LocalEngine):
         st: _Cache,
         fused: _FusedDecode | None,
         sp: SamplingParams,
+        static: _StaticDecode | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The token-by-token loop from the first tokens' ``logits`` over the static cache
         (``keys``: its filled columns, ``next_pos``: each row's first position); ``(tokens
-        [N, L], log-probs [N, L], lengths [N] (CPU), whether all logits were finite)``."""
+        [N, L], log-probs [N, L], lengths [N] (CPU), whether all logits were finite)``.
+        With ``static`` every row stays in the batch and the step is its fixed-shape one."""
         N, L = len(keys), sp.max_new_tokens
         Tp, dev = keys.shape[1] - L, keys.device
         row = torch.arange(N, device=dev)  # the batch row -> the completion it extends
@@ -418,6 +491,10 @@ class LeanEngine(LocalEngine):
             done |= stop
             if bool(done.all()) or t == L - 1:
                 break
+            if static is not None:
+                keys[:, Tp + t] = True  # (st.mask views the whole of keys)
+                logits = static(tok, next_pos + t, Tp + t)
+                continue
             if int(done.sum()) * COMPACT >= len(row):  # enough rows finished: compact
                 keys, next_pos, row, tok, done = _compact(st, done, keys, next_pos, row, tok)
             keys[:, Tp + t] = True
