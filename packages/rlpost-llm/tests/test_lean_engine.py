@@ -316,3 +316,24 @@ def test_decode_modes_are_checked(models, tok):
     with pytest.raises(ValueError, match="needs the model on a CUDA device"):
         LeanEngine(m, tok, decode="graph").generate([ids(tok, "1+1=")], 2, SamplingParams(4))
     assert LeanEngine(m, tok)._static(None, None, torch.zeros(2, 3, dtype=torch.bool)) is None
+
+
+def test_a_step_that_cannot_be_captured_decodes_without_the_graph(models, tok, monkeypatch):
+    """When the CUDA graph capture fails, the engine says so once and decodes the same
+    fixed-shape step eagerly: the same tokens as ``decode="static"``."""
+    from rlpost.llm.rollout.engines import lean
+
+    m, prompts = models["qwen2"], [ids(tok, p) for p in PROMPTS]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    want = LeanEngine(m, tok, decode="static").generate(prompts, 1, greedy)
+
+    def refuse(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(lean._StaticDecode, "_capture", refuse)
+    eng = LeanEngine(m, tok, decode="static")
+    monkeypatch.setattr(eng, "_static", lambda fused, st, keys: lean._StaticDecode(
+        eng, fused, st, keys, graph=True))  # fmt: skip
+    with pytest.warns(UserWarning, match="could not be captured as a CUDA graph") as rec:
+        got = eng.generate(prompts, 1, greedy)
+    assert len(rec) == 1 and got.completion_ids.tolist() == want.completion_ids.tolist()

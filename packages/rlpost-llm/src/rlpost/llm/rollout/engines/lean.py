@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -287,6 +288,18 @@ class _StaticDecode:
     def _step(self) -> Tensor:
         return self.engine._forward(self.tok, self.pos, self.fused)
 
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.out = self._step()
+        self.cuda_graph = graph
+
     def __call__(self, tok: Tensor, pos: Tensor, column: int) -> Tensor:
         """Float32 logits ``[N, V]`` of the step writing cache column ``column``."""
         self.tok.copy_(tok[:, None])
@@ -295,15 +308,13 @@ class _StaticDecode:
         if not self.graph:
             return self._step()
         if self.cuda_graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step()
-            torch.cuda.current_stream().wait_stream(side)
-            self.cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.cuda_graph):
-                self.out = self._step()
+            try:
+                self._capture()
+            except RuntimeError as exc:  # e.g. an op that cannot be captured: run eagerly
+                warnings.warn(f"rlpost: the decode step could not be captured as a CUDA "
+                              f"graph ({str(exc)[:200]}); decoding without it", stacklevel=2)  # fmt: skip
+                self.graph = False
+                return self._step()
         self.cuda_graph.replay()
         return self.out  # (the graph's output buffer: the next call overwrites it)
 
