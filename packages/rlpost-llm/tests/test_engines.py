@@ -193,6 +193,19 @@ def test_only_rows_attending_one_contiguous_run_are_shifted():
     assert contiguous_rows(torch.tensor([[0, 0, 0], [1, 1, 0]])) is None  # an empty row
 
 
+def test_an_empty_prompt_keeps_the_masked_layout(model_tok, monkeypatch):
+    """A row with no prompt has nothing to predict its first token from in the shifted
+    layout (its prediction would start before the row): the batch keeps the mask."""
+    from rlpost.llm.model import policy
+
+    m, tok = model_tok
+    sb = make_seq_batch([ids(tok, "1+2="), []], torch.tensor([[5, 6], [7, 8]]), torch.ones(2, 2), 0)
+    assert policy.contiguous_rows(sb.attention_mask) is not None  # (contiguous, but offset P)
+    monkeypatch.setattr(policy, "_causal_logprobs", lambda *a, **k: pytest.fail("shifted"))
+    lp, _ = completion_logprobs(m, sb, 1.0)
+    assert torch.isfinite(lp).all()
+
+
 def test_fused_path_refuses_a_head_it_cannot_express(model_tok):
     from rlpost.llm.model.policy import fused_head
 

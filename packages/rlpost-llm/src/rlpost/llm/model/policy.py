@@ -366,7 +366,7 @@ def _padded_logprobs(
     L = targets.shape[1]
     dev = targets.device
     offsets = contiguous_rows(sb.attention_mask) if sb.shadow is None else None
-    if offsets is not None:
+    if offsets is not None and int(offsets.max()) < sb.P:  # (an empty prompt: the mask)
         return _causal_logprobs(model, sb, offsets, head, targets, temperature, chunk,
                                 dists, student_ids)  # fmt: skip
     inputs = {
