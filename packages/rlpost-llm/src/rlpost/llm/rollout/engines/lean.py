@@ -372,9 +372,10 @@ class LeanEngine(LocalEngine):
     decode steps of plain layers through :class:`_FusedDecode` (else the modules).
     ``decode``: ``dynamic`` (finished rows leave the batch, attention over the filled
     prefix), ``graph`` (CUDA: the fused step at fixed shapes captured once per call as a
-    CUDA graph and replayed, :class:`_StaticDecode`; on a launch-bound GPU decoding the
-    finished rows costs less than the launches it saves), ``static`` (the same fixed-shape
-    step run eagerly) or ``auto`` (``graph`` on CUDA, else ``dynamic``).
+    CUDA graph and replayed, :class:`_StaticDecode`: on a launch-bound GPU, decoding the
+    finished rows is expected to cost less than the launches the graph saves; not yet
+    measured, docs/gpu.md), ``static`` (the same fixed-shape step run eagerly) or ``auto``
+    (``graph`` on CUDA, else ``dynamic``). Layers that do not fuse decode dynamically.
     """
 
     def __init__(
