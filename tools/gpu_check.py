@@ -591,7 +591,7 @@ def trainer_step(dev: str, smoke: bool) -> dict:
 
     tokens = B * L + prompts * P  # trained completion tokens + the packed prompts
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    flops = model_flops(model, B * L + prompts * P)  # the work a step must do, packed
+    flops = model_flops(model, tokens)  # the work a step must do (prompts counted once)
     peak = peak_flops(dev)
     layouts = {}
     for layout in ("uniform", "ragged", "padded"):
