@@ -295,7 +295,13 @@ def test_trainer_picks_the_engine_and_says_when_it_falls_back(tok, fast_cfg, cap
 
     tr = Trainer(fast_cfg(), reward_fn=score)
     assert isinstance(tr.engine, LeanEngine)  # the tiny Qwen2 default
+    assert tr.engine.decode == "auto"
     tr.close()
+    static = Trainer(fast_cfg("run.dir=" + str(tr.run_dir) + "-static", "rollout.lean_decode=static"),
+                     reward_fn=score)  # fmt: skip
+    assert static.engine.decode == "static"  # the config reaches the engine
+    static.train()
+    static.close()
     gpt2 = GPT2LMHeadModel(
         GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64)
     )
@@ -314,7 +320,7 @@ def test_decode_modes_are_checked(models, tok):
     with pytest.raises(ValueError, match="decode must be one of"):
         LeanEngine(m, tok, decode="graphs")
     with pytest.raises(ValueError, match="needs the model on a CUDA device"):
-        LeanEngine(m, tok, decode="graph").generate([ids(tok, "1+1=")], 2, SamplingParams(4))
+        LeanEngine(m, tok, decode="graph")
     assert LeanEngine(m, tok)._static(None, None, torch.zeros(2, 3, dtype=torch.bool)) is None
 
 

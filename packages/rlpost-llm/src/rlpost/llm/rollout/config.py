@@ -52,6 +52,11 @@ class RolloutConfig(_Strict):
     """``lean``: rlpost's decode loop (one prefill per prompt, static KV cache,
     rlpost.llm.rollout.engines.lean); ``hf``: transformers ``generate``; ``vllm``: vLLM (GPU);
     ``auto``: lean when the model's architecture is one it runs, else hf."""
+    lean_decode: Literal["auto", "dynamic", "static", "graph"] = "auto"
+    """The lean engine's decode step (``LeanEngine(decode=...)``): ``dynamic`` (finished
+    rows leave the batch), ``graph`` (CUDA: the step at fixed shapes as a CUDA graph),
+    ``static`` (the same fixed-shape step run eagerly), ``auto``: graph on CUDA, else
+    dynamic."""
     group_size: int | None = Field(None, ge=1)  # None: the preset's
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(8, ge=1)

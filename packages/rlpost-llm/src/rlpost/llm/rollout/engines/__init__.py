@@ -17,11 +17,14 @@ __all__ = [
 ]
 
 
-def make_local_engine(name: str, model, tokenizer, own_copy: bool = False) -> RolloutEngine:
+def make_local_engine(
+    name: str, model, tokenizer, own_copy: bool = False, decode: str = "auto"
+) -> RolloutEngine:
     """The in-process engine ``name`` (``lean``, ``hf``, or ``auto``: lean when
-    :func:`lean_unsupported` accepts the model, else hf) over ``model``."""
+    :func:`lean_unsupported` accepts the model, else hf) over ``model``; ``decode``: the
+    lean engine's decode step (:class:`LeanEngine`)."""
     if name == "lean" or (name == "auto" and lean_unsupported(model) is None):
-        return LeanEngine(model, tokenizer, own_copy=own_copy)
+        return LeanEngine(model, tokenizer, own_copy=own_copy, decode=decode)
     if name not in ("auto", "hf"):
         raise ValueError(f"not an in-process engine: {name!r}")
     return HFEngine(model, tokenizer, own_copy=own_copy)

@@ -104,7 +104,7 @@ def make_engine(
             f"rollout.engine auto: the lean engine does not run this model ({why}); "
             "rollouts use transformers generate"
         )
-    return make_local_engine(r.engine, model, tok, own_copy=own_copy)
+    return make_local_engine(r.engine, model, tok, own_copy=own_copy, decode=r.lean_decode)
 
 
 def sync_weights(engine: RolloutEngine, cfg: Any, model, learner, version: int, merged) -> None:

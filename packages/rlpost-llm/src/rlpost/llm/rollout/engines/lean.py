@@ -55,6 +55,9 @@ _STATE: contextvars.ContextVar[_Cache | None] = contextvars.ContextVar(
 _registered = False
 COMPACT = 8  # compact the batch once 1/COMPACT of its rows have finished
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
+_GRAPH_NEEDS_CUDA = (
+    "LeanEngine: decode='graph' (rollout.lean_decode) needs the model on a CUDA device"
+)
 
 
 @dataclass
@@ -392,6 +395,9 @@ class LeanEngine(LocalEngine):
             raise ValueError(f"LeanEngine: {why}; use the hf engine")
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
+        params = next(iter(model.parameters()), None)
+        if decode == "graph" and (params is None or not params.is_cuda):
+            raise ValueError(_GRAPH_NEEDS_CUDA)
         super().__init__(model, tokenizer, own_copy, batch_size)
         self.fuse, self.decode = fuse, decode
         _register()
@@ -404,8 +410,8 @@ class LeanEngine(LocalEngine):
             mode = "graph" if keys.is_cuda else "dynamic"
         if mode == "dynamic" or fused is None:
             return None
-        if mode == "graph" and not keys.is_cuda:
-            raise ValueError("LeanEngine: decode='graph' needs the model on a CUDA device")
+        if mode == "graph" and not keys.is_cuda:  # (a model moved off CUDA after __init__)
+            raise ValueError(_GRAPH_NEEDS_CUDA)
         return _StaticDecode(self, fused, st, keys, graph=mode == "graph")
 
     @contextlib.contextmanager
@@ -503,13 +509,12 @@ class LeanEngine(LocalEngine):
             done |= stop
             if bool(done.all()) or t == L - 1:
                 break
-            if static is not None:
-                keys[:, Tp + t] = True  # (st.mask views the whole of keys)
-                logits = static(tok, next_pos + t, Tp + t)
-                continue
-            if int(done.sum()) * COMPACT >= len(row):  # enough rows finished: compact
+            if static is None and int(done.sum()) * COMPACT >= len(row):  # compact
                 keys, next_pos, row, tok, done = _compact(st, done, keys, next_pos, row, tok)
             keys[:, Tp + t] = True
+            if static is not None:  # (its st.mask views the whole of keys)
+                logits = static(tok, next_pos + t, Tp + t)
+                continue
             st.write, st.mask = Tp + t, keys[:, None, None, : Tp + t + 1]
             logits = self._forward(tok[:, None], (next_pos + t)[:, None], fused)
         return toks, lps, lengths, finite
