@@ -129,3 +129,14 @@ def test_recipe_check_names_the_entry_and_the_missing_input():
     assert get_preset("lpo").build().coupling() == Coupling.GROUP
     assert get_preset("ess_adaptive").build().coupling() == Coupling.BATCH
     assert get_preset("grpo").build().coupling() == Coupling.ROW
+
+
+def test_an_objective_declared_inert_at_zero_advantage_must_be(monkeypatch):
+    """``INERT_AT_ZERO_ADVANTAGE`` lets a trainer drop zero-advantage rows: the contract
+    test refuses a declared entry whose zero-advantage rows still move off-policy."""
+    import rlpost.core.testing as testing
+
+    check_entry(OBJECTIVES, "hard_pair_grpo")  # undeclared: fits log r to 0, passes
+    monkeypatch.setattr(testing, "INERT_AT_ZERO_ADVANTAGE", frozenset({"hard_pair_grpo"}))
+    with pytest.raises(AssertionError, match="declared inert at zero advantage"):
+        check_entry(OBJECTIVES, "hard_pair_grpo")

@@ -15,7 +15,8 @@ The checks per registry (shapes ``B = 6`` rows in two groups of 3, ``T = 5`` tok
 * corrections: detached, finite, non-negative ``[B, T]`` weights and mask, 0 where masked;
 * objectives: finite ``[B, T]`` loss, 0 and zero gradient on masked tokens; with zero
   advantages the gradient is exactly 0 at the old policy and never pushes away from it
-  off-policy (per token, or summed over the batch for group-coupled entries);
+  off-policy (per token, or summed over the batch for group-coupled entries); one in
+  ``INERT_AT_ZERO_ADVANTAGE`` has loss and gradient exactly 0 off-policy too;
 * aggregations: finite scalar, zero gradient on masked tokens;
 * KL estimators: finite ``[B, T]``, zero gradient where masked, KL(pi || pi) = 0;
 * distillation estimators: finite ``[B, T]`` loss, 0 and zero gradient where masked; a
@@ -48,7 +49,7 @@ from rlpost.core.aggregation import AGGREGATIONS, AggregationInput
 from rlpost.core.contract import ContractError, Coupling, Input
 from rlpost.core.distill import DISTILL_ESTIMATORS, DistillInput, TeacherDistributions
 from rlpost.core.kl import KL_ESTIMATORS, KLInput
-from rlpost.core.objectives import OBJECTIVES, ObjectiveInput
+from rlpost.core.objectives import INERT_AT_ZERO_ADVANTAGE, OBJECTIVES, ObjectiveInput
 from rlpost.core.optim import OPTIMIZERS, OptimizerInput
 from rlpost.core.preference import PREFERENCE_LOSSES, PreferenceInput
 from rlpost.core.ratios import CORRECTIONS, RATIOS, RatioInput, TokenDistributions
@@ -298,6 +299,11 @@ def _check_objective(bound: Bound) -> None:
     out = _call(OBJECTIVES, bound, _objective_input(bound, at_old, old, zero))
     (g,) = torch.autograd.grad(out.loss.sum(), at_old)
     _require(bool((g == 0).all()), who, "zero advantages at the old policy give a nonzero gradient")
+    if bound.name in INERT_AT_ZERO_ADVANTAGE:  # declared linear in A: inert off-policy too
+        out = _call(OBJECTIVES, bound, _objective_input(bound, logp, old, zero))
+        (g,) = torch.autograd.grad(out.loss.sum(), logp)
+        inert = bool((out.loss == 0).all() and (g == 0).all())
+        _require(inert, who, "declared inert at zero advantage, but moves off-policy rows")
 
 
 def _check_aggregation(bound: Bound) -> None:

@@ -21,7 +21,22 @@ from rlpost.core.objectives.base import (
 )
 from rlpost.core.objectives.clipped import PPOClipParams, ppo_clip
 
+#: The objectives linear in the advantage: a row whose advantages are all 0 has loss and
+#: gradient exactly 0 at any policy, on- or off-policy, whatever the other rows hold (the
+#: contract test checks it off-policy). A trainer may leave such rows out of the forward
+#: and backward when nothing else in the loss reads them (no KL term, entropy bonus or
+#: distillation). Not here: ``hard_pair_grpo`` (fits the ratio to a target of 0),
+#: ``implicit_pessimism`` and ``lpo`` (pull towards the old policy), ``ess_adaptive``
+#: (a batch statistic).
+INERT_AT_ZERO_ADVANTAGE = frozenset(
+    {
+        "ppo_clip", "ppo_clip_turn", "cispo", "reinforce", "ctpo_clip", "is_pg",
+        "mu_grpo", "conspo", "up", "ripo", "sao",
+    }
+)  # fmt: skip
+
 __all__ = [
+    "INERT_AT_ZERO_ADVANTAGE",
     "OBJECTIVES",
     "ObjectiveInput",
     "ObjectiveOutput",
