@@ -41,7 +41,7 @@ def test_generate_with_a_kv_cache_costs_2n_per_token_it_feeds():
 
 
 def test_a_run_logs_its_split_and_counts_an_outside_engine_from_its_batch(fast_cfg):
-    cfg = fast_cfg("train.steps=2")
+    cfg = fast_cfg("train.steps=2", "optim.skip_inert_rows=false")  # every row forwarded
     tr = Trainer(cfg, reward_fn=parity)
     n, _ = flop_params(tr.model)
     seen: list[list[int]] = []
@@ -65,7 +65,7 @@ def test_a_run_logs_its_split_and_counts_an_outside_engine_from_its_batch(fast_c
 
 
 def test_in_process_rollouts_and_evaluations_are_counted_and_totals_resume(fast_cfg):
-    cfg = fast_cfg("run.eval_every=1", "run.save_every=1")
+    cfg = fast_cfg("run.eval_every=1", "run.save_every=1", "optim.skip_inert_rows=false")
     tr = Trainer(cfg, reward_fn=parity)
     tr.train()
     rows = _rows(cfg.run.dir)

@@ -166,9 +166,10 @@ def test_token_distributions_are_both_policies_top_k_of_the_behaviour(fast_cfg, 
 
     calls: list = []
     spy_entry(monkeypatch, CORRECTIONS, "predictive_divergence_mask", calls)
-    cfg = fast_cfg(
-        "algo.preset=predictive_divergence_mask", "algo.topk=5", "optim.updates_per_batch=2"
-    )
+    cfg = fast_cfg(  # (every row forwarded: the check below reads the whole batch)
+        "algo.preset=predictive_divergence_mask", "algo.topk=5", "optim.updates_per_batch=2",
+        "optim.skip_inert_rows=false",
+    )  # fmt: skip
     tr = Trainer(cfg, reward_fn=parity_reward)
     col = tr.collect()
     model0 = {k: v.clone() for k, v in tr.model.state_dict().items()}

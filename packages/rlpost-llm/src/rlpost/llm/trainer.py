@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core._env import fix_mmap_threshold
+from rlpost.core.contract import Coupling
 from rlpost.core.guard import NonFiniteError, RunStopped, UpdateGuard, training_loop
 from rlpost.core.io.checkpoint import (
     latest_checkpoint,
@@ -58,6 +59,7 @@ from rlpost.llm.tools.runlog import MetricsLogger, plot_curves, read_metrics, su
 from rlpost.llm.train import compat, hooks, providers
 from rlpost.llm.train.components import Components
 from rlpost.llm.train.forward import Forwards, merged_state_dict
+from rlpost.llm.train.inert import inert_rows, why_not
 from rlpost.llm.train.inputs import Role, StepInputs
 from rlpost.llm.train.optim import build_optimizer, lr_schedule
 from rlpost.llm.train.parallel import Learner, Ranks, shards
@@ -121,6 +123,10 @@ class Trainer:
         self.applied = False  # the last update was applied and not yet confirmed
         self.staleness_counts: dict[int, int] = {}  # staleness -> steps trained at it
         self.components = Components([*providers.active(self), *hooks.active(self)])
+        # (zero-advantage rows too?, whole groups only?) or None: every row trains
+        self.skips: bool | None = None  # whole groups only? (None: every row trains)
+        if why_not(cfg, self.recipe, self.components, self.dist.world) is None:
+            self.skips = self.recipe.coupling() == Coupling.GROUP
         self.rollouts = sources.build(self)
         sharded = shards(cfg.train.parallel, self.dist.world)
         early = self._make_engine(sharded) if sharded and self.main and engine is None else None
@@ -197,6 +203,10 @@ class Trainer:
             trained = col.roles != BASELINE
             step.mask[~trained] = 0.0
         step[Role.TRAINED] = trained
+        if self.skips is not None:  # rows adding nothing to the gradient: not forwarded
+            skip = inert_rows(step.mask, out.advantages, col.batch.group, trained, self.skips)
+            step[Role.SKIPPED] = skip
+            step.metrics["update/skipped_rows"] = float(skip.float().mean())
         return step
 
     def update(self, col: Collected) -> dict[str, float]:

@@ -177,6 +177,13 @@ class OptimConfig(schema.OptimConfig):
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     updates_per_batch: int = Field(1, ge=1)
+    skip_inert_rows: bool = True
+    """Leave out of the training forward and backward the rows that add exactly nothing to
+    the gradient: an empty loss mask, or all-zero advantages under an objective linear in
+    them with no KL, entropy or distillation term (``rlpost.llm.train.inert``). The
+    gradient equals the full batch's up to float rounding; the update's metrics (entropy,
+    clip fractions) are then over the trained rows, and ``update/skipped_rows`` logs the
+    share left out."""
 
     @model_validator(mode="after")
     def _check_optimizer(self) -> OptimConfig:

@@ -39,6 +39,7 @@ class Role(StrEnum):
     RETURNS = "returns"  # [N, L] the critic's value targets
     TEACHER_MASK = "teacher_mask"  # [N, L] where the teacher's signal applies
     TRAINED = "trained"  # [N] bool: the rows the policy loss sees
+    SKIPPED = "skipped"  # [N] bool: of those, the ones adding exactly 0 (not forwarded)
     TRUNCATED = "truncated"  # [N] bool: cut by max_new_tokens
     KL_SCALE = "kl_scale"  # [N] a per-row multiplier of kl_coef (ASTOR's per-task KL)
 
@@ -108,8 +109,11 @@ class StepInputs:
         return float(self.mask.sum()), float((self.mask.sum(1) > 0).sum())
 
     def trained_rows(self) -> Tensor:
-        """The indices of the rows the policy loss sees."""
-        return torch.nonzero(self.values[Role.TRAINED]).flatten()
+        """The indices of the rows the policy loss sees, less those whose gradient is
+        exactly zero (``Role.SKIPPED``, :mod:`rlpost.llm.train.inert`): the rows to forward."""
+        rows = self.values[Role.TRAINED]
+        skipped = self.values.get(Role.SKIPPED)
+        return torch.nonzero(rows if skipped is None else rows & ~skipped).flatten()
 
     def rows_of(self, key: Any, idx: Tensor) -> Any:
         """The value of ``key`` for micro-batch rows ``idx`` (None when absent)."""
