@@ -113,6 +113,24 @@ def test_microbatching_equals_full_batch_update(fast_cfg):
     )
 
 
+def test_microbatched_gradients_equal_the_full_batch_before_the_optimiser(fast_cfg, applied_grads):
+    """The same property on the gradients the optimiser is handed, unclipped: the weights
+    after Adam's first step (about lr times the sign of each gradient) or a clipped norm
+    would not show a wrong scale."""
+    torch.manual_seed(0)
+    base = ("algo.preset=dapo", "rollout.group_size=4", "optim.grad_clip=null")
+    a = Trainer(fast_cfg("optim.micro_batch_size=64", *base), reward_fn=parity_reward)
+    col = a.collect()
+    b = Trainer(fast_cfg("optim.micro_batch_size=3", *base), reward_fn=parity_reward)
+    b.model.load_state_dict(a.model.state_dict())
+    ga, _ = applied_grads(a, lambda: a.update(col))
+    gb, _ = applied_grads(b, lambda: b.update(col))
+    assert ga.keys() == gb.keys() and ga
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], atol=1e-7, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in ga.values()) > 1e-3
+
+
 def test_shared_prompt_packing_gives_the_same_update(fast_cfg):
     """model.pack_prompts: the packed GRPO update equals the padded one (micro-batches
     that split groups included)."""
