@@ -69,8 +69,12 @@ untrained tiny Qwen2 from ``rlpost.llm.model.tiny`` saved with ``save_pretrained
 float32), the prompts (the first ``(warmup + steps) * prompts`` ArithmeticTask examples of
 ``random.Random(seed)``, in the same order; rlpost draws them from its own task stream,
 TRL reads them from a dataset with ``shuffle_dataset=False``; both are checked), group
-size, max_new_tokens, temperature 1.0 (top-p 1, no top-k), the reward (rlpost:
-``ArithmeticTask.score``; TRL: a copy of its semantics reading the ``answer`` column),
+size, max_new_tokens, temperature 1.0 (top-p 1, no top-k), the reward (``--reward exact``,
+the default, rlpost: ``ArithmeticTask.score``; TRL: a copy of its semantics reading the
+``answer`` column; an untrained model is never right, so every group scores alike, its
+advantages are all 0 and rlpost leaves its rows out of the update (``skipped_rows``;
+``optim.skip_inert_rows``) where TRL trains on them; ``--reward digits``: the share of
+digit characters, the same function on both sides, dense, so no group is skipped),
 GRPO loss (group-std-scaled advantages, PPO clip 0.2, per-sequence token mean; TRL
 ``loss_type="grpo"``), beta = 0 (no KL, no reference model), one optimizer update per
 batch and the whole batch in one micro-batch (TRL: ``per_device_train_batch_size = P*G``,
@@ -292,7 +296,11 @@ def rlpost_child(spec: dict) -> dict:
     run_dir = Path(spec["work"]) / "rlpost-run"
     cfg = rlpost_config(spec, run_dir)
     task = make_task("arithmetic")
-    trainer = Trainer(cfg, reward_fn=task.score)
+
+    def digits(completion, example):
+        return digit_share(completion)
+
+    trainer = Trainer(cfg, reward_fn=task.score if spec["reward"] == "exact" else digits)
 
     seen: list[str] = []
     next_batch = trainer.prompts.next_batch
@@ -335,6 +343,8 @@ def rlpost_child(spec: dict) -> dict:
                 "generated": r["tokens/generated"],
                 "trained": r["tokens/trained"],
                 "reward": r["reward/mean"],
+                # rows left out of the update (all-zero advantages, rlpost.llm.train.inert)
+                "skipped_rows": r.get("update/skipped_rows", 0.0),
             }
         )
     return {
@@ -355,6 +365,17 @@ def rlpost_child(spec: dict) -> dict:
 # ArithmeticTask.score, re-implemented here so that the TRL side does not import rlpost
 _STOP_MARKERS = ("\n", "<eos>", "</s>", "<|endoftext|>", "<|im_end|>")
 _LEADING_INT = re.compile(r"[+-]?\d+")
+
+
+def digit_share(completion: str) -> float:
+    """``--reward digits``: the share of the completion's characters that are digits (0 for
+    an empty one). Dense: the responses of a group almost never all score alike."""
+    return sum(c.isdigit() for c in completion) / len(completion) if completion else 0.0
+
+
+def score(completion: str, answer: str, reward: str) -> float:
+    """The benchmark's reward on both sides (``--reward``)."""
+    return arithmetic_score(completion, answer) if reward == "exact" else digit_share(completion)
 
 
 def arithmetic_score(completion: str, answer: str) -> float:
@@ -394,7 +415,8 @@ def trl_child(spec: dict) -> dict:
                 count["trained"] += len(ids)
         for i in range(0, len(prompts), G):
             seen.append(prompts[i])
-        scores = [arithmetic_score(c, a) for c, a in zip(completions, answer, strict=True)]
+        pairs = zip(completions, answer, strict=True)
+        scores = [score(c, a, spec["reward"]) for c, a in pairs]
         count["reward"] += sum(scores)
         count["n"] += len(scores)
         return scores
@@ -592,6 +614,7 @@ def summarise(res: dict, spec: dict) -> dict:
         "peak_rss_exit_mib": res["peak_rss_exit_mib"],
         "rss_before_train_mib": res["rss_before_train_mib"],
         "reward_mean": sum(s["reward"] for s in steps) / n,
+        "skipped_rows": sum(s.get("skipped_rows", 0.0) for s in steps) / n,
         "torch_threads_seen": res["threads"],
         "same_prompts_in_order": res["prompts_seen"][: len(want)] == want,
         "timed_steps": n,
@@ -636,6 +659,12 @@ def parse_args(argv=None):
         action="store_true",
         help="every response runs to --max-new-tokens: EOS suppressed on both sides",
     )
+    ap.add_argument(
+        "--reward", choices=["exact", "digits"], default="exact",
+        help="exact: 1 for the right answer (an untrained model is never right, so every "
+        "group scores alike and its advantages are 0); digits: the share of digit characters "
+        "(dense: groups almost never score alike)",
+    )  # fmt: skip
     ap.add_argument(
         "--grid",
         action="store_true",
@@ -734,6 +763,7 @@ def run_cell(args, cell: dict, model_dir: Path, trl_python: str, tmp: Path) -> d
             "warmup": warmup,
             "threads": args.threads,
             "mask_truncated": args.mask_truncated,
+            "reward": args.reward,
             "full_length": cell["full_length"],
             "rlpost_set": args.rlpost_set,
         }
@@ -924,6 +954,7 @@ def _write(args, cells, results, n_params, trl_versions, benchlib):
         "updates_per_batch": 1,
         "micro_batch": "P * G (the whole batch)",
         "mask_truncated": args.mask_truncated,
+        "reward": args.reward,
         "torch_threads": args.threads,
         "rlpost_set": args.rlpost_set,
         "model": {"size": args.size, "params": n_params, "init_seed": args.model_seed},
