@@ -123,7 +123,6 @@ class Trainer:
         self.applied = False  # the last update was applied and not yet confirmed
         self.staleness_counts: dict[int, int] = {}  # staleness -> steps trained at it
         self.components = Components([*providers.active(self), *hooks.active(self)])
-        # (zero-advantage rows too?, whole groups only?) or None: every row trains
         self.skips: bool | None = None  # whole groups only? (None: every row trains)
         if why_not(cfg, self.recipe, self.components, self.dist.world) is None:
             self.skips = self.recipe.coupling() == Coupling.GROUP
@@ -204,7 +203,8 @@ class Trainer:
             step.mask[~trained] = 0.0
         step[Role.TRAINED] = trained
         if self.skips is not None:  # rows adding nothing to the gradient: not forwarded
-            skip = inert_rows(step.mask, out.advantages, col.batch.group, trained, self.skips)
+            adv = step[Role.ADVANTAGES]  # (as the hooks left them: what the loss reads)
+            skip = inert_rows(step.mask, adv, col.batch.group, trained, self.skips)
             step[Role.SKIPPED] = skip
             step.metrics["update/skipped_rows"] = float(skip.float().mean())
         return step

@@ -22,8 +22,8 @@ from rlpost.core.objectives.base import (
 from rlpost.core.objectives.clipped import PPOClipParams, ppo_clip
 
 #: The objectives linear in the advantage: a row whose advantages are all 0 has loss and
-#: gradient exactly 0 at any policy, on- or off-policy, whatever the other rows hold (the
-#: contract test checks it off-policy). A trainer may leave such rows out of the forward
+#: gradient exactly 0 at any policy, on- or off-policy (the contract test checks it
+#: off-policy with every advantage 0; a group-coupled entry here reads no zero row). A trainer may leave such rows out of the forward
 #: and backward when nothing else in the loss reads them (no KL term, entropy bonus or
 #: distillation). Not here: ``hard_pair_grpo`` (fits the ratio to a target of 0),
 #: ``implicit_pessimism`` and ``lpo`` (pull towards the old policy), ``ess_adaptive``

@@ -179,11 +179,11 @@ class OptimConfig(schema.OptimConfig):
     updates_per_batch: int = Field(1, ge=1)
     skip_inert_rows: bool = True
     """Leave out of the training forward and backward the rows that add exactly nothing to
-    the gradient: an empty loss mask, or all-zero advantages under an objective linear in
-    them with no KL, entropy or distillation term (``rlpost.llm.train.inert``). The
-    gradient equals the full batch's up to float rounding; the update's metrics (entropy,
-    clip fractions) are then over the trained rows, and ``update/skipped_rows`` logs the
-    share left out."""
+    the gradient (all-zero advantages, or an empty loss mask) when the objective is linear
+    in the advantage and no KL, entropy or distillation term reads them
+    (``rlpost.llm.train.inert``). The gradient equals the full batch's up to float
+    rounding; the update's metrics (entropy, clip fractions) are then over the trained
+    rows, and ``update/skipped_rows`` logs the share left out."""
 
     @model_validator(mode="after")
     def _check_optimizer(self) -> OptimConfig:
