@@ -12,9 +12,9 @@ entropy bonus, no distillation), two kinds of rows add nothing to a step's gradi
 
 The loss normalisers count the skipped rows' tokens as before (``StepInputs.counts``), so
 the summed gradient equals the full batch's up to float rounding (the forward holds fewer
-rows). Sparse-reward runs have many such groups: DAPO (arXiv:2503.14476) drops them
-from the batch and samples more; this keeps the batch and its normalisers and saves
-their forward and backward. A KL or distillation term is left alone even on an empty
+rows). Sparse-reward runs have many such groups: DAPO's dynamic sampling
+(arXiv:2503.14476) drops them from the batch and samples more; this keeps the batch and
+its normalisers and saves their forward and backward. A KL or distillation term is left alone even on an empty
 mask: its gradient is exactly 0 only when the training forward runs the same layout as
 the reference's or teacher's (a self-teacher's gap is then 0 bit for bit).
 
