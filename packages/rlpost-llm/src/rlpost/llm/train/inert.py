@@ -22,8 +22,9 @@ The skip applies only where it is exact: a loss coupling at most the rows of a g
 (whole inert groups are skipped then), one process (data-parallel ranks must run the
 same number of micro-batches), and no step component that takes part in each
 micro-batch's loss or backward (the critic's value loss, an extra loss term, per-sample
-gradients). At least one row always trains, so every parameter receives its gradient
-(zeros) and the optimiser steps exactly as it would on the full batch.
+gradients). At least one row always trains, so every parameter receives a gradient
+(zeros when nothing else trains) and the optimiser steps as on the full batch: bit for
+bit when every row is inert (the state AdamW carries moves the weights either way).
 """
 
 from __future__ import annotations
