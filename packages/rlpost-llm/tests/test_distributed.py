@@ -64,6 +64,12 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset, parallel):
         "train.steps=2",
         "run.save_every=2",
         "optim.micro_batch_size=5",  # 8 rows a rank: two micro-batches, one all-reduce
+        # unclipped AdamW with eps above the gradients: its step is about lr g / eps, linear
+        # in g, so a wrong gradient scale shows in the weights (at eps 1e-8 the step is
+        # lr sign(g), blind to scale, and amplifies rounding in near-zero gradients 1e4-fold)
+        "optim.grad_clip=null",
+        "optim.lr=1e-2",
+        "optim.params={eps: 1e-2}",
     ]
     single = tmp_path / "single"
     tr = Trainer(load_config(None, [*common, f"run.dir={single}"]), reward_fn=parity_reward)
