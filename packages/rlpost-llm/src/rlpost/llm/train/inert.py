@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.contract import Coupling
+from rlpost.core.masked import group_sum
 from rlpost.core.objectives import INERT_AT_ZERO_ADVANTAGE
 from rlpost.llm.train.components import StepComponent
 
@@ -76,14 +77,12 @@ def inert_rows(
     moving = advantages != 0  # (NaN too: a bad advantage still reaches the loss)
     moving = (moving & valid).any(1) if moving.dim() == 2 else moving & valid.any(1)
     inert = ~moving
-    g = groups.long()
-    if by_group and len(g):
-        live = torch.zeros(int(g.max()) + 1, dtype=torch.long).index_add_(0, g, moving.long())
-        inert = live[g] == 0
+    if by_group and len(groups):
+        inert = group_sum(moving.long(), groups) == 0
     inert &= trained
     if bool(trained.any()) and bool(inert[trained].all()):  # keep one: every gradient
         first = int(torch.nonzero(trained)[0])
-        keep = g == g[first] if by_group else torch.arange(len(inert)) == first
+        keep = groups == groups[first] if by_group else torch.arange(len(inert)) == first
         inert &= ~keep
     return inert
 
