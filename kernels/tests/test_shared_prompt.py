@@ -143,22 +143,58 @@ def _outputs_and_grads(ins, backend):
     return [*outs, *torch.autograd.grad(loss, ins)]
 
 
-@pytest.mark.parametrize("N,H,P,R,d", [(3, 2, 5, 4, 8), (1, 1, 1, 1, 4), (6, 4, 40, 17, 16)])
-def test_the_fused_sdpa_backend_equals_the_reference(N, H, P, R, d):
-    """The CPU default (``auto`` off CUDA): outputs and all six gradients equal the
-    explicit softmax's, in float64 to 1e-10 and in float32 to 1e-5; a wrong mask offset
-    (a response seeing its own future, or not the whole prompt) fails here."""
+@pytest.mark.parametrize(
+    "N,H,P,R,d", [(3, 2, 5, 4, 8), (1, 1, 1, 1, 4), (6, 4, 40, 17, 16), (2, 2, 3, 9, 8)]
+)
+def test_the_cpu_backends_equal_the_reference(N, H, P, R, d):
+    """The CPU backends (``auto`` off CUDA: ``split`` where the prompt is at least as long
+    as a response, else ``sdpa``): outputs and all six gradients equal the explicit
+    softmax's, in float64 to 1e-10 and in float32 to 1e-5, for inputs laid out as the
+    packed forward hands them over (views of one ``[H, P + N R, d]`` sequence); a wrong
+    mask offset (a response seeing its own future, or not the whole prompt), or a split
+    whose backward took each part's own log-sum-exp instead of the merged one, fails."""
     g = torch.Generator().manual_seed(P + R)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
-        ins = tuple(
-            torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
-            for shape in [(H, P, d)] * 3 + [(N, H, R, d)] * 3
-        )
+        seqs = [torch.randn(H, P + N * R, d, generator=g, dtype=dtype) for _ in range(3)]
+        leaves = [x.requires_grad_() for x in seqs]
+        prompt = [x[:, :P] for x in leaves]
+        responses = [x[:, P:].unflatten(1, (N, R)).transpose(0, 1) for x in leaves]
+        ins = (*prompt, *responses)
         ref = _outputs_and_grads(ins, "reference")
-        for backend in ("sdpa", "auto"):
+        for backend in ("sdpa", "split", "auto"):
             got = _outputs_and_grads(ins, backend)
             for a, b in zip(got, ref, strict=True):
                 torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_the_split_keeps_bfloat16_and_its_accuracy():
+    """In bfloat16 the split returns bfloat16 (its log-sum-exps are float32) and is as
+    close to the float64 reference as the SDPA backend, outputs and gradients."""
+    g = torch.Generator().manual_seed(0)
+    ins = [torch.randn(2, 40, 16, generator=g) for _ in range(3)]
+    ins += [torch.randn(3, 2, 17, 16, generator=g) for _ in range(3)]
+    ref = _outputs_and_grads(tuple(x.double().requires_grad_() for x in ins), "reference")
+    errs = {}
+    for backend in ("split", "sdpa"):
+        got = _outputs_and_grads(tuple(x.bfloat16().requires_grad_() for x in ins), backend)
+        assert {x.dtype for x in got} == {torch.bfloat16}
+        errs[backend] = max(_rel_err(x.detach(), r.detach()) for x, r in zip(got, ref, strict=True))
+    assert errs["split"] <= 2 * errs["sdpa"] and errs["split"] < 0.02, errs
+
+
+def test_auto_takes_the_split_on_cpu_where_the_prompt_is_long(monkeypatch):
+    """The split where the prompt's copies are worth saving (P >= R), SDPA where not."""
+    from rlpost.kernels.ops.shared_prompt import split
+
+    taken = []
+    real = split.shared_prompt_attention_split
+    monkeypatch.setattr(
+        split, "shared_prompt_attention_split", lambda *a: taken.append(a) or real(*a)
+    )
+    for P, R in ((8, 4), (4, 8)):
+        ins = [torch.randn(2, P, 4)] * 3 + [torch.randn(3, 2, R, 4)] * 3
+        shared_prompt_attention(*ins)
+    assert [a[0].shape[1] for a in taken] == [8]
 
 
 def _rel_err(x, truth):

@@ -1,9 +1,12 @@
 """Shared-prompt attention (DualKV, catalog 000-21) and group packing.
 
 :func:`shared_prompt_attention` dispatches to the Triton kernels on CUDA (when Triton is
-installed) and elsewhere to two calls of torch's fused ``scaled_dot_product_attention``
-(``backend="sdpa"``: the prompt causally, then every response over the prompt's keys and
-its own); ``backend="reference"`` is the explicit softmax the others are tested against.
+installed); on CPU, where the prompt is at least as long as a response, to the split
+form (``backend="split"``, :mod:`.split`: the responses over the prompt's keys and over
+their own as two flash attentions merged by log-sum-exp, nothing copied); elsewhere to two
+calls of torch's fused ``scaled_dot_product_attention`` (``backend="sdpa"``: the prompt
+causally, then every response over a copy of the prompt's keys and its own);
+``backend="reference"`` is the explicit softmax the others are tested against.
 Packing (:func:`pack_groups`) works with any model that takes a 4D attention mask and
 position ids, e.g. Hugging Face decoders; :func:`packed_work` counts what a layout
 computes from the same plan, before anything is built.
@@ -36,18 +39,25 @@ def shared_prompt_attention(
     k_r: Tensor,
     v_r: Tensor,
     scale: float | None = None,
-    backend: Literal["auto", "triton", "sdpa", "reference"] = "auto",
+    backend: Literal["auto", "triton", "split", "sdpa", "reference"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``(out_prompt [H, P, d], out_responses [N, H, R, d])``: causal attention over each
     ``[prompt; response_i]`` with the prompt's keys and values held once."""
     from rlpost.kernels import triton_available
+    from rlpost.kernels.ops.shared_prompt import split
 
-    if backend not in ("auto", "triton", "sdpa", "reference"):
-        raise ValueError(f"backend must be auto, triton, sdpa or reference, got {backend!r}")
+    if backend not in ("auto", "triton", "split", "sdpa", "reference"):
+        raise ValueError(f"backend must be auto, triton, split, sdpa or reference, got {backend!r}")
     if backend == "auto":
-        backend = "triton" if q_r.is_cuda and triton_available() else "sdpa"
+        on_cpu = q_r.device.type == "cpu" and split.available()
+        if q_r.is_cuda and triton_available():
+            backend = "triton"
+        else:  # the split saves the prompt's copies, which pay where the prompt is long
+            backend = "split" if on_cpu and k_p.shape[-2] >= q_r.shape[-2] else "sdpa"
     if backend == "reference":
         return shared_prompt_attention_reference(q_p, k_p, v_p, q_r, k_r, v_r, scale)
+    if backend == "split":
+        return split.shared_prompt_attention_split(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     if backend == "sdpa":
         return shared_prompt_attention_sdpa(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     from rlpost.kernels.ops.shared_prompt.triton_impl import shared_prompt_attention_triton

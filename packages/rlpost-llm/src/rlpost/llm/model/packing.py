@@ -110,20 +110,21 @@ def _attention(
     _, H, T, d = query.shape
     _plain_attention_only(kwargs, T)
     key, value = _all_heads(key, H), _all_heads(value, H)
-    rows = []
-    for g, (P, N, L) in enumerate(layout):
-        q, k, v = query[g], key[g], value[g]  # [H, T, d]
-        end = P + N * L
+    rows = []  # (split / unbind, not slices: their backward concatenates, fills nothing)
+    groups = zip(layout, query.unbind(0), key.unbind(0), value.unbind(0), strict=True)
+    for (P, N, L), q, k, v in groups:
+        parts = [P, N * L, T - P - N * L]
 
-        def split(x: Tensor, end: int = end, P: int = P, N: int = N, L: int = L) -> Tensor:
-            return x[:, P:end].reshape(H, N, L, d).transpose(0, 1)  # [N, H, L, d]
+        def responses(x: Tensor, N: int = N, L: int = L) -> Tensor:
+            return x.unflatten(1, (N, L)).transpose(0, 1)  # [H, N L, d] -> [N, H, L, d]
 
+        (q_p, q_r, _), (k_p, k_r, _), (v_p, v_r, _) = (x.split(parts, dim=1) for x in (q, k, v))
         out_p, out_r = shared_prompt_attention(
-            q[:, :P], k[:, :P], v[:, :P], split(q), split(k), split(v), scale=scaling
+            q_p, k_p, v_p, responses(q_r), responses(k_r), responses(v_r), scale=scaling
         )
         row = [out_p, out_r.transpose(0, 1).reshape(H, N * L, d)]
-        if end < T:
-            row.append(q.new_zeros(H, T - end, d))  # padding positions
+        if parts[-1]:
+            row.append(q.new_zeros(H, parts[-1], d))  # padding positions
         rows.append(torch.cat(row, dim=1))
     return torch.stack(rows).transpose(1, 2).contiguous(), None
 
