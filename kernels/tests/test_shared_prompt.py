@@ -182,6 +182,29 @@ def test_the_split_keeps_bfloat16_and_its_accuracy():
     assert errs["split"] <= 2 * errs["sdpa"] and errs["split"] < 0.02, errs
 
 
+def test_the_split_keeps_no_per_response_copy_of_the_prompt_for_the_backward():
+    """What the backward keeps: SDPA's call holds ``[N, H, P + R, d]`` keys and values (the
+    prompt's copied per response); the split keeps the prompt's once, ``N - 1`` copies of
+    ``2 H P d`` floats fewer."""
+    N, H, P, R, d = 6, 2, 48, 8, 16
+    ins = [torch.randn(H, P, d).requires_grad_() for _ in range(3)]
+    ins += [torch.randn(N, H, R, d).requires_grad_() for _ in range(3)]
+    kept = {}
+    for backend in ("sdpa", "split"):
+        seen = {}
+
+        def keep(t, seen=seen):
+            seen[t.untyped_storage().data_ptr()] = (t.shape, t.untyped_storage().nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            shared_prompt_attention(*ins, backend=backend)
+        kept[backend] = seen.values()
+    assert not any(P + R in shape for shape, _ in kept["split"])
+    saved = {k: sum(n for _, n in v) for k, v in kept.items()}
+    assert saved["sdpa"] - saved["split"] >= (N - 1) * 2 * H * P * d * 4
+
+
 def test_auto_takes_the_split_on_cpu_where_the_prompt_is_long(monkeypatch):
     """The split where the prompt's copies are worth saving (P >= R), SDPA where not."""
     from rlpost.kernels.ops.shared_prompt import split
