@@ -17,12 +17,15 @@ another layout's pays for the switch, its memory freed and mapped again), so tha
 machine's drift falls on all of them, and ``speedup`` is the median over the repeats of
 each repeat's padded / packed time.
 
-``--layouts`` (default all three): the packed layouts timed beside the padded one, a row
+``--layouts`` (default all four): the packed layouts timed beside the padded one, a row
 each: ``auto`` (the trainer's default: what ``make_seq_batch`` picks with the trainer's
 cost model and ``model.pack_min_gain``, named in ``chosen``), ``ragged`` (each
 response's real tokens, the model's own attention under a 4D mask, a long group split
 and its prompt repeated) and ``uniform`` (responses padded to ``R``, the shared-prompt
-attention op as the model's attention function). ``of_rho`` is the speed-up over
+attention op as the model's attention function); ``uniform-sdpa`` is ``uniform`` with the
+op's CPU path before its split backend (SDPA over the prompt's keys and values copied per
+response). ``saved_mib``: what the autograd graph keeps for the backward (distinct
+storages, the weights' included). ``of_rho`` is the speed-up over
 ``rho``; the headline's ratio is the smallest ``of_rho`` of the default (``auto``) rows.
 
 ``flop_ceiling``: the padded layout's FLOPs over the packed one's, counting what each
@@ -38,9 +41,11 @@ lowers it further. ``of_ceiling`` = the speed-up over that ceiling: what overhea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,6 +73,37 @@ def layout_flops(sb, model) -> float:
     return per_pos * positions + per_pair * pairs
 
 
+@contextlib.contextmanager
+def sdpa_only(on: bool) -> Iterator[None]:
+    """With ``on``, the shared-prompt op's CPU path before its split backend: SDPA over the
+    prompt's keys and values copied per response (the ``uniform-sdpa`` row)."""
+    from rlpost.kernels.ops.shared_prompt import split
+
+    real = split.available
+    if on:
+        split.available = lambda: False
+    try:
+        yield
+    finally:
+        split.available = real
+
+
+def saved_mib(step) -> tuple[float, object]:
+    """(MiB of distinct storages the autograd graph of ``step()`` keeps for its backward,
+    the weights' included, ``step()``'s result)."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def keep(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = step()
+    return sum(seen.values()) / 2**20, out
+
+
 def chosen(sb) -> str:
     """The layout a batch was built in: padded, ragged or uniform."""
     if sb.packed is None:
@@ -86,7 +122,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", default="default", help="a tiny-model preset (SIZES)")
     ap.add_argument("--hidden", type=int, default=None, help="override the width")
-    ap.add_argument("--layouts", nargs="+", default=["auto", "ragged", "uniform"])
+    ap.add_argument(
+        "--layouts", nargs="+", default=["auto", "ragged", "uniform", "uniform-sdpa"],
+        choices=["auto", "ragged", "uniform", "uniform-sdpa"],
+    )  # fmt: skip
     ap.add_argument("--out", default="bench_results/packing.json")
     args = ap.parse_args()
 
@@ -116,22 +155,25 @@ def main() -> None:
         prompt = torch.randint(3, V, (args.prompt,), generator=g).tolist()
         comp = torch.randint(3, V, (n, args.response), generator=g)
         mask = torch.ones(n, args.response)
-        steps, res = {}, {}
+        steps, res, saved = {}, {}, {}
         for layout in ["padded", *args.layouts]:
             pack = layout != "padded"
             sb = make_seq_batch(
                 [prompt] * n, comp, mask, tok.pad_token_id, pack=pack,
-                layout=layout if pack else "ragged", **(trainer if layout == "auto" else {}),
+                layout=layout.split("-")[0] if pack else "ragged",
+                **(trainer if layout == "auto" else {}),
             )  # fmt: skip
 
-            def step(sb=sb):
+            def step(sb=sb, old=layout == "uniform-sdpa"):
                 model.zero_grad(set_to_none=True)
-                lp, _ = completion_logprobs(model, sb, 1.0, impl="fused")
-                lp.sum().backward()
+                with sdpa_only(old):
+                    lp, _ = completion_logprobs(model, sb, 1.0, impl="fused")
+                    lp.sum().backward()
                 return lp.detach()
 
             steps[layout] = (step, sb)
-            res[layout] = [step(), []]  # warm-up: the log-probs
+            saved[layout], lp = saved_mib(step)  # (also the warm-up)
+            res[layout] = [lp, []]
         order = list(steps)
         for i in range(args.repeats):  # the layouts take turns, in a rotating order
             for layout in order[i % len(order) :] + order[: i % len(order)]:
@@ -167,6 +209,8 @@ def main() -> None:
                     "of_rho": speedup / rho,
                     "flop_ceiling": f_pad / f_pack,
                     "of_ceiling": speedup / (f_pad / f_pack),
+                    "saved_mib_padded": saved["padded"],
+                    "saved_mib": saved[layout],
                     "max_logp_diff": float((lp_pad - lp_pack).abs().max()),
                 }
             )

@@ -147,8 +147,8 @@ def _outputs_and_grads(ins, backend):
     "N,H,P,R,d", [(3, 2, 5, 4, 8), (1, 1, 1, 1, 4), (6, 4, 40, 17, 16), (2, 2, 3, 9, 8)]
 )
 def test_the_cpu_backends_equal_the_reference(N, H, P, R, d):
-    """The CPU backends (``auto`` off CUDA: ``split`` where the prompt is at least as long
-    as a response, else ``sdpa``): outputs and all six gradients equal the explicit
+    """The CPU backends (``auto`` off CUDA: ``split`` where the prompt is long, else
+    ``sdpa``): outputs and all six gradients equal the explicit
     softmax's, in float64 to 1e-10 and in float32 to 1e-5, for inputs laid out as the
     packed forward hands them over (views of one ``[H, P + N R, d]`` sequence); a wrong
     mask offset (a response seeing its own future, or not the whole prompt), or a split
@@ -206,7 +206,8 @@ def test_the_split_keeps_no_per_response_copy_of_the_prompt_for_the_backward():
 
 
 def test_auto_takes_the_split_on_cpu_where_the_prompt_is_long(monkeypatch):
-    """The split where the prompt's copies are worth saving (P >= R), SDPA where not."""
+    """The split where the prompt's copies are worth saving (a prompt of 128 tokens or more
+    and at least twice a response), SDPA where not."""
     from rlpost.kernels.ops.shared_prompt import split
 
     taken = []
@@ -214,10 +215,10 @@ def test_auto_takes_the_split_on_cpu_where_the_prompt_is_long(monkeypatch):
     monkeypatch.setattr(
         split, "shared_prompt_attention_split", lambda *a: taken.append(a) or real(*a)
     )
-    for P, R in ((8, 4), (4, 8)):
+    for P, R in ((128, 64), (300, 8), (127, 8), (128, 65), (64, 64)):
         ins = [torch.randn(2, P, 4)] * 3 + [torch.randn(3, 2, R, 4)] * 3
         shared_prompt_attention(*ins)
-    assert [a[0].shape[1] for a in taken] == [8]
+    assert [a[0].shape[1] for a in taken] == [128, 300]
 
 
 def _rel_err(x, truth):

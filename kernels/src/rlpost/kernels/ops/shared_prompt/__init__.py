@@ -1,7 +1,7 @@
 """Shared-prompt attention (DualKV, catalog 000-21) and group packing.
 
 :func:`shared_prompt_attention` dispatches to the Triton kernels on CUDA (when Triton is
-installed); on CPU, where the prompt is at least as long as a response, to the split
+installed); on CPU, where the prompt is long (:func:`.split.preferred`), to the split
 form (``backend="split"``, :mod:`.split`: the responses over the prompt's keys and over
 their own as two flash attentions merged by log-sum-exp, nothing copied); elsewhere to two
 calls of torch's fused ``scaled_dot_product_attention`` (``backend="sdpa"``: the prompt
@@ -53,7 +53,8 @@ def shared_prompt_attention(
         if q_r.is_cuda and triton_available():
             backend = "triton"
         else:  # the split saves the prompt's copies, which pay where the prompt is long
-            backend = "split" if on_cpu and k_p.shape[-2] >= q_r.shape[-2] else "sdpa"
+            long = split.preferred(k_p.shape[-2], q_r.shape[-2])
+            backend = "split" if on_cpu and long else "sdpa"
     if backend == "reference":
         return shared_prompt_attention_reference(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     if backend == "split":

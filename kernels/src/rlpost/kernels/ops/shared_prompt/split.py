@@ -18,8 +18,10 @@ recomputes each part's probabilities as ``exp(s - l)``, the merged softmax's, an
 the whole attention's.
 
 The CPU flash kernel does not skip the masked blocks of a short causal sequence, so the
-split saves only the copies (``N P d`` per head): it is used where the prompt is at least
-as long as a response (``auto`` on CPU); the two-call SDPA otherwise.
+split saves only the copies (``N P d`` per head, kept for the backward too) and pays for
+the merge: ``auto`` takes it on CPU where the prompt is long, :func:`preferred`
+(``tools/bench_shared_prompt_cpu.py``: 1.06-1.26x the two-call SDPA there, 0.76-0.98x
+at shorter prompts or tiny calls); the two-call SDPA otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ def available() -> bool:
     return hasattr(_ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
         _ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
     )
+
+
+MIN_PROMPT = 128  # the split pays where the prompt is at least this long ...
+MIN_RATIO = 2  # ... and at least this many times a response's length
+
+
+def preferred(prompt_len: int, response_len: int) -> bool:
+    """Whether ``auto`` takes the split on CPU for a prompt and responses of these lengths."""
+    return prompt_len >= max(MIN_PROMPT, MIN_RATIO * response_len)
 
 
 def _flat(x: Tensor) -> Tensor:

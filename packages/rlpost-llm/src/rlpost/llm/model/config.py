@@ -76,7 +76,7 @@ class ModelConfig(_Strict):
     row (no padding computed), attention through the model's own implementation with a
     dense per-row mask (a group longer than two of its sequences is split, its prompt
     repeated); ``uniform``: every response padded to the longest, one group per row, the
-    prompt once, attention through the shared-prompt op (fused SDPA on CPU, Triton on
+    prompt once, attention through the shared-prompt op (flash attention on CPU, Triton on
     CUDA); ``auto`` (default): per micro-batch, whichever of the two the cost model puts
     lower (uniform for long shared prompts, ragged for short prompts and uneven
     responses)."""

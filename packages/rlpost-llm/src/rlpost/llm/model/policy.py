@@ -194,7 +194,7 @@ def make_seq_batch(
     :func:`completion_logprobs` then uses instead: ``layout="ragged"`` keeps only each
     response's real tokens and attends through the model's own attention with a 4D mask;
     ``"uniform"`` pads every response to ``L`` for the shared-prompt attention op (fused
-    SDPA on CPU, Triton on CUDA); ``"auto"`` takes whichever of the two costs less.
+    flash attention on CPU, Triton on CUDA); ``"auto"`` takes whichever of the two costs less.
     ``attend``: the completion tokens attended to where they are more than the ``mask``
     (:attr:`RolloutBatch.attention`: a multi-turn episode's observations). ``kv``:
     ``(sink, window)`` of a compressed-KV sampler: the forward attends as it did
