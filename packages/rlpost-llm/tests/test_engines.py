@@ -284,6 +284,43 @@ def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, mon
     assert m.config._attn_implementation == before
 
 
+def test_a_long_shared_prompt_packs_through_the_split_and_equals_the_unpacked(monkeypatch):
+    """A prompt long enough for the shared-prompt op's CPU split backend (two flash
+    attentions merged by log-sum-exp): two groups of uneven size in the uniform layout (the
+    shorter row padded) give the log-probs, entropies and every parameter gradient of one
+    padded sequence per response, and every layer of every row went through the split."""
+    from rlpost.kernels.ops.shared_prompt import split
+
+    torch.manual_seed(0)
+    tok = tiny.build_tokenizer()
+    m = Qwen2ForCausalLM(tiny.tiny_config(tok, positions=256)).train()
+    taken = []
+    real = split.shared_prompt_attention_split
+    monkeypatch.setattr(
+        split, "shared_prompt_attention_split", lambda *a: taken.append(1) or real(*a)
+    )
+    g = torch.Generator().manual_seed(1)
+    long = [torch.randint(3, len(tok), (n,), generator=g).tolist() for n in (150, 140)]
+    prompts = [long[0]] * 3 + [long[1]] * 2
+    comp = torch.randint(3, len(tok), (5, 12), generator=g)
+    mask = torch.ones(5, 12)
+    mask[1, 9:] = 0  # an early-finished response
+    res = {}
+    for pack in (False, True):
+        m.zero_grad(set_to_none=True)
+        sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=pack, layout="uniform")
+        lp, ent = completion_logprobs(m, sb, 1.0)
+        ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        res[pack] = (lp * mask, ent * mask, grads)
+    assert len(taken) == 2 * m.config.num_hidden_layers  # both packed rows, every layer
+    torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res[True][1], res[False][1], atol=1e-5, rtol=1e-5)
+    assert res[True][2].keys() == res[False][2].keys()
+    for name, grad in res[True][2].items():
+        torch.testing.assert_close(grad, res[False][2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("layout", ["ragged", "uniform"])
 def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok, layout):
     """PEFT-wrapped policies (and their adapter-free reference) pack the same way."""
