@@ -24,6 +24,10 @@ cProfile adds a cost per Python call, so Python-heavy parts (the per-token loop 
 ``generate``) are inflated relative to the plain run; the table gives each part's share of
 the profiled step and the plain run's step time beside it. Prints a table, writes JSON.
 
+``--reward`` as the benchmark's: ``exact`` (the default; the untrained model scores 0 in
+every group, so every row is inert and the update skips it) or ``digits`` (dense: the
+update does its work).
+
 ``--ops`` adds a third run whose steps after the warm-up go through ``torch.profiler``:
 the operators' self CPU time per step, grouped into matrix products (``mm``, ``addmm``,
 ``bmm``: the decode's attention over its KV cache is ``bmm``), fused attention (SDPA's
@@ -43,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_llm_grpo import rlpost_config, save_model
+from bench_llm_grpo import digit_share, rlpost_config, save_model
 
 PARTS = {
     # the trainer's one call into whichever engine it runs (lean, HF, Ray, speculative...)
@@ -63,7 +67,7 @@ PARTS = {
 
 PARAMS = (
     "prompts", "group_size", "max_new_tokens", "steps", "warmup", "threads", "seed", "size",
-    "full_length",
+    "full_length", "reward",
 )  # fmt: skip
 
 
@@ -79,7 +83,9 @@ def _trainer(spec: dict, run_dir: Path):
     from rlpost.llm.data.tasks import make_task
     from rlpost.llm.trainer import Trainer
 
-    return Trainer(rlpost_config(spec, run_dir), reward_fn=make_task("arithmetic").score)
+    if spec.get("reward", "exact") == "exact":
+        return Trainer(rlpost_config(spec, run_dir), reward_fn=make_task("arithmetic").score)
+    return Trainer(rlpost_config(spec, run_dir), reward_fn=lambda c, ex: digit_share(c))
 
 
 def run(spec: dict) -> dict:
@@ -242,6 +248,11 @@ def main() -> int:
     ap.add_argument(
         "--full-length", action="store_true", help="every response runs to --max-new-tokens"
     )
+    ap.add_argument(
+        "--reward", choices=["exact", "digits"], default="exact",
+        help="as tools/bench_llm_grpo.py: exact (the untrained model scores 0, every row "
+        "inert and skipped) or digits (dense: the update does its work)",
+    )  # fmt: skip
     ap.add_argument("--ops", action="store_true", help="an operator table too (torch.profiler)")
     ap.add_argument("--out", default="bench_results/llm_grpo_profile.json")
     a = ap.parse_args()
@@ -250,7 +261,7 @@ def main() -> int:
             "prompts": a.prompts, "group_size": a.group_size, "max_new_tokens": a.max_new_tokens,
             "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "seed": a.seed,
             "size": a.size, "work": work, "temperature": 1.0, "lr": 1e-4,
-            "mask_truncated": False, "full_length": a.full_length,
+            "mask_truncated": False, "full_length": a.full_length, "reward": a.reward,
         }  # fmt: skip
         res = run(spec)
         if a.ops:

@@ -20,8 +20,8 @@ the whole attention's.
 The CPU flash kernel does not skip the masked blocks of a short causal sequence, so the
 split saves only the copies (``N P d`` per head, kept for the backward too) and pays for
 the merge: ``auto`` takes it on CPU where the prompt is long, :func:`preferred`
-(``tools/bench_shared_prompt_cpu.py``: 1.06-1.26x the two-call SDPA there, 0.76-0.98x
-at shorter prompts or tiny calls); the two-call SDPA otherwise.
+(``tools/bench_shared_prompt_cpu.py``, one thread: 1.02-1.23x the two-call SDPA there,
+0.78-0.95x at shorter prompts or tiny calls); the two-call SDPA otherwise.
 """
 
 from __future__ import annotations
