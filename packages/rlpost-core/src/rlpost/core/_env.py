@@ -49,14 +49,17 @@ def pick_device(name: str):
     return dev
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def fix_mmap_threshold(kib: int | None) -> bool:
-    """Fix glibc's mmap threshold at ``kib`` KiB for this process (``run.malloc_mmap_kb``):
-    large blocks then return to the system when freed instead of staying in the heap, and
-    glibc stops raising the threshold. False where nothing was set (``None``, or a C
-    library without ``mallopt``)."""
+    """Fix glibc's mmap and trim thresholds at ``kib`` KiB for this process
+    (``run.malloc_mmap_kb``): a block below it comes from the heap, and freed memory at the
+    heap's top is kept up to it; a block as large or larger gets a mapping of its own,
+    returned to the system when freed. glibc's own thresholds (``None``) rise as blocks
+    are freed, but never above 32 MiB: every larger tensor (an update's activations at
+    long responses) is mapped afresh each time and pays a page fault per page. False where
+    nothing was set (``None``, or a C library without ``mallopt``)."""
     if kib is None:
         return False
     import ctypes
@@ -65,4 +68,5 @@ def fix_mmap_threshold(kib: int | None) -> bool:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, int(kib) * 1024))
+    size = int(kib) * 1024
+    return bool(mallopt(M_MMAP_THRESHOLD, size)) and bool(mallopt(M_TRIM_THRESHOLD, size))
