@@ -44,13 +44,12 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import print_table, write_result
+from benchlib import in_turns, print_table, write_result
 
 
 def layout_flops(sb, model) -> float:
@@ -155,7 +154,7 @@ def main() -> None:
         prompt = torch.randint(3, V, (args.prompt,), generator=g).tolist()
         comp = torch.randint(3, V, (n, args.response), generator=g)
         mask = torch.ones(n, args.response)
-        steps, res, saved = {}, {}, {}
+        steps, lps, saved = {}, {}, {}
         for layout in ["padded", *args.layouts]:
             pack = layout != "padded"
             sb = make_seq_batch(
@@ -172,24 +171,13 @@ def main() -> None:
                 return lp.detach()
 
             steps[layout] = (step, sb)
-            saved[layout], lp = saved_mib(step)  # (also the warm-up)
-            res[layout] = [lp, []]
-        order = list(steps)
-        for i in range(args.repeats):  # the layouts take turns, in a rotating order
-            for layout in order[i % len(order) :] + order[: i % len(order)]:
-                step = steps[layout][0]
-                step()  # (untimed: the first step after another layout's pays its switch)
-                times = []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    step()
-                    times.append(time.perf_counter() - t0)
-                res[layout][1].append(statistics.median(times))
-        pads = res["padded"][1]
+            saved[layout], lps[layout] = saved_mib(step)  # (also the warm-up)
+        times = in_turns(list(steps), args.repeats, lambda k, s=steps: s[k][0]())
         res = {  # the speed-up: the median of each repeat's own ratio (drift cancels)
-            k: (statistics.median(ts), lp, layout_flops(steps[k][1], model), chosen(steps[k][1]),
-                statistics.median(a / b for a, b in zip(pads, ts, strict=True)))
-            for k, (lp, ts) in res.items()
+            k: (statistics.median(ts), lps[k], layout_flops(steps[k][1], model),
+                chosen(steps[k][1]),
+                statistics.median(a / b for a, b in zip(times["padded"], ts, strict=True)))
+            for k, ts in times.items()
         }  # fmt: skip
         t_pad, lp_pad, f_pad, _, _ = res["padded"]
         rho = packing_ratio(n, args.prompt, args.response)

@@ -18,34 +18,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchlib import print_table, write_result
+from benchlib import in_turns, print_table, write_result
 
 SHAPES = [(4, 256, 64), (8, 256, 64), (16, 256, 64), (16, 1024, 128), (8, 512, 128),
           (16, 192, 64), (8, 128, 64), (8, 256, 128), (8, 64, 64), (8, 64, 16), (8, 32, 8),
           (8, 8, 128), (16, 64, 512), (8, 9, 1)]  # fmt: skip
 
 
-def timed(fn, ins) -> float:
-    """Median seconds of three forward + backward calls after an untimed one."""
-
-    def call():
-        for x in ins:
-            x.grad = None
-        out_p, out_r = fn(*ins)
-        (out_p.sum() + out_r.square().sum()).backward()
-
-    call()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def call(fn, ins) -> None:
+    """One forward + backward of ``fn`` on ``ins``."""
+    for x in ins:
+        x.grad = None
+    out_p, out_r = fn(*ins)
+    (out_p.sum() + out_r.square().sum()).backward()
 
 
 def main() -> None:
@@ -71,10 +60,7 @@ def main() -> None:
         backends = {
             b: (lambda *x, b=b: shared_prompt_attention(*x, backend=b)) for b in ("split", "sdpa")
         }
-        times = {b: [] for b in backends}
-        for i in range(args.repeats):
-            for b in list(backends)[i % 2 :] + list(backends)[: i % 2]:
-                times[b].append(timed(backends[b], ins))
+        times = in_turns(list(backends), args.repeats, lambda b, f=backends, x=ins: call(f[b], x))
         ratio = [a / b for a, b in zip(times["sdpa"], times["split"], strict=True)]
         rows.append(
             {

@@ -228,6 +228,28 @@ def curve_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def in_turns(names: Sequence[str], repeats: int, run) -> dict[str, list[float]]:
+    """``{name: [seconds per repeat]}``: the variants ``names`` take turns ``repeats``
+    times, in an order rotating by one each repeat, so that a machine's drift falls on all
+    of them alike. Each turn calls ``run(name)`` once untimed (the first call after
+    another variant's pays for the switch) and keeps the median of the next three."""
+    import statistics
+    import time
+
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        k = i % len(names)
+        for name in [*names[k:], *names[:k]]:
+            run(name)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                run(name)
+                times.append(time.perf_counter() - t0)
+            out[name].append(statistics.median(times))
+    return out
+
+
 def proc_status_mib(key: str) -> float | None:
     """A kB field of /proc/self/status (``VmHWM`` peak RSS, ``VmRSS``) in MiB; None off Linux.
 
