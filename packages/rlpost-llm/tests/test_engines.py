@@ -381,6 +381,47 @@ def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
         torch.testing.assert_close(out[True][1][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("by_sequence", [False, True])
+@pytest.mark.parametrize("impl", ["fused", "logits"])
+def test_ragged_rows_attend_densely_or_by_sequence_equal_to_the_unpacked(
+    model_tok, monkeypatch, impl, by_sequence
+):
+    """The ragged layout's attention, forced either way: densely in each packed row under
+    its mask, or each response's ``[prompt; response]`` gathered into its own right-padded
+    causal sequence. Three groups of different prompt lengths share rows, with an
+    early-finished response and one of a single token (no token of its own in the input:
+    its sequence is the prompt alone, and it is its group's first). Log-probs, entropies
+    and every parameter's gradient equal one padded sequence per response, and the forced
+    path is the one taken in every layer."""
+    import rlpost.llm.model.packing as packing
+    from rlpost.kernels.ops.shared_prompt import PackedGroups
+
+    m, tok = model_tok
+    monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: by_sequence)
+    taken, real = [], packing._sequences_attention
+    monkeypatch.setattr(packing, "_sequences_attention", lambda *a: taken.append(1) or real(*a))
+    g = torch.Generator().manual_seed(6)
+    prompts = [ids(tok, "9=")] * 2 + [ids(tok, "12+3=")] * 3 + [ids(tok, "4567+8=")] * 2
+    comp = torch.randint(3, m.config.vocab_size, (7, 6), generator=g)
+    lengths = torch.tensor([1, 5, 6, 2, 6, 4, 3])
+    mask = (torch.arange(6)[None] < lengths[:, None]).float()
+    res = {}
+    for pack in (False, True):
+        m.zero_grad(set_to_none=True)
+        sb = make_seq_batch(prompts, comp, mask, 0, pack=pack, layout="ragged")
+        lp, ent = completion_logprobs(m, sb, 1.0, impl=impl)
+        ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        res[pack] = (lp * mask, ent * mask, grads)
+    m.zero_grad(set_to_none=True)
+    assert len(taken) == (m.config.num_hidden_layers if by_sequence else 0)
+    torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res[True][1], res[False][1], atol=1e-5, rtol=1e-5)
+    assert res[True][2].keys() == res[False][2].keys()
+    for name, grad in res[True][2].items():
+        torch.testing.assert_close(grad, res[False][2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_ragged_packed_forward_computes_no_padding(model_tok):
     """The ragged layout in a transformers model: the decoder's per-token layers take the
     packed rows' real tokens end to end (no padded position), and the attention setting is
@@ -429,24 +470,44 @@ def test_packing_is_skipped_where_it_saves_too_few_positions(model_tok):
 def test_the_cost_model_counts_what_the_built_layouts_hold():
     """``packed_work`` (the plan, before anything is built) equals the positions and pairs
     of the layouts ``pack_groups`` builds: the ragged rows' real tokens and ``T^2`` per
-    row, the uniform rows' prompt once plus each padded response; a planner that drifted
-    from the builder (a split, a dropped last token) fails here."""
-    from rlpost.kernels.ops.shared_prompt import pack_groups, packed_work
+    row (dense) or, where the sequences are long and it halves them, the causal pairs of
+    every response's ``[prompt; response]`` padded to the longest of its length bucket (by
+    sequence), the uniform rows' prompt once plus each padded response; a planner that drifted from
+    the builder (a split, a dropped last token) fails here."""
+    from rlpost.kernels.ops.shared_prompt import length_buckets, pack_groups, packed_work
 
     g = torch.Generator().manual_seed(0)
     prompts = [[5] * 40] * 6 + [[6, 7, 8]] * 5 + [[9] * 70] * 3
     comp = torch.randint(3, 12, (14, 24), generator=g)
     lengths = torch.randint(1, 25, (14,), generator=g)
-    for lens in (lengths, None):
-        pk = pack_groups(prompts, comp, 0, lens, row_tokens=128, last_token=False)
-        positions, pairs = packed_work(prompts, 24, lens, row_tokens=128, last_token=False)
+    chose = set()
+    long_comp = torch.randint(3, 12, (14, 96), generator=g)
+    cases = [(lengths, comp), (lengths.clamp(max=2), comp), (torch.full((14,), 96), long_comp)]
+    for lens, completions in [*cases, (None, comp)]:
+        L = completions.shape[1]
+        pk = pack_groups(prompts, completions, 0, lens, row_tokens=128, last_token=False)
+        positions, pairs = packed_work(prompts, L, lens, row_tokens=128, last_token=False)
         if lens is not None:
-            T = pk.input_ids.shape[1]
-            assert positions == sum(pk.tokens) and pairs == len(pk.tokens) * T * T
+            T, lens_seq = pk.input_ids.shape[1], [len(s) for s in pk.seqs]
+            buckets = length_buckets(lens_seq)
+            assert sorted(b for bucket in buckets for b in bucket) == list(range(14))
+            dense = len(pk.tokens) * T * T
+            by_seq = sum(len(b) * lens_seq[b[0]] * (lens_seq[b[0]] + 1) / 2 for b in buckets)
+            long = sum(lens_seq) >= 64 * 14  # (MIN_SEQUENCE tokens a sequence on average)
+            assert pk.by_sequence() == (long and 2 * by_seq <= dense)  # (SEQUENCE_GAIN)
+            assert positions == sum(pk.tokens)
+            assert pairs == (by_seq if pk.by_sequence() else dense)
+            chose.add(pk.by_sequence())
+            # each response's sequence: its prompt's slots, then its own kept tokens
+            ids_flat = pk.input_ids.view(-1)
+            for b, seq in enumerate(pk.seqs):
+                k = int(lens[b]) - 1  # (the last token is not an input)
+                assert ids_flat[seq].tolist() == prompts[b] + completions[b, :k].tolist()
         else:
             assert positions == sum(P + N * R for P, N, R in pk.layout)
             assert pairs == sum(P * (P + 1) / 2 + N * R * (P + R) for P, N, R in pk.layout)
     assert sum(pk.tokens) < 14 * 24 + 40 * 6  # (the planner saw a split: prompt repeats)
+    assert chose == {False, True}  # short responses: densely; full 96-token ones by sequence
 
 
 def test_auto_layout_takes_the_cheaper_packing_per_micro_batch(model_tok):

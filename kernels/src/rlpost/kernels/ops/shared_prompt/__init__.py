@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlpost.kernels.ops.shared_prompt.reference import (
     PackedGroups,
+    length_buckets,
     pack_group,
     pack_groups,
     packed_work,
@@ -87,6 +88,7 @@ def shared_prompt_attention_sdpa(
 
 __all__ = [
     "PackedGroups",
+    "length_buckets",
     "pack_group",
     "pack_groups",
     "packed_work",

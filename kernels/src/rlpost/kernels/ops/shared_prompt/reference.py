@@ -62,7 +62,9 @@ class PackedGroups:
     (flat index into ``G * T`` of the position whose output predicts each completion
     token), ``tokens`` (real tokens per packed sequence), ``layout`` (``(P, N, L)`` of each
     packed sequence: prompt length, responses, response length; ``None`` for the ragged
-    layout, which only ``allow`` describes)."""
+    layout, which ``allow`` describes), ``seqs`` (ragged only: each response's own
+    sequence ``[its prompt's slots; its slots]`` as flat indices into ``G * T``, in the
+    batch's order)."""
 
     input_ids: Tensor
     position_ids: Tensor
@@ -70,6 +72,15 @@ class PackedGroups:
     gather: Tensor
     tokens: list[int]
     layout: list[tuple[int, int, int]] | None
+    seqs: list[list[int]] | None = None
+
+    def by_sequence(self) -> bool:
+        """Whether the ragged layout attends by sequence (each response's own causal
+        sequence, padded to the longest of its length bucket) rather than densely in each
+        packed row under ``allow``: :func:`attends_by_sequence`."""
+        if self.seqs is None:
+            return False
+        return attends_by_sequence(*self.input_ids.shape, [len(s) for s in self.seqs])
 
     def additive_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[G, 1, T, T]``: 0 where allowed, the dtype's minimum elsewhere (HF 4D mask)."""
@@ -156,6 +167,53 @@ def _plan(
     return packs, lens_all, kept, bins, T, drop
 
 
+BUCKET_RATIO = 0.75  # a sequence shorter than this share of its bucket's longest ...
+MAX_BUCKETS = 4  # ... starts a new bucket, up to this many
+
+
+def length_buckets(seq_lens: list[int]) -> list[list[int]]:
+    """The sequences (by index) in buckets of similar length, longest first: each bucket
+    is padded to its own longest, one fused attention call each."""
+    buckets: list[list[int]] = []
+    for i in sorted(range(len(seq_lens)), key=lambda i: -seq_lens[i]):
+        top = seq_lens[buckets[-1][0]] if buckets else 0
+        if not buckets or (seq_lens[i] < BUCKET_RATIO * top and len(buckets) < MAX_BUCKETS):
+            buckets.append([])
+        buckets[-1].append(i)
+    return buckets
+
+
+def ragged_pairs(rows: int, T: int, seq_lens: list[int]) -> tuple[float, float]:
+    """The ragged layout's attention as ``(dense, by_sequence)`` (query, key) pairs:
+    ``rows`` packed rows of ``T`` attended densely under their mask (``T^2`` a row, as a
+    masked fused attention computes them), or each response's ``[prompt; response]`` as
+    its own causal sequence (lengths ``seq_lens``), padded to the longest of its
+    :func:`length_buckets` bucket (the causal ``S (S + 1) / 2`` pairs of a sequence of
+    ``S``, as a causal fused attention computes them, the masked blocks skipped)."""
+    by_seq = 0.0
+    for bucket in length_buckets(seq_lens):
+        longest = seq_lens[bucket[0]]
+        by_seq += len(bucket) * longest * (longest + 1) / 2
+    return float(rows * T * T), by_seq
+
+
+MIN_SEQUENCE = 64  # by sequence only where the sequences average at least this many tokens
+SEQUENCE_GAIN = 2.0  # ... and the dense rows compute at least this many times the pairs
+
+
+def attends_by_sequence(rows: int, T: int, seq_lens: list[int]) -> bool:
+    """Whether the ragged layout attends by sequence: where the sequences are long enough
+    that the fused kernel's cost per sequence does not dominate (on average
+    ``MIN_SEQUENCE`` tokens) and the dense rows compute ``SEQUENCE_GAIN`` times the pairs
+    (:func:`ragged_pairs`). Measured on CPU (the tiny model, one thread, attention forward
+    and backward): short sequences ran up to 2x slower by sequence despite a quarter of
+    the pairs, long ones 1.3-1.6x faster."""
+    if not seq_lens or sum(seq_lens) < MIN_SEQUENCE * len(seq_lens):
+        return False
+    dense, by_seq = ragged_pairs(rows, T, seq_lens)
+    return SEQUENCE_GAIN * by_seq <= dense
+
+
 def packed_work(
     prompt_ids: list[list[int]],
     L: int,
@@ -165,14 +223,16 @@ def packed_work(
 ) -> tuple[int, float]:
     """``(positions, attention pairs)`` a forward over :func:`pack_groups`' layout computes,
     counted from its plan without building it: the ragged layout (``lengths``) attends
-    densely within each packed row (``T^2`` pairs a row, as a masked fused attention
-    computes them), the uniform one through the shared-prompt op (the prompt causally, each
-    response over the prompt and itself)."""
+    densely within each packed row or by sequence (:func:`attends_by_sequence`,
+    :func:`ragged_pairs`), the uniform one through the shared-prompt op (the prompt
+    causally, each response over the prompt and itself)."""
     B = len(prompt_ids)
     packs, _, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
     positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
     if lengths is not None:
-        return positions, float(len(bins) * T * T)
+        seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
+        dense, by_seq = ragged_pairs(len(bins), T, seq_lens)
+        return positions, by_seq if attends_by_sequence(len(bins), T, seq_lens) else dense
     R = L - drop
     pairs = sum(len(p) * (len(p) + 1) / 2 + len(rows) * R * (len(p) + R) for p, rows in packs)
     return positions, pairs
@@ -209,12 +269,13 @@ def pack_groups(
     comp = completion_ids.tolist()
     ids, pos, grp, seg = [], [], [], []  # per packed row; grp / seg -1 on padding
     gather = [[0] * L for _ in range(B)]
-    tokens = []
+    tokens, seqs = [], [[] for _ in range(B)]
     for r, members in enumerate(bins):
         i_r, p_r, g_r, s_r = [], [], [], []
         for g in members:
             prompt, rows = packs[g]
             P = len(prompt)
+            prompt_slots = list(range(r * T + len(i_r), r * T + len(i_r) + P))
             i_r += prompt
             p_r += range(P)
             g_r += [g] * P
@@ -229,6 +290,7 @@ def pack_groups(
                 s_r += [j + 1] * k
                 pred = [prev, *range(start, start + n - 1)]  # token t: from position t - 1
                 gather[b] = pred + [pred[-1]] * (L - n)
+                seqs[b] = prompt_slots + list(range(start, start + k))
         tokens.append(len(i_r))
         pad = T - len(i_r)
         ids.append(i_r + [pad_id] * pad)
@@ -242,8 +304,9 @@ def pack_groups(
     allow |= torch.eye(T, dtype=torch.bool)
     layout = None if lengths is not None else [(len(p), len(r), L - drop) for p, r in packs]
     return PackedGroups(
-        torch.tensor(ids), torch.tensor(pos), allow, torch.tensor(gather), tokens, layout
-    )
+        torch.tensor(ids), torch.tensor(pos), allow, torch.tensor(gather), tokens, layout,
+        seqs if lengths is not None else None,
+    )  # fmt: skip
 
 
 def packing_ratio(n: int, prompt_len: int, response_len: int) -> float:

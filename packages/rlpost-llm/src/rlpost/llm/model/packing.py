@@ -14,8 +14,13 @@ checkpointing).
 The ragged layout's rows are padded to the longest one, and a decoder computes every
 padded position in every projection and MLP. :func:`packed_rows_attention_mode` instead
 lays the rows' real tokens end to end in one sequence (:func:`flat_rows`): the per-token
-layers see no padding at all, and only the attention function scatters queries, keys and
-values back into the padded rows for one masked SDPA call and gathers the outputs back.
+layers see no padding at all, and only the attention function gathers queries, keys and
+values into padded rows for one fused SDPA call and gathers the outputs back: into the
+packed rows under their mask, or, where that computes fewer pairs
+(:meth:`~rlpost.kernels.ops.shared_prompt.PackedGroups.by_sequence`), into each response's
+own ``[prompt; response]`` sequence, right-padded, under plain causal attention (no mask
+built or kept; the fused kernels skip the blocks above the diagonal, and a real query never
+sees a pad key, which comes after it).
 """
 
 from __future__ import annotations
@@ -48,29 +53,57 @@ class FlatRows:
     ``keep [Ttot]``: the padded slot (flat index into ``G * T``) of each real token;
     ``src [G * T]``: the real token each padded slot reads (its own; padding reads token 0,
     whose copy nothing attends to and whose output is discarded); ``allow [G, 1, T, T]``:
-    the rows' attention mask."""
+    the rows' attention mask. Attending by sequence instead (:func:`flat_rows` with
+    ``seqs``): ``buckets``, per length bucket the real token each slot of its ``[S_b,
+    longest_b]`` right-padded sequences reads (padding reads token 0), and ``seq_out
+    [Ttot]``, the slot (counted through the buckets in order) whose output each real token
+    takes (a prompt's: the first of its sequences); ``allow`` is then ``None``."""
 
     keep: Tensor
     src: Tensor
-    allow: Tensor
+    allow: Tensor | None
     G: int
     T: int
+    buckets: list[Tensor] | None = None
+    seq_out: Tensor | None = None
 
     def to(self, device) -> FlatRows:
         return FlatRows(
-            self.keep.to(device), self.src.to(device), self.allow.to(device), self.G, self.T
-        )
+            self.keep.to(device), self.src.to(device),
+            None if self.allow is None else self.allow.to(device), self.G, self.T,
+            None if self.buckets is None else [b.to(device) for b in self.buckets],
+            None if self.seq_out is None else self.seq_out.to(device),
+        )  # fmt: skip
 
 
-def flat_rows(tokens: list[int], T: int, allow: Tensor) -> FlatRows:
+def flat_rows(
+    tokens: list[int], T: int, allow: Tensor, seqs: list[list[int]] | None = None
+) -> FlatRows:
     """:class:`FlatRows` of ``len(tokens)`` rows padded to ``T``, row ``r`` holding
     ``tokens[r]`` real tokens first (as :func:`rlpost.kernels.ops.shared_prompt.pack_groups`
-    lays them out) and attending by ``allow [G, T, T]``."""
+    lays them out) and attending by ``allow [G, T, T]``, or, given ``seqs`` (each
+    response's ``[prompt; response]`` slots, ``PackedGroups.seqs``), by sequence."""
     G = len(tokens)
     keep = torch.cat([r * T + torch.arange(n) for r, n in enumerate(tokens)])
     src = torch.zeros(G * T, dtype=torch.long)
     src[keep] = torch.arange(len(keep))
-    return FlatRows(keep, src, allow[:, None], G, T)
+    if seqs is None:
+        return FlatRows(keep, src, allow[:, None], G, T)
+    from rlpost.kernels.ops.shared_prompt import length_buckets
+
+    buckets, base = [], 0
+    out = torch.full((G * T,), -1, dtype=torch.long)  # per padded slot: its output's slot
+    for members in length_buckets([len(s) for s in seqs]):
+        longest = len(seqs[members[0]])
+        slots = torch.zeros(len(members), longest, dtype=torch.long)
+        for i, b in enumerate(members):
+            seq = torch.tensor(seqs[b], dtype=torch.long)
+            slots[i, : len(seq)] = src[seq]
+            first = out[seq] < 0  # (a prompt's output: the first of its sequences)
+            out[seq[first]] = base + i * longest + torch.arange(len(seq))[first]
+        buckets.append(slots)
+        base += slots.numel()
+    return FlatRows(keep, src, None, G, T, buckets, out[keep])
 
 
 def _plain_attention_only(kwargs: dict, span: int) -> None:
@@ -146,22 +179,48 @@ def _rows_attention(
         raise RuntimeError(f"{ROWS} attention used outside packed_rows_attention_mode")
     _plain_attention_only(kwargs, rows.T)
     H, d = query.shape[1], query.shape[-1]
-
-    def padded(x: Tensor) -> Tensor:  # [1, h, Ttot, d] -> [G, H, T, d]
-        h = x.shape[1]
-        x = x[0].index_select(1, rows.src).view(h, rows.G, rows.T, d).transpose(0, 1)
-        return _all_heads(x, H)
-
+    if rows.buckets is not None:
+        return _sequences_attention(rows, query, key, value, dropout, scaling), None
+    slots = rows.src.view(rows.G, rows.T)
     out = torch.nn.functional.scaled_dot_product_attention(
-        padded(query),
-        padded(key),
-        padded(value),
+        _gathered(query, slots, H),
+        _gathered(key, slots, H),
+        _gathered(value, slots, H),
         attn_mask=rows.allow,
         dropout_p=dropout,
         scale=scaling,
     )
     out = out.transpose(1, 2).reshape(rows.G * rows.T, H, d).index_select(0, rows.keep)
     return out[None], None
+
+
+def _gathered(x: Tensor, slots: Tensor, H: int) -> Tensor:
+    """``x [1, h, Ttot, d]`` gathered into rows ``[S, H, T, d]`` by ``slots [S, T]`` (the
+    token each row slot reads), the key / value heads repeated to the ``H`` query heads."""
+    h, d = x.shape[1], x.shape[-1]
+    S, T = slots.shape
+    return _all_heads(x[0].index_select(1, slots.view(-1)).view(h, S, T, d).transpose(0, 1), H)
+
+
+def _sequences_attention(
+    rows: FlatRows, query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling
+) -> Tensor:
+    """``[1, Ttot, H, d]``: each response's ``[prompt; response]`` gathered into its own
+    right-padded sequence and attended causally (a call per length bucket), the outputs
+    gathered back."""
+    H, d = query.shape[1], query.shape[-1]
+    outs = []
+    for slots in rows.buckets:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            _gathered(query, slots, H),
+            _gathered(key, slots, H),
+            _gathered(value, slots, H),
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+        )
+        outs.append(out.transpose(1, 2).reshape(slots.numel(), H, d))
+    return torch.cat(outs).index_select(0, rows.seq_out)[None]
 
 
 def _register() -> None:

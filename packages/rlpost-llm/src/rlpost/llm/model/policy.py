@@ -608,7 +608,8 @@ def _packed_inputs(model, pk, dev) -> tuple[dict[str, Any], Tensor, Any]:
     if pk.layout is not None and supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
     elif supports_shared_attention(model):
-        rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow).to(dev)
+        seqs = pk.seqs if pk.by_sequence() else None
+        rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow, seqs).to(dev)
         inputs["input_ids"] = inputs["input_ids"].view(1, -1)[:, rows.keep]
         inputs["position_ids"] = inputs["position_ids"].view(1, -1)[:, rows.keep]
         idx = rows.src[idx]  # into the flat sequence
