@@ -25,7 +25,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
         "mxfp4",
     }
     assert res["trainer_step"]["tokens_per_s"] > 0
-    assert set(res["trainer_step"]["layouts"]) == {"uniform", "ragged", "padded"}
+    assert set(res["trainer_step"]["layouts"]) == {"uniform", "ragged", "ragged-dense", "padded"}
     assert all("step_ms" in v for v in res["trainer_step"]["layouts"].values())
     assert res["trainer_step"]["mfu"] is None  # no peak to divide by on a CPU
     assert res["tiles"]["ok"] and len(res["tiles"]["rows"]) == 2

@@ -17,14 +17,17 @@ another layout's pays for the switch, its memory freed and mapped again), so tha
 machine's drift falls on all of them, and ``speedup`` is the median over the repeats of
 each repeat's padded / packed time.
 
-``--layouts`` (default all four): the packed layouts timed beside the padded one, a row
+``--layouts`` (default all five): the packed layouts timed beside the padded one, a row
 each: ``auto`` (the trainer's default: what ``make_seq_batch`` picks with the trainer's
 cost model and ``model.pack_min_gain``, named in ``chosen``), ``ragged`` (each
-response's real tokens, the model's own attention under a 4D mask, a long group split
-and its prompt repeated) and ``uniform`` (responses padded to ``R``, the shared-prompt
-attention op as the model's attention function); ``uniform-sdpa`` is ``uniform`` with the
-op's CPU path before its split backend (SDPA over the prompt's keys and values copied per
-response). ``saved_mib``: what the autograd graph keeps for the backward (distinct
+response's real tokens, a long group split and its prompt repeated; attention densely
+in each packed row under its mask, or by sequence: each ``[prompt; response]`` gathered
+into its own causal sequence, whichever computes fewer pairs) and ``uniform`` (responses
+padded to ``R``, the shared-prompt attention op as the model's attention function);
+``ragged-dense`` is ``ragged`` always attending densely (before the by-sequence form),
+``uniform-sdpa`` is ``uniform`` with the op's CPU path before its split backend (SDPA
+over the prompt's keys and values copied per response). ``--min-response``: each
+response's length drawn uniformly from ``[min, R]`` (default ``R``: all full length). ``saved_mib``: what the autograd graph keeps for the backward (distinct
 storages, the weights' included). ``of_rho`` is the speed-up over
 ``rho``; the headline's ratio is the smallest ``of_rho`` of the default (``auto``) rows.
 
@@ -50,6 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from benchlib import in_turns, print_table, write_result
+
+LAYOUTS = ["auto", "ragged", "ragged-dense", "uniform", "uniform-sdpa"]
 
 
 def layout_flops(sb, model) -> float:
@@ -87,6 +92,21 @@ def sdpa_only(on: bool) -> Iterator[None]:
         split.available = real
 
 
+@contextlib.contextmanager
+def dense_only(on: bool) -> Iterator[None]:
+    """With ``on``, the ragged layout always attends densely under its mask (the
+    ``ragged-dense`` row)."""
+    from rlpost.kernels.ops.shared_prompt import PackedGroups
+
+    real = PackedGroups.by_sequence
+    if on:
+        PackedGroups.by_sequence = lambda self: False
+    try:
+        yield
+    finally:
+        PackedGroups.by_sequence = real
+
+
 def saved_mib(step) -> tuple[float, object]:
     """(MiB of distinct storages the autograd graph of ``step()`` keeps for its backward,
     the weights' included, ``step()``'s result)."""
@@ -117,13 +137,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--response", type=int, default=64)
+    ap.add_argument("--min-response", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", default="default", help="a tiny-model preset (SIZES)")
     ap.add_argument("--hidden", type=int, default=None, help="override the width")
     ap.add_argument(
-        "--layouts", nargs="+", default=["auto", "ragged", "uniform", "uniform-sdpa"],
-        choices=["auto", "ragged", "uniform", "uniform-sdpa"],
+        "--layouts", nargs="+", choices=LAYOUTS, default=LAYOUTS
     )  # fmt: skip
     ap.add_argument("--out", default="bench_results/packing.json")
     args = ap.parse_args()
@@ -131,7 +151,6 @@ def main() -> None:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.kernels.ops.shared_prompt import packing_ratio
     from rlpost.llm.model import tiny
     from rlpost.llm.model.config import ModelConfig
     from rlpost.llm.model.policy import completion_logprobs, decoder_cost, make_seq_batch
@@ -153,7 +172,9 @@ def main() -> None:
         g = torch.Generator().manual_seed(n)
         prompt = torch.randint(3, V, (args.prompt,), generator=g).tolist()
         comp = torch.randint(3, V, (n, args.response), generator=g)
-        mask = torch.ones(n, args.response)
+        low = args.response if args.min_response is None else args.min_response
+        lengths = torch.randint(low, args.response + 1, (n, 1), generator=g)
+        mask = (torch.arange(args.response)[None] < lengths).float()
         steps, lps, saved = {}, {}, {}
         for layout in ["padded", *args.layouts]:
             pack = layout != "padded"
@@ -163,12 +184,13 @@ def main() -> None:
                 **(trainer if layout == "auto" else {}),
             )  # fmt: skip
 
-            def step(sb=sb, old=layout == "uniform-sdpa"):
+            def step(sb=sb, old=layout == "uniform-sdpa", dense=layout == "ragged-dense",
+                     mask=mask):  # fmt: skip
                 model.zero_grad(set_to_none=True)
-                with sdpa_only(old):
+                with sdpa_only(old), dense_only(dense):
                     lp, _ = completion_logprobs(model, sb, 1.0, impl="fused")
-                    lp.sum().backward()
-                return lp.detach()
+                    (lp * mask).sum().backward()
+                return lp.detach() * mask
 
             steps[layout] = (step, sb)
             saved[layout], lps[layout] = saved_mib(step)  # (also the warm-up)
@@ -180,7 +202,8 @@ def main() -> None:
             for k, ts in times.items()
         }  # fmt: skip
         t_pad, lp_pad, f_pad, _, _ = res["padded"]
-        rho = packing_ratio(n, args.prompt, args.response)
+        real = args.prompt + int(lengths.sum())  # the ideal packing's positions
+        rho = n * (args.prompt + args.response) / real  # (full length: packing_ratio's)
         for layout in args.layouts:
             t_pack, lp_pack, f_pack, picked, speedup = res[layout]
             rows.append(
@@ -189,7 +212,7 @@ def main() -> None:
                     "layout": layout,
                     "chosen": picked,
                     "tokens_padded": n * (args.prompt + args.response),
-                    "tokens_packed": args.prompt + n * args.response,
+                    "tokens_packed": real,
                     "rho_theory": rho,
                     "s_padded": t_pad,
                     "s_packed": t_pack,

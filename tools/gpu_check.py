@@ -573,12 +573,16 @@ def trainer_step(dev: str, smoke: bool) -> dict:
 
     def step(layout: str) -> None:
         # uniform: the shared-prompt attention op (Triton on CUDA), one group a row;
-        # ragged: the model's own attention under a dense 4D mask over packed rows;
+        # ragged: the packed rows' real tokens end to end, attending by sequence (each
+        # [prompt; response] its own causal sequence, no mask: SDPA's flash kernel);
+        # ragged-dense: the same rows attending densely under their 4D mask (before);
         # padded: one row per sequence, shifted and run under plain causal attention
         # (no mask: SDPA's flash kernel), each prompt computed once per response
         packed = layout != "padded"
-        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, layout=layout if packed
-                            else "ragged")  # fmt: skip
+        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed,
+                            layout=layout.split("-")[0] if packed else "ragged")  # fmt: skip
+        if layout == "ragged-dense":
+            sb.packed.by_sequence = lambda: False  # (this batch only)
         logp, _ = completion_logprobs(model, sb, 1.0)
         m = mask.to(dev)
         batch = PolicyBatch(
@@ -594,7 +598,7 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     flops = model_flops(model, tokens)  # the work a step must do (prompts counted once)
     peak = peak_flops(dev)
     layouts = {}
-    for layout in ("uniform", "ragged", "padded"):
+    for layout in ("uniform", "ragged", "ragged-dense", "padded"):
         try:
             ms = _time(lambda layout=layout: step(layout), dev, 2 if smoke else 5)
         except Exception as exc:  # reported; the other layout still counts
