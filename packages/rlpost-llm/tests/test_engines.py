@@ -350,17 +350,23 @@ def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok, layout):
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-@pytest.mark.parametrize("layout", ["ragged", "uniform"])
+@pytest.mark.parametrize("layout", ["ragged", "ragged-by-sequence", "uniform"])
 def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
-    model_tok, layout, reentrant
+    model_tok, monkeypatch, layout, reentrant
 ):
     """With activation checkpointing on (either torch flavour), the backward recomputes
     each layer the way the forward ran it: through the shared-prompt attention function in
-    the uniform layout, not through the model's default attention after the forward's
-    mode has ended. Same log-probs, same parameter gradients as without checkpointing."""
+    the uniform layout (and the ragged one's, densely or by sequence), not through the
+    model's default attention after the forward's mode has ended. Same log-probs, same
+    parameter gradients as without checkpointing."""
     import copy
 
+    from rlpost.kernels.ops.shared_prompt import PackedGroups
+
     m, tok = model_tok
+    if layout == "ragged-by-sequence":
+        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: True)
+        layout = "ragged"
     torch.manual_seed(5)
     comp = torch.randint(3, m.config.vocab_size, (4, 5))
     mask = torch.ones(4, 5)
