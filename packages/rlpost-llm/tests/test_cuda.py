@@ -115,3 +115,47 @@ def test_cuda_a_model_passed_on_the_cpu_goes_to_the_gpu(fast_cfg):
     assert next(tr.model.parameters()).is_cuda
     tr.train()
     tr.close()
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_ragged_rows_by_sequence_equal_the_dense_rows(monkeypatch, dtype):
+    """On the GPU the ragged layout attending by sequence (each ``[prompt; response]`` its
+    own causal sequence, no mask) gives the dense rows' log-probs and gradients; in
+    bfloat16 it runs on SDPA's flash kernel alone (the dense rows' mask rules it out)."""
+    import copy
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.kernels.ops.shared_prompt import PackedGroups
+    from rlpost.llm.model import tiny
+    from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
+
+    torch.manual_seed(0)
+    tok = tiny.build_tokenizer()
+    base = Qwen2ForCausalLM(tiny.tiny_config(tok)).to("cuda", getattr(torch, dtype)).train()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, len(tok), (n,), generator=g).tolist() for n in (9, 30)]
+    prompts = [prompts[0]] * 4 + [prompts[1]] * 4
+    comp = torch.randint(3, len(tok), (8, 96), generator=g)
+    lengths = torch.randint(40, 97, (8, 1), generator=g)
+    mask = (torch.arange(96)[None] < lengths).float()
+    sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=True, layout="ragged")
+    out = {}
+    for by_sequence in (False, True):
+        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self, b=by_sequence: b)
+        m = copy.deepcopy(base)
+        only_flash = by_sequence and dtype == "bfloat16"
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if only_flash else torch.enable_grad():
+            lp, _ = completion_logprobs(m, sb, 1.0)
+            (lp.float() * mask.cuda()).sum().backward()
+        out[by_sequence] = (
+            lp.detach().float() * mask.cuda(),
+            [p.grad.float() for p in m.parameters()],
+        )
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    a, b = out[True], out[False]
+    assert float((a[0] - b[0]).abs().max()) < tol * 10
+    for ga, gb in zip(a[1], b[1], strict=True):
+        assert float((ga - gb).norm()) <= tol * float(gb.norm()) + 1e-6
