@@ -20,11 +20,12 @@ each repeat's padded / packed time.
 ``--layouts`` (default all five): the packed layouts timed beside the padded one, a row
 each: ``auto`` (the trainer's default: what ``make_seq_batch`` picks with the trainer's
 cost model and ``model.pack_min_gain``, named in ``chosen``), ``ragged`` (each
-response's real tokens, a long group split and its prompt repeated; attention densely
-in each packed row under its mask, or by sequence: each ``[prompt; response]`` gathered
-into its own causal sequence, whichever computes fewer pairs) and ``uniform`` (responses
-padded to ``R``, the shared-prompt attention op as the model's attention function);
-``ragged-dense`` is ``ragged`` always attending densely (before the by-sequence form),
+response's real tokens; attention densely in each packed row under its mask, a long
+group split and its prompt repeated, or, where ``attends_by_sequence`` takes it, by
+sequence: each ``[prompt; response]`` gathered into its own causal sequence, the groups
+whole) and ``uniform`` (responses padded to ``R``, the shared-prompt attention op as the
+model's attention function); ``ragged-dense`` is ``ragged`` always attending densely
+(before the by-sequence form),
 ``uniform-sdpa`` is ``uniform`` with the op's CPU path before its split backend (SDPA
 over the prompt's keys and values copied per response). ``--min-response``: each
 response's length drawn uniformly from ``[min, R]`` (default ``R``: all full length). ``saved_mib``: what the autograd graph keeps for the backward (distinct
@@ -67,6 +68,9 @@ def layout_flops(sb, model) -> float:
     if sb.packed is None:  # the padded rows: every position, causal pairs of the real ones
         real = sb.attention_mask.sum(1).double()
         positions, pairs = sb.attention_mask.numel(), float((real * (real + 1) / 2).sum())
+    elif sb.packed.allow is None:  # ragged by sequence: each [prompt; response], causally
+        positions = sum(sb.packed.tokens)
+        pairs = float(sum(len(s) * (len(s) + 1) / 2 for s in sb.packed.seqs))
     elif sb.packed.layout is None:  # ragged: the rows' real tokens, the pairs they allow
         positions, pairs = sum(sb.packed.tokens), float(sb.packed.allow.sum())
     else:  # uniform: the prompt once, each response over the prompt and itself
@@ -90,21 +94,6 @@ def sdpa_only(on: bool) -> Iterator[None]:
         yield
     finally:
         split.available = real
-
-
-@contextlib.contextmanager
-def dense_only(on: bool) -> Iterator[None]:
-    """With ``on``, the ragged layout always attends densely under its mask (the
-    ``ragged-dense`` row)."""
-    from rlpost.kernels.ops.shared_prompt import PackedGroups
-
-    real = PackedGroups.by_sequence
-    if on:
-        PackedGroups.by_sequence = lambda self: False
-    try:
-        yield
-    finally:
-        PackedGroups.by_sequence = real
 
 
 def saved_mib(step) -> tuple[float, object]:
@@ -181,13 +170,12 @@ def main() -> None:
             sb = make_seq_batch(
                 [prompt] * n, comp, mask, tok.pad_token_id, pack=pack,
                 layout=layout.split("-")[0] if pack else "ragged",
-                **(trainer if layout == "auto" else {}),
+                sequences=layout != "ragged-dense", **(trainer if layout == "auto" else {}),
             )  # fmt: skip
 
-            def step(sb=sb, old=layout == "uniform-sdpa", dense=layout == "ragged-dense",
-                     mask=mask):  # fmt: skip
+            def step(sb=sb, old=layout == "uniform-sdpa", mask=mask):
                 model.zero_grad(set_to_none=True)
-                with sdpa_only(old), dense_only(dense):
+                with sdpa_only(old):
                     lp, _ = completion_logprobs(model, sb, 1.0, impl="fused")
                     (lp * mask).sum().backward()
                 return lp.detach() * mask

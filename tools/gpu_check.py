@@ -574,15 +574,13 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     def step(layout: str) -> None:
         # uniform: the shared-prompt attention op (Triton on CUDA), one group a row;
         # ragged: the packed rows' real tokens end to end, attending by sequence (each
-        # [prompt; response] its own causal sequence, no mask: SDPA's flash kernel);
-        # ragged-dense: the same rows attending densely under their 4D mask (before);
+        # [prompt; response] its own causal sequence, no mask: SDPA's flash kernel; the
+        # groups whole); ragged-dense: the rows under their 4D mask, long groups split;
         # padded: one row per sequence, shifted and run under plain causal attention
         # (no mask: SDPA's flash kernel), each prompt computed once per response
         packed = layout != "padded"
-        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed,
+        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, sequences=layout == "ragged",
                             layout=layout.split("-")[0] if packed else "ragged")  # fmt: skip
-        if layout == "ragged-dense":
-            sb.packed.by_sequence = lambda: False  # (this batch only)
         logp, _ = completion_logprobs(model, sb, 1.0)
         m = mask.to(dev)
         batch = PolicyBatch(

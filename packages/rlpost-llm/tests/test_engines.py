@@ -387,23 +387,28 @@ def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
         torch.testing.assert_close(out[True][1][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("by_sequence", [False, True])
+@pytest.mark.parametrize("form", ["dense", "by-sequence", "by-sequence-whole"])
 @pytest.mark.parametrize("impl", ["fused", "logits"])
 def test_ragged_rows_attend_densely_or_by_sequence_equal_to_the_unpacked(
-    model_tok, monkeypatch, impl, by_sequence
+    model_tok, monkeypatch, impl, form
 ):
-    """The ragged layout's attention, forced either way: densely in each packed row under
-    its mask, or each response's ``[prompt; response]`` gathered into its own right-padded
-    causal sequence. Three groups of different prompt lengths share rows, with an
+    """The ragged layout's attention, forced each way: densely in each packed row under
+    its mask; each response's ``[prompt; response]`` gathered into its own right-padded
+    causal sequence, over the same rows; and built for that (``sequences``: the groups
+    whole, no dense mask). Three groups of different prompt lengths share rows, with an
     early-finished response and one of a single token (no token of its own in the input:
     its sequence is the prompt alone, and it is its group's first). Log-probs, entropies
     and every parameter's gradient equal one padded sequence per response, and the forced
     path is the one taken in every layer."""
+    import rlpost.kernels.ops.shared_prompt.reference as reference
     import rlpost.llm.model.packing as packing
     from rlpost.kernels.ops.shared_prompt import PackedGroups
 
     m, tok = model_tok
-    monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: by_sequence)
+    by_sequence = form != "dense"
+    if form == "by-sequence":
+        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: True)
+    monkeypatch.setattr(reference, "attends_by_sequence", lambda *a: by_sequence)
     taken, real = [], packing._sequences_attention
     monkeypatch.setattr(packing, "_sequences_attention", lambda *a: taken.append(1) or real(*a))
     g = torch.Generator().manual_seed(6)
@@ -414,18 +419,67 @@ def test_ragged_rows_attend_densely_or_by_sequence_equal_to_the_unpacked(
     res = {}
     for pack in (False, True):
         m.zero_grad(set_to_none=True)
-        sb = make_seq_batch(prompts, comp, mask, 0, pack=pack, layout="ragged")
+        sb = make_seq_batch(prompts, comp, mask, 0, pack=pack, layout="ragged",
+                            sequences=form == "by-sequence-whole")  # fmt: skip
         lp, ent = completion_logprobs(m, sb, 1.0, impl=impl)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
         grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
         res[pack] = (lp * mask, ent * mask, grads)
     m.zero_grad(set_to_none=True)
     assert len(taken) == (m.config.num_hidden_layers if by_sequence else 0)
+    assert (sb.packed.allow is None) == (form == "by-sequence-whole")
     torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(res[True][1], res[False][1], atol=1e-5, rtol=1e-5)
     assert res[True][2].keys() == res[False][2].keys()
     for name, grad in res[True][2].items():
         torch.testing.assert_close(grad, res[False][2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_ragged_rows_built_to_attend_by_sequence_keep_long_groups_whole(model_tok):
+    """A group too long for one dense row is split, its prompt repeated, to keep the dense
+    masks small; built for a model that attends by sequence (``sequences``), where the
+    rule takes it, the group stays whole, its prompt once and no dense mask built. The
+    plan (``packed_work``) counts what is built, and log-probs and every gradient equal
+    the padded layout."""
+    from rlpost.kernels.ops.shared_prompt import pack_groups, packed_work
+    from rlpost.llm.model.policy import ROW_TOKENS
+
+    m, tok = model_tok
+    g = torch.Generator().manual_seed(7)
+    prompts = [ids(tok, "12+3=")] * 6 + [ids(tok, "45+6=")] * 2
+    comp = torch.randint(3, m.config.vocab_size, (8, 90), generator=g)
+    lengths = torch.randint(60, 91, (8,), generator=g)
+    mask = (torch.arange(90)[None] < lengths[:, None]).float()
+    kept = int(lengths.sum()) - 8  # (each response's last token is not an input)
+    built = {}
+    for sequences in (False, True):
+        pk = pack_groups(prompts, comp, 0, lengths, ROW_TOKENS, False, sequences)
+        plan = packed_work(prompts, 90, lengths, ROW_TOKENS, False, sequences)
+        assert plan[0] == sum(pk.tokens)
+        built[sequences] = pk
+    split, whole = built[False], built[True]
+    assert split.allow is not None and not split.sequences
+    assert whole.allow is None and whole.sequences
+    assert sum(whole.tokens) == 2 * 5 + kept < sum(split.tokens)  # each prompt once
+    res = {}
+    for pack in (False, True):
+        m.zero_grad(set_to_none=True)
+        sb = make_seq_batch(prompts, comp, mask, 0, pack=pack, layout="ragged", sequences=True)
+        lp, _ = completion_logprobs(m, sb, 1.0)
+        (lp * mask).sum().backward()
+        res[pack] = (lp * mask, {n: p.grad.clone() for n, p in m.named_parameters()})
+    m.zero_grad(set_to_none=True)
+    torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
+    for name, grad in res[True][1].items():
+        torch.testing.assert_close(grad, res[False][1][name], atol=1e-5, rtol=1e-4, msg=name)
+    # the trainer's forwards build for it: a transformers model attends by sequence
+    from rlpost.llm.config import load_config
+    from rlpost.llm.train.forward import Forwards
+
+    cfg = load_config(None, ["model.pack_layout=ragged"])
+    batch = RolloutBatch(prompts, comp, torch.zeros(8, 90), mask, ["stop"] * 8, torch.zeros(8), 0)
+    fw = Forwards(cfg, type("Learner", (), {"sharded": False})(), m, 1.0, None)
+    assert fw.seq_batch(batch).packed.sequences
 
 
 def test_ragged_packed_forward_computes_no_padding(model_tok):
@@ -476,10 +530,11 @@ def test_packing_is_skipped_where_it_saves_too_few_positions(model_tok):
 def test_the_cost_model_counts_what_the_built_layouts_hold():
     """``packed_work`` (the plan, before anything is built) equals the positions and pairs
     of the layouts ``pack_groups`` builds: the ragged rows' real tokens and ``T^2`` per
-    row (dense) or, where the sequences are long and it halves them, the causal pairs of
-    every response's ``[prompt; response]`` padded to the longest of its length bucket (by
-    sequence), the uniform rows' prompt once plus each padded response; a planner that drifted from
-    the builder (a split, a dropped last token) fails here."""
+    row (dense); built for a model that attends by sequence (``sequences``), where the
+    sequences are long and it halves the dense rows' pairs, the groups whole and the
+    causal pairs of every response's ``[prompt; response]`` padded to the longest of its
+    length bucket; the uniform rows' prompt once plus each padded response. A planner
+    that drifted from the builder (a split, a dropped last token) fails here."""
     from rlpost.kernels.ops.shared_prompt import length_buckets, pack_groups, packed_work
 
     g = torch.Generator().manual_seed(0)
@@ -489,30 +544,35 @@ def test_the_cost_model_counts_what_the_built_layouts_hold():
     chose = set()
     long_comp = torch.randint(3, 12, (14, 96), generator=g)
     cases = [(lengths, comp), (lengths.clamp(max=2), comp), (torch.full((14,), 96), long_comp)]
-    for lens, completions in [*cases, (None, comp)]:
+    for lens, completions in cases:
         L = completions.shape[1]
-        pk = pack_groups(prompts, completions, 0, lens, row_tokens=128, last_token=False)
-        positions, pairs = packed_work(prompts, L, lens, row_tokens=128, last_token=False)
-        if lens is not None:
-            T, lens_seq = pk.input_ids.shape[1], [len(s) for s in pk.seqs]
-            buckets = length_buckets(lens_seq)
-            assert sorted(b for bucket in buckets for b in bucket) == list(range(14))
-            dense = len(pk.tokens) * T * T
-            by_seq = sum(len(b) * lens_seq[b[0]] * (lens_seq[b[0]] + 1) / 2 for b in buckets)
-            long = sum(lens_seq) >= 64 * 14  # (MIN_SEQUENCE tokens a sequence on average)
-            assert pk.by_sequence() == (long and 2 * by_seq <= dense)  # (SEQUENCE_GAIN)
-            assert positions == sum(pk.tokens)
-            assert pairs == (by_seq if pk.by_sequence() else dense)
-            chose.add(pk.by_sequence())
-            # each response's sequence: its prompt's slots, then its own kept tokens
+        split, built = (pack_groups(prompts, completions, 0, lens, 128, False, sequences)
+                        for sequences in (False, True))  # fmt: skip
+        T, lens_seq = split.input_ids.shape[1], [len(s) for s in split.seqs]
+        assert lens_seq == [len(s) for s in built.seqs]  # (a sequence is the same either way)
+        buckets = length_buckets(lens_seq)
+        assert sorted(b for bucket in buckets for b in bucket) == list(range(14))
+        dense = len(split.tokens) * T * T
+        by_seq = sum(len(b) * lens_seq[b[0]] * (lens_seq[b[0]] + 1) / 2 for b in buckets)
+        long = sum(lens_seq) >= 64 * 14  # (MIN_SEQUENCE tokens a sequence on average)
+        assert built.by_sequence() == (long and 2 * by_seq <= dense)  # (SEQUENCE_GAIN)
+        assert not split.by_sequence()
+        chose.add(built.by_sequence())
+        assert packed_work(prompts, L, lens, 128, False) == (sum(split.tokens), dense)
+        assert packed_work(prompts, L, lens, 128, False, True) == (
+            sum(built.tokens),
+            by_seq if built.by_sequence() else dense,
+        )
+        for pk in (split, built):  # each sequence: its prompt's slots, then its own tokens
             ids_flat = pk.input_ids.view(-1)
             for b, seq in enumerate(pk.seqs):
                 k = int(lens[b]) - 1  # (the last token is not an input)
                 assert ids_flat[seq].tolist() == prompts[b] + completions[b, :k].tolist()
-        else:
-            assert positions == sum(P + N * R for P, N, R in pk.layout)
-            assert pairs == sum(P * (P + 1) / 2 + N * R * (P + R) for P, N, R in pk.layout)
-    assert sum(pk.tokens) < 14 * 24 + 40 * 6  # (the planner saw a split: prompt repeats)
+    pk = pack_groups(prompts, comp, 0, None, row_tokens=128, last_token=False)
+    positions, pairs = packed_work(prompts, 24, None, row_tokens=128, last_token=False)
+    assert positions == sum(P + N * R for P, N, R in pk.layout)
+    assert pairs == sum(P * (P + 1) / 2 + N * R * (P + R) for P, N, R in pk.layout)
+    assert sum(split.tokens) > sum(built.tokens)  # (full-length: split, its prompts repeated)
     assert chose == {False, True}  # short responses: densely; full 96-token ones by sequence
 
 

@@ -64,26 +64,29 @@ class PackedGroups:
     packed sequence: prompt length, responses, response length; ``None`` for the ragged
     layout, which ``allow`` describes), ``seqs`` (ragged only: each response's own
     sequence ``[its prompt's slots; its slots]`` as flat indices into ``G * T``, in the
-    batch's order)."""
+    batch's order), ``sequences`` (ragged only: built to attend by sequence, with no
+    dense mask: ``allow`` is ``None`` and no group is split)."""
 
     input_ids: Tensor
     position_ids: Tensor
-    allow: Tensor
+    allow: Tensor | None
     gather: Tensor
     tokens: list[int]
     layout: list[tuple[int, int, int]] | None
     seqs: list[list[int]] | None = None
+    sequences: bool = False
 
     def by_sequence(self) -> bool:
         """Whether the ragged layout attends by sequence (each response's own causal
         sequence, padded to the longest of its length bucket) rather than densely in each
-        packed row under ``allow``: :func:`attends_by_sequence`."""
-        if self.seqs is None:
-            return False
-        return attends_by_sequence(*self.input_ids.shape, [len(s) for s in self.seqs])
+        packed row under ``allow``: decided when it was built (:func:`pack_groups`'
+        ``sequences``, :func:`attends_by_sequence`)."""
+        return self.sequences
 
     def additive_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[G, 1, T, T]``: 0 where allowed, the dtype's minimum elsewhere (HF 4D mask)."""
+        if self.allow is None:
+            raise ValueError("this ragged layout attends by sequence: it has no dense mask")
         m = torch.zeros(self.allow.shape, dtype=dtype)
         m.masked_fill_(~self.allow, torch.finfo(dtype).min)
         return m[:, None]
@@ -214,25 +217,46 @@ def attends_by_sequence(rows: int, T: int, seq_lens: list[int]) -> bool:
     return SEQUENCE_GAIN * by_seq <= dense
 
 
+def _ragged_plan(prompt_ids, B, L, lengths, row_tokens, last_token, sequences):
+    """:func:`_plan` of the ragged layout and whether it attends by sequence: only where
+    the caller can (``sequences``) and :func:`attends_by_sequence` takes it against the
+    dense rows of the split plan; its groups are then not split (the split repeats the
+    prompt only to keep dense masks small), one response's sequence being the same
+    either way."""
+    plan = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
+    if not sequences:
+        return plan, False
+    packs, _, kept, bins, T, _ = plan
+    seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
+    if not attends_by_sequence(len(bins), T, seq_lens):
+        return plan, False
+    return _plan(prompt_ids, B, L, lengths, None, last_token), True
+
+
 def packed_work(
     prompt_ids: list[list[int]],
     L: int,
     lengths: Tensor | None = None,
     row_tokens: int | None = None,
     last_token: bool = True,
+    sequences: bool = False,
 ) -> tuple[int, float]:
     """``(positions, attention pairs)`` a forward over :func:`pack_groups`' layout computes,
     counted from its plan without building it: the ragged layout (``lengths``) attends
-    densely within each packed row or by sequence (:func:`attends_by_sequence`,
-    :func:`ragged_pairs`), the uniform one through the shared-prompt op (the prompt
-    causally, each response over the prompt and itself)."""
+    densely within each packed row, or (``sequences``, where :func:`attends_by_sequence`
+    takes it) by sequence with its groups whole (:func:`ragged_pairs`), the uniform one
+    through the shared-prompt op (the prompt causally, each response over the prompt and
+    itself)."""
     B = len(prompt_ids)
+    if lengths is not None:
+        plan, by_seq = _ragged_plan(prompt_ids, B, L, lengths, row_tokens, last_token, sequences)
+        packs, _, kept, bins, T, _ = plan
+        positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
+        seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
+        dense, seq_pairs = ragged_pairs(len(bins), T, seq_lens)
+        return positions, seq_pairs if by_seq else dense
     packs, _, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
     positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
-    if lengths is not None:
-        seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
-        dense, by_seq = ragged_pairs(len(bins), T, seq_lens)
-        return positions, by_seq if attends_by_sequence(len(bins), T, seq_lens) else dense
     R = L - drop
     pairs = sum(len(p) * (len(p) + 1) / 2 + len(rows) * R * (len(p) + R) for p, rows in packs)
     return positions, pairs
@@ -245,6 +269,7 @@ def pack_groups(
     lengths: Tensor | None = None,
     row_tokens: int | None = None,
     last_token: bool = True,
+    sequences: bool = False,
 ) -> PackedGroups:
     """Pack rows that share a prompt (equal ``prompt_ids``) into one sequence each, in
     order of first appearance; padding rows attend only to themselves.
@@ -263,9 +288,14 @@ def pack_groups(
     ``last_token=False`` leaves each response's last token out of the packed input: its
     output predicts nothing and no later token attends to it, so every gathered output is
     unchanged while each response costs one position less (a uniform layout of ``L = 1``
-    keeps its one token)."""
+    keeps its one token).
+
+    ``sequences``: the caller can attend by sequence (each response's ``[prompt;
+    response]`` its own causal sequence, ``seqs``); where :func:`attends_by_sequence`
+    takes that, no group is split and no dense mask is built (``allow`` is ``None``)."""
     B, L = completion_ids.shape
-    packs, lens_all, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
+    plan, by_seq = _ragged_plan(prompt_ids, B, L, lengths, row_tokens, last_token, sequences)
+    packs, lens_all, kept, bins, T, drop = plan
     comp = completion_ids.tolist()
     ids, pos, grp, seg = [], [], [], []  # per packed row; grp / seg -1 on padding
     gather = [[0] * L for _ in range(B)]
@@ -297,16 +327,22 @@ def pack_groups(
         pos.append(p_r + [0] * pad)
         grp.append(g_r + [-1] * pad)
         seg.append(s_r + [-1] * pad)
-    grp_t, seg_t = torch.tensor(grp), torch.tensor(seg)
-    idx = torch.arange(T)
-    gq, gk, sq, sk = grp_t[:, :, None], grp_t[:, None, :], seg_t[:, :, None], seg_t[:, None, :]
-    allow = (gq == gk) & (gq >= 0) & ((sk == 0) | (sk == sq)) & (idx[None, :] <= idx[:, None])
-    allow |= torch.eye(T, dtype=torch.bool)
+    allow = None if by_seq else _allow(torch.tensor(grp), torch.tensor(seg), T)
     layout = None if lengths is not None else [(len(p), len(r), L - drop) for p, r in packs]
     return PackedGroups(
         torch.tensor(ids), torch.tensor(pos), allow, torch.tensor(gather), tokens, layout,
-        seqs if lengths is not None else None,
+        seqs if lengths is not None else None, by_seq,
     )  # fmt: skip
+
+
+def _allow(grp: Tensor, seg: Tensor, T: int) -> Tensor:
+    """``[G, T, T]`` bool: a token attends to its group's prompt and its own response,
+    causally (``grp`` / ``seg`` ``[G, T]``: group and segment of each slot, -1 on padding,
+    segment 0 the prompt); a padding slot to itself."""
+    idx = torch.arange(T)
+    gq, gk, sq, sk = grp[:, :, None], grp[:, None, :], seg[:, :, None], seg[:, None, :]
+    allow = (gq == gk) & (gq >= 0) & ((sk == 0) | (sk == sq)) & (idx[None, :] <= idx[:, None])
+    return allow | torch.eye(T, dtype=torch.bool)
 
 
 def packing_ratio(n: int, prompt_len: int, response_len: int) -> float:

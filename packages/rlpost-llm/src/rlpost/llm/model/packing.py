@@ -15,12 +15,13 @@ The ragged layout's rows are padded to the longest one, and a decoder computes e
 padded position in every projection and MLP. :func:`packed_rows_attention_mode` instead
 lays the rows' real tokens end to end in one sequence (:func:`flat_rows`): the per-token
 layers see no padding at all, and only the attention function gathers queries, keys and
-values into padded rows for one fused SDPA call and gathers the outputs back: into the
-packed rows under their mask, or, where that computes fewer pairs
-(:meth:`~rlpost.kernels.ops.shared_prompt.PackedGroups.by_sequence`), into each response's
-own ``[prompt; response]`` sequence, right-padded, under plain causal attention (no mask
-built or kept; the fused kernels skip the blocks above the diagonal, and a real query never
-sees a pad key, which comes after it).
+values into padded rows for fused SDPA calls and gathers the outputs back: into the
+packed rows under their mask, or, where the layout was built for it
+(:meth:`~rlpost.kernels.ops.shared_prompt.PackedGroups.by_sequence`: long sequences, half
+the pairs or fewer), into each response's own ``[prompt; response]`` sequence,
+right-padded, under plain causal attention (no mask built or kept; the fused kernels skip
+the blocks above the diagonal, and a real query never sees a pad key, which comes after
+it).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class FlatRows:
 
 
 def flat_rows(
-    tokens: list[int], T: int, allow: Tensor, seqs: list[list[int]] | None = None
+    tokens: list[int], T: int, allow: Tensor | None, seqs: list[list[int]] | None = None
 ) -> FlatRows:
     """:class:`FlatRows` of ``len(tokens)`` rows padded to ``T``, row ``r`` holding
     ``tokens[r]`` real tokens first (as :func:`rlpost.kernels.ops.shared_prompt.pack_groups`

@@ -187,6 +187,7 @@ def make_seq_batch(
     kv: tuple[int, int] | None = None,
     min_gain: float = 0.0,
     cost: tuple[float, float] = (1.0, 0.0),
+    sequences: bool = False,
 ) -> SeqBatch:
     """The padded layout; with ``pack`` also the shared-prompt packing of rows with equal
     prompts (one sequence ``[prompt; r_1; ...; r_N]`` per prompt, see
@@ -201,7 +202,9 @@ def make_seq_batch(
     (:func:`shadow_mask`; no packing). ``min_gain``: pack only when the padded layout costs
     at least that many times the packed one, counted before anything is built
     (:func:`layout_costs` with ``cost = (per position, per attended pair)``); below it the
-    padded layout is kept (``model.pack_min_gain``)."""
+    padded layout is kept (``model.pack_min_gain``). ``sequences``: the model can attend
+    by sequence (:func:`rlpost.llm.model.packing.supports_shared_attention`), which the
+    ragged layout then does where that pays (``pack_groups``)."""
     if layout not in ("ragged", "uniform", "auto"):
         raise ValueError(f"layout must be ragged, uniform or auto, got {layout!r}")
     B, L = completion_ids.shape
@@ -222,7 +225,7 @@ def make_seq_batch(
         chosen, costs = layout, None
         if layout == "auto" or min_gain > 0:  # (else nothing to weigh: no cost counted)
             layouts = ("ragged", "uniform") if layout == "auto" else (layout,)
-            costs = layout_costs(prompt_ids, lengths, L, cost, layouts)
+            costs = layout_costs(prompt_ids, lengths, L, cost, layouts, sequences)
             chosen = min(layouts, key=costs.get)
         if costs is None or costs["padded"] >= min_gain * costs[chosen]:
             from rlpost.kernels.ops.shared_prompt import pack_groups
@@ -233,8 +236,9 @@ def make_seq_batch(
                 pad_id,
                 lengths if chosen == "ragged" else None,
                 row_tokens=ROW_TOKENS,
-                last_token=False,
-            )  # fmt: skip  (the last token of a response predicts nothing: not an input)
+                last_token=False,  # (the last token of a response predicts nothing)
+                sequences=sequences,
+            )  # fmt: skip
     return SeqBatch(ids, attn, pos, completion_ids, P, packed, shadow)
 
 
@@ -244,12 +248,14 @@ def layout_costs(
     L: int,
     cost: tuple[float, float] = (1.0, 0.0),
     layouts: tuple[str, ...] = ("ragged", "uniform"),
+    sequences: bool = False,
 ) -> dict[str, float]:
     """What a forward over each layout computes, ``per_position x positions + per_pair x
     attended (query, key) pairs`` with ``cost = (per_position, per_pair)``
     (:func:`decoder_cost`): the padded rows (``B (P + L)`` positions and the causal
     ``B (P + L)(P + L + 1) / 2`` pairs: they run without a mask, :func:`_causal_logprobs`)
-    and each of ``layouts``, the ragged and the uniform packed ones
+    and each of ``layouts``, the ragged (attending by sequence where it can:
+    ``sequences``) and the uniform packed ones
     (:func:`rlpost.kernels.ops.shared_prompt.packed_work`), counted before anything is
     built."""
     from rlpost.kernels.ops.shared_prompt import packed_work
@@ -259,7 +265,7 @@ def layout_costs(
     out = {"padded": len(prompts) * (S * per_pos + S * (S + 1) / 2 * per_pair)}
     for name in layouts:
         lens = lengths if name == "ragged" else None
-        positions, pairs = packed_work(prompts, L, lens, ROW_TOKENS, last_token=False)
+        positions, pairs = packed_work(prompts, L, lens, ROW_TOKENS, False, sequences)
         out[name] = positions * per_pos + pairs * per_pair
     return out
 
@@ -608,12 +614,17 @@ def _packed_inputs(model, pk, dev) -> tuple[dict[str, Any], Tensor, Any]:
     if pk.layout is not None and supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
     elif supports_shared_attention(model):
-        seqs = pk.seqs if pk.by_sequence() else None
+        seqs = pk.seqs if pk.by_sequence() or pk.allow is None else None
         rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow, seqs).to(dev)
         inputs["input_ids"] = inputs["input_ids"].view(1, -1)[:, rows.keep]
         inputs["position_ids"] = inputs["position_ids"].view(1, -1)[:, rows.keep]
         idx = rows.src[idx]  # into the flat sequence
         mode = packed_rows_attention_mode(model, rows)
+    elif pk.allow is None:
+        raise ValueError(
+            f"{type(model).__name__} cannot attend by sequence (no AttentionInterface): "
+            "build its batch with make_seq_batch(..., sequences=False)"
+        )
     elif getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
         inputs["attention_mask"] = pk.allow[:, None].to(dev)
     else:

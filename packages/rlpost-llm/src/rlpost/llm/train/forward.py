@@ -69,10 +69,13 @@ class Forwards:
         self.temperature = temperature
         self.kv = kv
         self.sharded = learner.sharded
+        from rlpost.llm.model.packing import supports_shared_attention
         from rlpost.llm.model.policy import decoder_cost, pack_layout
 
         self.cost = decoder_cost(getattr(model, "module", model))  # (per position, per pair)
         self.layout = pack_layout(cfg.model.pack_layout, model)
+        # the ragged layout may attend by sequence (no dense mask) where the model can
+        self.sequences = supports_shared_attention(getattr(model, "module", model))
 
     def seq_batch(
         self,
@@ -96,6 +99,7 @@ class Forwards:
         return make_seq_batch(
             *args, pack=m.pack_prompts if pack is None else pack, layout=self.layout,
             attend=take(sub.attention), kv=self.kv, min_gain=m.pack_min_gain, cost=self.cost,
+            sequences=self.sequences,
         )  # fmt: skip
 
     def seq_batches(self, batch: RolloutBatch, pack: bool | None = None):
