@@ -482,6 +482,28 @@ def test_ragged_rows_built_to_attend_by_sequence_keep_long_groups_whole(model_to
     assert fw.seq_batch(batch).packed.sequences
 
 
+def test_a_model_without_attention_interface_refuses_a_layout_built_by_sequence(model_tok):
+    """A layout built to attend by sequence has no dense mask: a model whose attention
+    cannot be swapped gets a one-line error naming the fix, not a crash in the mask."""
+    m, tok = model_tok
+
+    class Plain(torch.nn.Module):  # (no config, no AttentionInterface)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kwargs):
+            return self.inner(**kwargs)
+
+    prompts = [ids(tok, "12+3=")] * 6
+    comp = torch.randint(3, m.config.vocab_size, (6, 90))
+    sb = make_seq_batch(prompts, comp, torch.ones(6, 90), 0, pack=True, layout="ragged",
+                        sequences=True)  # fmt: skip
+    assert sb.packed.sequences and sb.packed.allow is None
+    with pytest.raises(ValueError, match=r"cannot attend by sequence.*sequences=False"):
+        completion_logprobs(Plain(m), sb, 1.0, impl="logits")
+
+
 def test_ragged_packed_forward_computes_no_padding(model_tok):
     """The ragged layout in a transformers model: the decoder's per-token layers take the
     packed rows' real tokens end to end (no padded position), and the attention setting is
