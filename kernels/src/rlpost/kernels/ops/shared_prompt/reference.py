@@ -210,8 +210,8 @@ def attends_by_sequence(rows: int, T: int, seq_lens: list[int]) -> bool:
     ``MIN_SEQUENCE`` tokens) and the dense rows compute ``SEQUENCE_GAIN`` times the pairs
     (:func:`ragged_pairs`). Measured on CPU (the tiny model, one thread, attention forward
     and backward, ``tools/bench_ragged_attention.py``): responses of up to 8 tokens ran
-    1.7-1.9x slower by sequence with under a third of the pairs, responses of up to 128
-    tokens after short prompts 1.39-1.56x faster."""
+    1.6-1.7x slower by sequence with under a third of the pairs, responses of up to 128
+    tokens after short prompts 1.41-1.70x faster."""
     if not seq_lens or sum(seq_lens) < MIN_SEQUENCE * len(seq_lens):
         return False
     dense, by_seq = ragged_pairs(rows, T, seq_lens)

@@ -182,25 +182,36 @@ def _rows_attention(
     H, d = query.shape[1], query.shape[-1]
     if rows.buckets is not None:
         return _sequences_attention(rows, query, key, value, dropout, scaling), None
-    slots = rows.src.view(rows.G, rows.T)
+    slots, heads = rows.src.view(rows.G, rows.T), _kv_heads(query)
     out = torch.nn.functional.scaled_dot_product_attention(
-        _gathered(query, slots, H),
-        _gathered(key, slots, H),
-        _gathered(value, slots, H),
+        _gathered(query, slots),
+        _gathered(key, slots, heads),
+        _gathered(value, slots, heads),
         attn_mask=rows.allow,
         dropout_p=dropout,
         scale=scaling,
+        enable_gqa=heads is None and key.shape[1] < H,
     )
     out = out.transpose(1, 2).reshape(rows.G * rows.T, H, d).index_select(0, rows.keep)
     return out[None], None
 
 
-def _gathered(x: Tensor, slots: Tensor, H: int) -> Tensor:
-    """``x [1, h, Ttot, d]`` gathered into rows ``[S, H, T, d]`` by ``slots [S, T]`` (the
-    token each row slot reads), the key / value heads repeated to the ``H`` query heads."""
+def _kv_heads(query: Tensor) -> int | None:
+    """The query heads to repeat grouped key / value heads to before SDPA, or ``None``
+    where SDPA reads them grouped (``enable_gqa``): on CPU, whose flash kernel takes
+    grouped heads with or without a mask, so no per-head copies are made or kept. On
+    CUDA the memory-efficient kernel, the one a masked call can take, does not take
+    grouped heads, so the copies stay."""
+    return None if query.device.type == "cpu" else query.shape[1]
+
+
+def _gathered(x: Tensor, slots: Tensor, heads: int | None = None) -> Tensor:
+    """``x [1, h, Ttot, d]`` gathered into rows ``[S, h, T, d]`` by ``slots [S, T]`` (the
+    token each row slot reads), the heads repeated to ``heads`` when given."""
     h, d = x.shape[1], x.shape[-1]
     S, T = slots.shape
-    return _all_heads(x[0].index_select(1, slots.view(-1)).view(h, S, T, d).transpose(0, 1), H)
+    x = x[0].index_select(1, slots.view(-1)).view(h, S, T, d).transpose(0, 1)
+    return x if heads is None else _all_heads(x, heads)
 
 
 def _sequences_attention(
@@ -210,15 +221,16 @@ def _sequences_attention(
     right-padded sequence and attended causally (a call per length bucket), the outputs
     gathered back."""
     H, d = query.shape[1], query.shape[-1]
-    outs = []
+    heads, outs = _kv_heads(query), []
     for slots in rows.buckets:
         out = torch.nn.functional.scaled_dot_product_attention(
-            _gathered(query, slots, H),
-            _gathered(key, slots, H),
-            _gathered(value, slots, H),
+            _gathered(query, slots),
+            _gathered(key, slots, heads),
+            _gathered(value, slots, heads),
             dropout_p=dropout,
             is_causal=True,
             scale=scaling,
+            enable_gqa=heads is None and key.shape[1] < H,
         )
         outs.append(out.transpose(1, 2).reshape(slots.numel(), H, d))
     return torch.cat(outs).index_select(0, rows.seq_out)[None]
