@@ -167,6 +167,34 @@ def test_the_cpu_backends_equal_the_reference(N, H, P, R, d):
                 torch.testing.assert_close(a, b, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("backend", ["split", "sdpa", "reference", "auto"])
+def test_grouped_keys_and_values_equal_their_repeated_heads(backend):
+    """Keys and values with fewer heads than the queries (grouped-query attention, as a
+    Qwen2 layer hands them over): outputs and the gradients of the grouped keys and values
+    equal the call on heads repeated per query head, whose key / value gradients sum over
+    each group; the split reads them grouped, the other backends repeat them."""
+    N, H, h, P, R, d = 3, 4, 2, 140, 9, 8  # (P long enough that auto takes the split)
+    g = torch.Generator().manual_seed(3)
+    q = [torch.randn(H, P, d, generator=g, dtype=torch.float64),
+         torch.randn(N, H, R, d, generator=g, dtype=torch.float64)]  # fmt: skip
+    kv = [torch.randn(h, P, d, generator=g, dtype=torch.float64) for _ in range(2)]
+    kv += [torch.randn(N, h, R, d, generator=g, dtype=torch.float64) for _ in range(2)]
+    grouped = [x.clone().requires_grad_() for x in (q[0], *kv[:2], q[1], *kv[2:])]
+    got = _outputs_and_grads(tuple(grouped), backend)
+    rep = [x.clone().requires_grad_() for x in grouped]
+    expanded = [
+        rep[0], *(x.repeat_interleave(2, 0) for x in rep[1:3]),
+        rep[3], *(x.repeat_interleave(2, 1) for x in rep[4:]),
+    ]  # fmt: skip
+    outs = shared_prompt_attention(*expanded, backend="reference")
+    g1 = torch.Generator().manual_seed(1)
+    loss = sum((torch.randn(o.shape, generator=g1) * o.double()).sum() for o in outs)
+    want = [*outs, *torch.autograd.grad(loss, rep)]
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
 def test_the_split_keeps_bfloat16_and_its_accuracy():
     """In bfloat16 the split returns bfloat16 (its log-sum-exps are float32) and is as
     close to the float64 reference as the SDPA backend, outputs and gradients."""

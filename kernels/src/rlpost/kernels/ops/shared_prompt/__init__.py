@@ -43,7 +43,9 @@ def shared_prompt_attention(
     backend: Literal["auto", "triton", "split", "sdpa", "reference"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``(out_prompt [H, P, d], out_responses [N, H, R, d])``: causal attention over each
-    ``[prompt; response_i]`` with the prompt's keys and values held once."""
+    ``[prompt; response_i]`` with the prompt's keys and values held once. Keys and values
+    may have fewer heads than the queries (grouped-query attention: ``h`` dividing ``H``):
+    the split backend reads them as they are, the others get them repeated."""
     from rlpost.kernels import triton_available
     from rlpost.kernels.ops.shared_prompt import split
 
@@ -56,10 +58,14 @@ def shared_prompt_attention(
         else:  # the split saves the prompt's copies, which pay where the prompt is long
             long = split.preferred(k_p.shape[-2], q_r.shape[-2])
             backend = "split" if on_cpu and long else "sdpa"
-    if backend == "reference":
-        return shared_prompt_attention_reference(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     if backend == "split":
         return split.shared_prompt_attention_split(q_p, k_p, v_p, q_r, k_r, v_r, scale)
+    rep = q_p.shape[0] // k_p.shape[0]
+    if rep > 1:  # grouped keys / values: one copy per query head for these backends
+        k_p, v_p = k_p.repeat_interleave(rep, 0), v_p.repeat_interleave(rep, 0)
+        k_r, v_r = k_r.repeat_interleave(rep, 1), v_r.repeat_interleave(rep, 1)
+    if backend == "reference":
+        return shared_prompt_attention_reference(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     if backend == "sdpa":
         return shared_prompt_attention_sdpa(q_p, k_p, v_p, q_r, k_r, v_r, scale)
     from rlpost.kernels.ops.shared_prompt.triton_impl import shared_prompt_attention_triton

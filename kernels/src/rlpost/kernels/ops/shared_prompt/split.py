@@ -90,9 +90,13 @@ def shared_prompt_attention_split(
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(out_prompt [H, P, d], out_responses [N, H, R, d])`` on CPU: the prompt causally
-    through SDPA, the responses as two flash attentions merged (see the module)."""
+    through SDPA, the responses as two flash attentions merged (see the module). Keys and
+    values may have fewer heads than the queries: the CPU flash kernel reads them grouped,
+    with no copy per query head."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    out_p = sdpa(q_p[None], k_p[None], v_p[None], is_causal=True, scale=scale)[0]
+    grouped = k_p.shape[0] < q_p.shape[0]
+    out_p = sdpa(q_p[None], k_p[None], v_p[None], is_causal=True, scale=scale,
+                 enable_gqa=grouped)[0]  # fmt: skip
     if scale is None:
         scale = q_r.shape[-1] ** -0.5
     return out_p, _Responses.apply(q_r, k_p.contiguous(), v_p.contiguous(), k_r, v_r, scale)

@@ -142,8 +142,7 @@ def _attention(
     if not isinstance(layout, list):
         raise RuntimeError(f"{NAME} attention used outside shared_prompt_attention_mode")
     _, H, T, d = query.shape
-    _plain_attention_only(kwargs, T)
-    key, value = _all_heads(key, H), _all_heads(value, H)
+    _plain_attention_only(kwargs, T)  # (grouped keys / values go as they are: the op takes them)
     rows = []  # (split / unbind, not slices: their backward concatenates, fills nothing)
     groups = zip(layout, query.unbind(0), key.unbind(0), value.unbind(0), strict=True)
     for (P, N, L), q, k, v in groups:
