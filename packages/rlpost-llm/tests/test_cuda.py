@@ -119,7 +119,7 @@ def test_cuda_a_model_passed_on_the_cpu_goes_to_the_gpu(fast_cfg):
 
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cuda_ragged_rows_by_sequence_equal_the_dense_rows(monkeypatch, dtype):
+def test_cuda_ragged_rows_by_sequence_equal_the_dense_rows(dtype):
     """On the GPU the ragged layout attending by sequence (each ``[prompt; response]`` its
     own causal sequence, no mask) gives the dense rows' log-probs and gradients; in
     bfloat16 it runs on SDPA's flash kernel alone (the dense rows' mask rules it out)."""
@@ -128,7 +128,6 @@ def test_cuda_ragged_rows_by_sequence_equal_the_dense_rows(monkeypatch, dtype):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.kernels.ops.shared_prompt import PackedGroups
     from rlpost.llm.model import tiny
     from rlpost.llm.model.policy import completion_logprobs, make_seq_batch
 
@@ -144,7 +143,7 @@ def test_cuda_ragged_rows_by_sequence_equal_the_dense_rows(monkeypatch, dtype):
     sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=True, layout="ragged")
     out = {}
     for by_sequence in (False, True):
-        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self, b=by_sequence: b)
+        sb.packed.sequences = by_sequence  # (the same rows, with their mask, either way)
         m = copy.deepcopy(base)
         only_flash = by_sequence and dtype == "bfloat16"
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if only_flash else torch.enable_grad():

@@ -352,7 +352,7 @@ def test_packed_logprobs_with_lora_adapters_on_and_off(model_tok, layout):
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("layout", ["ragged", "ragged-by-sequence", "uniform"])
 def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
-    model_tok, monkeypatch, layout, reentrant
+    model_tok, layout, reentrant
 ):
     """With activation checkpointing on (either torch flavour), the backward recomputes
     each layer the way the forward ran it: through the shared-prompt attention function in
@@ -361,18 +361,15 @@ def test_packed_logprobs_under_gradient_checkpointing_equal_the_plain_backward(
     parameter gradients as without checkpointing."""
     import copy
 
-    from rlpost.kernels.ops.shared_prompt import PackedGroups
-
     m, tok = model_tok
-    if layout == "ragged-by-sequence":
-        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: True)
-        layout = "ragged"
     torch.manual_seed(5)
     comp = torch.randint(3, m.config.vocab_size, (4, 5))
     mask = torch.ones(4, 5)
     mask[1, 3:] = 0
     prompts = [ids(tok, "12+3=")] * 2 + [ids(tok, "4567+8=")] * 2
-    sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=True, layout=layout)
+    sb = make_seq_batch(prompts, comp, mask, tok.pad_token_id, pack=True,
+                        layout=layout.removesuffix("-by-sequence"))  # fmt: skip
+    sb.packed.sequences = layout == "ragged-by-sequence"  # (forced: these rows are short)
     out = {}
     for ckpt in (False, True):
         mc = copy.deepcopy(m).train()
@@ -402,12 +399,9 @@ def test_ragged_rows_attend_densely_or_by_sequence_equal_to_the_unpacked(
     path is the one taken in every layer."""
     import rlpost.kernels.ops.shared_prompt.reference as reference
     import rlpost.llm.model.packing as packing
-    from rlpost.kernels.ops.shared_prompt import PackedGroups
 
     m, tok = model_tok
     by_sequence = form != "dense"
-    if form == "by-sequence":
-        monkeypatch.setattr(PackedGroups, "by_sequence", lambda self: True)
     monkeypatch.setattr(reference, "attends_by_sequence", lambda *a: by_sequence)
     taken, real = [], packing._sequences_attention
     monkeypatch.setattr(packing, "_sequences_attention", lambda *a: taken.append(1) or real(*a))
@@ -421,6 +415,8 @@ def test_ragged_rows_attend_densely_or_by_sequence_equal_to_the_unpacked(
         m.zero_grad(set_to_none=True)
         sb = make_seq_batch(prompts, comp, mask, 0, pack=pack, layout="ragged",
                             sequences=form == "by-sequence-whole")  # fmt: skip
+        if pack and form == "by-sequence":  # (the split rows, with their mask, by sequence)
+            sb.packed.sequences = True
         lp, ent = completion_logprobs(m, sb, 1.0, impl=impl)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
         grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -577,13 +573,13 @@ def test_the_cost_model_counts_what_the_built_layouts_hold():
         dense = len(split.tokens) * T * T
         by_seq = sum(len(b) * lens_seq[b[0]] * (lens_seq[b[0]] + 1) / 2 for b in buckets)
         long = sum(lens_seq) >= 64 * 14  # (MIN_SEQUENCE tokens a sequence on average)
-        assert built.by_sequence() == (long and 2 * by_seq <= dense)  # (SEQUENCE_GAIN)
-        assert not split.by_sequence()
-        chose.add(built.by_sequence())
+        assert built.sequences == (long and 2 * by_seq <= dense)  # (SEQUENCE_GAIN)
+        assert not split.sequences
+        chose.add(built.sequences)
         assert packed_work(prompts, L, lens, 128, False) == (sum(split.tokens), dense)
         assert packed_work(prompts, L, lens, 128, False, True) == (
             sum(built.tokens),
-            by_seq if built.by_sequence() else dense,
+            by_seq if built.sequences else dense,
         )
         for pk in (split, built):  # each sequence: its prompt's slots, then its own tokens
             ids_flat = pk.input_ids.view(-1)

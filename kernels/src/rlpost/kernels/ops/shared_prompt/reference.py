@@ -64,8 +64,10 @@ class PackedGroups:
     packed sequence: prompt length, responses, response length; ``None`` for the ragged
     layout, which ``allow`` describes), ``seqs`` (ragged only: each response's own
     sequence ``[its prompt's slots; its slots]`` as flat indices into ``G * T``, in the
-    batch's order), ``sequences`` (ragged only: built to attend by sequence, with no
-    dense mask: ``allow`` is ``None`` and no group is split)."""
+    batch's order), ``sequences`` (ragged only: whether it attends by sequence, each
+    response's own causal sequence padded to the longest of its length bucket; decided
+    when built, :func:`pack_groups`' ``sequences`` and :func:`attends_by_sequence`: then
+    ``allow`` is ``None`` and no group is split)."""
 
     input_ids: Tensor
     position_ids: Tensor
@@ -75,13 +77,6 @@ class PackedGroups:
     layout: list[tuple[int, int, int]] | None
     seqs: list[list[int]] | None = None
     sequences: bool = False
-
-    def by_sequence(self) -> bool:
-        """Whether the ragged layout attends by sequence (each response's own causal
-        sequence, padded to the longest of its length bucket) rather than densely in each
-        packed row under ``allow``: decided when it was built (:func:`pack_groups`'
-        ``sequences``, :func:`attends_by_sequence`)."""
-        return self.sequences
 
     def additive_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[G, 1, T, T]``: 0 where allowed, the dtype's minimum elsewhere (HF 4D mask)."""

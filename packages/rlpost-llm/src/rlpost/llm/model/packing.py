@@ -17,7 +17,7 @@ lays the rows' real tokens end to end in one sequence (:func:`flat_rows`): the p
 layers see no padding at all, and only the attention function gathers queries, keys and
 values into padded rows for fused SDPA calls and gathers the outputs back: into the
 packed rows under their mask, or, where the layout was built for it
-(:meth:`~rlpost.kernels.ops.shared_prompt.PackedGroups.by_sequence`: long sequences, half
+(``PackedGroups.sequences``: long sequences, half
 the pairs or fewer), into each response's own ``[prompt; response]`` sequence,
 right-padded, under plain causal attention (no mask built or kept; the fused kernels skip
 the blocks above the diagonal, and a real query never sees a pad key, which comes after

@@ -614,7 +614,7 @@ def _packed_inputs(model, pk, dev) -> tuple[dict[str, Any], Tensor, Any]:
     if pk.layout is not None and supports_shared_attention(model):
         mode = shared_prompt_attention_mode(model, pk.layout)
     elif supports_shared_attention(model):
-        seqs = pk.seqs if pk.by_sequence() or pk.allow is None else None
+        seqs = pk.seqs if pk.sequences else None
         rows = flat_rows(pk.tokens, pk.input_ids.shape[1], pk.allow, seqs).to(dev)
         inputs["input_ids"] = inputs["input_ids"].view(1, -1)[:, rows.keep]
         inputs["position_ids"] = inputs["position_ids"].view(1, -1)[:, rows.keep]
