@@ -500,6 +500,24 @@ def test_a_model_without_attention_interface_refuses_a_layout_built_by_sequence(
         completion_logprobs(Plain(m), sb, 1.0, impl="logits")
 
 
+def test_flat_rows_by_sequence_maps_every_slot_by_hand():
+    """Two packed rows of 6 slots holding 5 and 3 real tokens; responses A = [prompt 0, 1;
+    2, 3], B = [prompt 0, 1; 4] share row 0, C = [prompt 6; 7, 8] fills row 1. All three
+    fit one length bucket (3 >= 0.75 x 4), longest first: each slot reads its real token
+    (flat index, padding 0), and each real token's output is its first occurrence's slot
+    (the shared prompt's: A's); a slot no sequence holds gets -1."""
+    from rlpost.llm.model.packing import flat_rows
+
+    rows = flat_rows([5, 3], 6, None, [[0, 1, 2, 3], [0, 1, 4], [6, 7, 8]])
+    assert rows.keep.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
+    assert [b.tolist() for b in rows.buckets] == [[[0, 1, 2, 3], [0, 1, 4, 0], [5, 6, 7, 0]]]
+    assert rows.seq_out.tolist() == [0, 1, 2, 3, 6, 8, 9, 10]
+    # two buckets (2 < 0.75 x 4): the short sequence's slots count after the first bucket's
+    rows = flat_rows([5, 3], 6, None, [[6, 7], [0, 1, 2, 3], [0, 1, 4]])
+    assert [b.tolist() for b in rows.buckets] == [[[0, 1, 2, 3], [0, 1, 4, 0]], [[5, 6]]]
+    assert rows.seq_out.tolist() == [0, 1, 2, 3, 6, 8, 9, -1]
+
+
 def test_ragged_packed_forward_computes_no_padding(model_tok):
     """The ragged layout in a transformers model: the decoder's per-token layers take the
     packed rows' real tokens end to end (no padded position), and the attention setting is

@@ -22,6 +22,7 @@ from torch import Tensor
 from rlpost.kernels.ops.shared_prompt.reference import (
     PackedGroups,
     length_buckets,
+    long_tensor,
     pack_group,
     pack_groups,
     packed_work,
@@ -95,6 +96,7 @@ def shared_prompt_attention_sdpa(
 __all__ = [
     "PackedGroups",
     "length_buckets",
+    "long_tensor",
     "pack_group",
     "pack_groups",
     "packed_work",

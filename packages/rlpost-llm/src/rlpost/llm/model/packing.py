@@ -31,6 +31,7 @@ import contextvars
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -90,21 +91,34 @@ def flat_rows(
     src[keep] = torch.arange(len(keep))
     if seqs is None:
         return FlatRows(keep, src, allow[:, None], G, T)
-    from rlpost.kernels.ops.shared_prompt import length_buckets
+    buckets, seq_out = _sequence_slots(src, seqs)
+    return FlatRows(keep, src, None, G, T, buckets, seq_out[keep])
 
-    buckets, base = [], 0
-    out = torch.full((G * T,), -1, dtype=torch.long)  # per padded slot: its output's slot
-    for members in length_buckets([len(s) for s in seqs]):
-        longest = len(seqs[members[0]])
-        slots = torch.zeros(len(members), longest, dtype=torch.long)
-        for i, b in enumerate(members):
-            seq = torch.tensor(seqs[b], dtype=torch.long)
-            slots[i, : len(seq)] = src[seq]
-            first = out[seq] < 0  # (a prompt's output: the first of its sequences)
-            out[seq[first]] = base + i * longest + torch.arange(len(seq))[first]
-        buckets.append(slots)
-        base += slots.numel()
-    return FlatRows(keep, src, None, G, T, buckets, out[keep])
+
+def _sequence_slots(src: Tensor, seqs: list[list[int]]) -> tuple[list[Tensor], Tensor]:
+    """:func:`flat_rows`' by-sequence part: per length bucket, the real token each slot of
+    its right-padded sequences reads (padding reads 0), and per padded slot (``src``'s) the
+    output slot it takes, counted through the buckets in order: its first occurrence (a
+    prompt's: in the first of its sequences; -1 where no sequence holds the slot)."""
+    from rlpost.kernels.ops.shared_prompt import length_buckets, long_tensor
+
+    lens = long_tensor(len(s) for s in seqs)
+    flat = long_tensor(chain.from_iterable(seqs))  # every sequence's slots, end to end
+    starts = lens.cumsum(0) - lens
+    buckets, slots, outs, base = [], [], [], 0
+    for members in length_buckets(lens.tolist()):
+        m = long_tensor(members)
+        j = torch.arange(int(lens[m[0]]))
+        real = j < lens[m][:, None]  # [S_b, longest]
+        slot = flat[(starts[m][:, None] + j).clamp_max(len(flat) - 1)]
+        buckets.append(torch.where(real, src[slot], 0))
+        slots.append(slot[real])
+        outs.append(base + torch.arange(real.numel()).view(real.shape)[real])
+        base += real.numel()
+    slot, out = torch.cat(slots), torch.cat([*outs, torch.tensor([-1])])
+    first = torch.full_like(src, len(slot))  # per padded slot: its first occurrence
+    first.scatter_reduce_(0, slot, torch.arange(len(slot)), "amin")
+    return buckets, out[first]
 
 
 def _plain_attention_only(kwargs: dict, span: int) -> None:
