@@ -41,3 +41,36 @@ def test_the_doc_number_check_finds_what_a_cited_file_does_not_hold(tmp_path, lo
         "# B\n\nNo citation here: 0.777.\n"
     )
     assert mod.unbacked(page, results) == [("# A", ["0.356"])]
+
+
+def test_the_step_floor_counts_every_weight_and_each_key_value_read_by_hand(load_tool, monkeypatch):
+    """``tools/floor_llm_grpo.py``: its weight matrices are the decoder layer's own (the
+    decode's concatenated ones too), and the decode's key / value reads are, per row, step
+    t reading its p + t + 1 cached tokens: by hand, 2 rows of p = 2 prompt and l = 3
+    generated tokens read 3 + 4 + 5 = 12 tokens each, 2,048 bytes a token (4 layers x keys
+    and values x 2 heads x 32 dims x 4 bytes); a cell whose TRL side is missing is left
+    out."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.llm.model import tiny
+
+    floor = load_tool("floor_llm_grpo")
+    cfg = tiny.tiny_config(tiny.build_tokenizer())
+    layer = Qwen2ForCausalLM(cfg).model.layers[0]
+    own = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    decode, update = floor.weight_shapes(cfg)
+    assert sum(o * i for o, i in update) == sum(o * i for o, i in decode) == own
+    monkeypatch.setattr(floor, "products_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(floor, "attention_s", lambda *a, **k: 0.0)
+    cell = {"prompts": 1, "group_size": 2, "gen_tokens_per_step": 6}
+    parts = floor.cell_floor(cfg, cell, p=2, rate=1.0, repeats=1)
+    assert parts["rollout_kv_ms"] == 1e3 * 2 * 2048 * 12 == parts["floor_ms"]
+    mean = {"seed": "mean", "gen_tokens_per_step": 6, "cpu_ms": 10.0, "cpu_tok_s": 1.5,
+            "rollout_ms": 4.0, "update_ms": 6.0}  # fmt: skip
+    grid = {
+        "config": {"cells": [{"name": "a"}, {"name": "b"}]},
+        "rows": [{**mean, "cell": "a", "side": s} for s in ("rlpost", "trl", "rlpost/TRL")]
+        + [{**mean, "cell": "b", "side": "rlpost"}],
+    }
+    assert [c["name"] for c in floor.grid_cells(grid)] == ["a"]
