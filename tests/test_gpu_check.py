@@ -36,6 +36,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
     assert res["parity"]["max_logit_diff"] == 0.0
     assert {r["engine"] for r in res["engines"]["rows"]} == {"lean", "hf generate"}
     assert all(r["tokens"] > 0 for r in res["engines"]["rows"])
+    assert [r["rows"] for r in res["engines"]["decode_scaling"]] == [8, 4]
 
 
 def test_gpu_check_shell_wrapper_parses():

@@ -517,6 +517,7 @@ def engines(dev: str, smoke: bool) -> dict:
         print(f"  {name}: {made} tokens in {sec:.2f} s, {made / sec:,.0f} tokens/s")
     ratio = rows[0]["tokens_per_s"] / rows[-1]["tokens_per_s"]
     print(f"engines: {U} prompts x {n} x {L} new tokens (prompt {P}); lean / hf = {ratio:.2f}x")
+    scaling = decode_scaling(model, tok, prompts, dev, smoke)
     same = None
     if dev == "cuda":  # the replayed graph computes what the eager fixed-shape step does
         greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
@@ -526,7 +527,39 @@ def engines(dev: str, smoke: bool) -> dict:
         print(f"  graph replay's greedy tokens equal the eager fixed-shape step's: {same}")
     return {"ok": same is not False, "prompts": U, "group": n, "prompt_len": P,
             "new_tokens": L, "rows": rows, "lean_over_hf": round(ratio, 2),
-            "graph_equals_static": same}  # fmt: skip
+            "graph_equals_static": same, "decode_scaling": scaling}  # fmt: skip
+
+
+def decode_scaling(model, tok, prompts: list[list[int]], dev: str, smoke: bool) -> list[dict]:
+    """The lean engine's default decode (a CUDA graph on CUDA) by batch size: a decode
+    step's time (``L`` and 2 new tokens timed, every row to full length, the difference
+    over ``L - 2`` steps) and what a call costs besides (the 2-token call: prefill, the
+    graph's capture, two steps). Whether a graph per compacted-batch bucket would pay
+    depends on both: a step of half the rows must save more than a capture costs."""
+    from rlpost.llm.rollout.engines.base import SamplingParams
+    from rlpost.llm.rollout.engines.lean import LeanEngine
+
+    sizes, n, L = ((8, 4), 4, 8) if smoke else ((256, 128, 64, 32), 8, 128)
+    out = []
+    for rows in sizes:
+        some = prompts[: max(1, rows // n)]
+        engine = LeanEngine(model, tok, batch_size=len(some) * n)
+        took = {}
+        for new in (2, L):
+            sp = SamplingParams(max_new_tokens=new, min_new_tokens=new, temperature=1.0)
+            engine.generate(some, n, sp)  # warm-up
+            _sync(dev)
+            t = time.perf_counter()
+            engine.generate(some, n, sp)
+            _sync(dev)
+            took[new] = time.perf_counter() - t
+        step_ms = 1e3 * (took[L] - took[2]) / (L - 2)
+        out.append({"rows": len(some) * n, "step_ms": round(step_ms, 3),
+                    "call_ms_2_tokens": round(1e3 * took[2], 1),
+                    "tokens_per_s": round(len(some) * n * 1e3 / step_ms) if step_ms > 0 else None})  # fmt: skip
+        print(f"  decode at {len(some) * n} rows: {step_ms:.2f} ms a step; a 2-token call "
+              f"{1e3 * took[2]:.0f} ms")  # fmt: skip
+    return out
 
 
 def model_flops(model, tokens: int) -> float:
