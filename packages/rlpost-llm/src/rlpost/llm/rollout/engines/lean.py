@@ -92,12 +92,30 @@ def _attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask
     kc, vc = st.k[i], st.v[i]
     kc[:, :, st.write] = key[:, :, 0]
     vc[:, :, st.write] = value[:, :, 0]
-    S = st.mask.shape[-1]
     q = query.reshape(B, Hkv, rep, d)  # one query token: the heads of a KV head as queries
-    s = torch.matmul(q, kc[:, :, :S].transpose(-1, -2)) * scaling  # [B, Hkv, rep, S]
-    w = s.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(q.dtype)
-    out = torch.matmul(w, vc[:, :, :S])
+    out = _decode_attention(q, kc, vc, _key_bias(st.mask, Hkv, q.dtype), scaling)
     return out.reshape(B, H, 1, d).transpose(1, 2), None
+
+
+def _key_bias(mask: Tensor, heads: int, dtype: torch.dtype) -> Tensor:
+    """``[B * heads, 1, S]`` for :func:`_decode_attention`: 0 on the columns the key mask
+    ``[B, 1, 1, S]`` allows, ``-inf`` on the others."""
+    B, S = mask.shape[0], mask.shape[-1]
+    bias = torch.zeros(B, heads, 1, S, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, float("-inf")).view(B * heads, 1, S)
+
+
+def _decode_attention(q: Tensor, kc: Tensor, vc: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """One query token's attention over the first ``S`` cached columns (``S``: the bias's
+    last size): ``q [B, Hkv, rep, d]`` (the query heads of each key / value head), the
+    caches ``[B, Hkv, T, d]``, ``bias`` from :func:`_key_bias` -> ``[B, Hkv, rep, d]``. The
+    scale and the mask ride on the score product (``baddbmm``: no pass of their own over
+    the scores); the softmax runs in float32."""
+    B, Hkv, rep, d = q.shape
+    S = bias.shape[-1]
+    k, v = kc[:, :, :S].flatten(0, 1), vc[:, :, :S].flatten(0, 1)  # views: [B Hkv, S, d]
+    s = torch.baddbmm(bias, q.reshape(B * Hkv, rep, d), k.transpose(1, 2), alpha=scale)
+    return torch.bmm(s.float().softmax(-1).to(q.dtype), v).view(B, Hkv, rep, d)
 
 
 def _register() -> None:
@@ -238,7 +256,7 @@ class _FusedDecode:
         one-element tensor on the device for a static step)."""
         B = h.shape[0]
         cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, d]: over the heads
-        w, S = st.write, st.mask.shape[-1]
+        w, biases = st.write, {}  # the key bias per key / value head count, once a step
         for i, ly in enumerate(self.layers):
             hd = ly["hd"]
             qkv = F.linear(ly["ln1"](h), ly["wqkv"], ly["bqkv"])
@@ -258,10 +276,10 @@ class _FusedDecode:
             else:
                 kc[:, :, w] = qk[:, H:, 0]
                 vc[:, :, w] = v[:, 0]
+            if Hkv not in biases:
+                biases[Hkv] = _key_bias(st.mask, Hkv, h.dtype)
             qh = qk[:, :H].reshape(B, Hkv, H // Hkv, hd)
-            sc = torch.matmul(qh, kc[:, :, :S].transpose(-1, -2)) * ly["scale"]
-            att = sc.float().masked_fill(~st.mask, -torch.inf).softmax(-1).to(qh.dtype)
-            o = torch.matmul(att, vc[:, :, :S]).reshape(B, 1, H * hd)
+            o = _decode_attention(qh, kc, vc, biases[Hkv], ly["scale"]).reshape(B, 1, H * hd)
             h = h + ly["o"](o)
             gu = F.linear(ly["ln2"](h), ly["wgu"], ly["bgu"])
             g, u = gu.split(ly["inter"], -1)
