@@ -74,3 +74,24 @@ def test_the_step_floor_counts_every_weight_and_each_key_value_read_by_hand(load
         + [{**mean, "cell": "b", "side": "rlpost"}],
     }
     assert [c["name"] for c in floor.grid_cells(grid)] == ["a"]
+
+
+def test_the_floor_figure_redraws_from_a_result_without_timing(tmp_path, load_tool, monkeypatch):
+    """``floor_llm_grpo.py --replot R --plot P`` draws the figure from a committed result
+    and times nothing; ``--replot`` without ``--plot`` is a one-line error."""
+    import sys
+
+    import pytest
+
+    floor = load_tool("floor_llm_grpo")
+    row = {"cell": "full8_g8", "rlpost_over_floor": 1.5, "trl_over_floor": 2.5}
+    result = tmp_path / "floor.json"
+    result.write_text(json.dumps({"rows": [row]}))
+    monkeypatch.setattr(floor, "cell_floor", lambda *a, **k: pytest.fail("timed something"))
+    png = tmp_path / "f.png"
+    monkeypatch.setattr(sys, "argv", ["floor", "--replot", str(result), "--plot", str(png)])
+    floor.main()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setattr(sys, "argv", ["floor", "--replot", str(result)])
+    with pytest.raises(SystemExit, match="needs --plot"):
+        floor.main()

@@ -6,7 +6,11 @@ largest speed-up over TRL that the same work allows here.
 Command (the dense-reward grid, where every row trains; one thread, as the grid)::
 
     uv run --frozen python tools/floor_llm_grpo.py \\
-        --grid docs/results/llm_grpo_grid_dense_2026-12-06.json
+        --grid docs/results/llm_grpo_grid_dense_2026-12-06.json --plot bench_results/floor.png
+
+``--plot``: each cell's steps as multiples of its floor (rlpost's, TRL's, and half of TRL's:
+where 2x TRL lies); ``--replot RESULT``: that figure from a result of this tool, nothing
+timed.
 
 Per cell the floor is the sum of four parts, each timed here (median of ``--repeats``):
 
@@ -180,11 +184,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--grid", required=True, help="a bench_llm_grpo.py --grid result")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--grid", help="a bench_llm_grpo.py --grid result")
+    src.add_argument("--replot", help="a result of this tool: draw --plot from it only")
     ap.add_argument("--cells", nargs="+", default=None, help="these cells only (names)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="bench_results/llm_grpo_floor.json")
+    ap.add_argument("--plot", default=None, help="a PNG of the steps over the floor")
     args = ap.parse_args()
+    if args.replot:
+        if not args.plot:
+            sys.exit("floor_llm_grpo: --replot needs --plot PATH")
+        found = Path(args.replot)
+        if not found.is_file():
+            sys.exit(f"floor_llm_grpo: no result at {found}")
+        plot(json.loads(found.read_text())["rows"], args.plot)
+        return
     path = Path(args.grid)
     if not path.is_file():
         sys.exit(f"floor_llm_grpo: no grid result at {path}")
@@ -263,6 +278,38 @@ def main() -> None:
             "measured_ratio": worst["ratio"],
         },
     )
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Each cell's steps as multiples of its floor: rlpost's and TRL's bars, and a mark at
+    half of TRL's (the step 2x TRL needs; below 1, under the floor itself)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.bar([i - 0.2 for i in x], [r["rlpost_over_floor"] for r in rows], 0.4, label="rlpost")
+    ax.bar([i + 0.2 for i in x], [r["trl_over_floor"] for r in rows], 0.4, label="TRL")
+    half = [r["trl_over_floor"] / 2 for r in rows]
+    ax.scatter(x, half, marker="_", s=300, color="k", zorder=3, label="2x TRL needs")
+    ax.axhline(1.0, color="r", lw=1, label="the floor")
+    ax.set_xticks(list(x), [r["cell"] for r in rows], rotation=45, ha="right")
+    ax.set_yscale("log")
+    ticks = [1, 1.5, 2, 3, 5, 10, 20]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set(ylabel="step time / floor (log)", title="GRPO step over the floor of its work (CPU)")
+    ax.legend(ncol=4, fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
