@@ -147,6 +147,10 @@ def grid_cells(grid: dict) -> list[dict]:
     """Per cell: its spec with both sides' mean CPU ms and generated tokens per step."""
     specs = {c["name"]: c for c in grid["config"]["cells"]}
     means = {(r["cell"], r["side"]): r for r in grid["rows"] if r["seed"] == "mean"}
+    skipped: dict[str, list[float]] = {}  # rlpost's share of rows left out of the update
+    for r in grid["rows"]:
+        if r["seed"] != "mean" and r["side"] == "rlpost":
+            skipped.setdefault(r["cell"], []).append(r.get("skipped_rows", 0.0))
     out = []
     for name, spec in specs.items():
         ours, trl = means.get((name, "rlpost")), means.get((name, "trl"))
@@ -166,6 +170,7 @@ def grid_cells(grid: dict) -> list[dict]:
                 },
                 "trl_tokens_per_step": trl["gen_tokens_per_step"],
                 "ratio": ratio["cpu_tok_s"],
+                "rlpost_skipped_rows": statistics.mean(skipped.get(name, [0.0])),
             }
         )
     return out
@@ -242,6 +247,7 @@ def main() -> None:
                    for part, low in (("rollout", rollout), ("update", update))},
                 "ratio": cell["ratio"],
                 "best_ratio": trl_per_token / per_token,
+                "rlpost_skipped_rows": cell["rlpost_skipped_rows"],
             }
         )  # fmt: skip
         print(f"  {cell['name']}: floor {floor['floor_ms']:.0f} ms", flush=True)
@@ -258,6 +264,13 @@ def main() -> None:
          "rlpost_over_floor", "trl_over_floor", "rlpost_rollout_over_floor",
          "rlpost_update_over_floor", "ratio", "best_ratio"],
     )  # fmt: skip
+    lean = [r["cell"] for r in rows if r["rlpost_skipped_rows"] > 0.05]
+    if lean:
+        print(
+            f"note: rlpost left rows out of the update in {', '.join(lean)} "
+            "(optim.skip_inert_rows): its work there is less than the floor counts, "
+            "which is the whole update's (TRL's work)"
+        )
     full = [r for r in rows if r["full_length"]] or rows
     worst = min(full, key=lambda r: r["best_ratio"])
     write_result(
