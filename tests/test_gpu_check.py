@@ -28,6 +28,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
     assert set(res["trainer_step"]["layouts"]) == {"uniform", "ragged", "ragged-dense", "padded"}
     assert all("step_ms" in v for v in res["trainer_step"]["layouts"].values())
     assert res["trainer_step"]["mfu"] is None  # no peak to divide by on a CPU
+    assert res["trainer_step"]["peak_gib"] is None  # device memory: CUDA only
     assert res["tiles"]["ok"] and len(res["tiles"]["rows"]) == 2
     assert res["vllm_engine"]["ok"]  # ran, or says why not (no vLLM on CPU)
     assert res["vllm_teacher"]["ok"]

@@ -630,6 +630,8 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     peak = peak_flops(dev)
     layouts = {}
     for layout in ("uniform", "ragged", "ragged-dense", "padded"):
+        if dev == "cuda":  # the layout's own peak (prime-rl's table reports peak memory)
+            torch.cuda.reset_peak_memory_stats()
         try:
             ms = _time(lambda layout=layout: step(layout), dev, 2 if smoke else 5)
         except Exception as exc:  # reported; the other layout still counts
@@ -638,11 +640,14 @@ def trainer_step(dev: str, smoke: bool) -> dict:
             continue
         tps = tokens / (ms / 1e3)
         mfu = flops / (ms / 1e3) / peak if peak else None
-        layouts[layout] = {"step_ms": round(ms, 1), "tokens_per_s": round(tps), "mfu": mfu}
+        gib = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None
+        layouts[layout] = {"step_ms": round(ms, 1), "tokens_per_s": round(tps), "mfu": mfu,
+                           "peak_gib": gib}  # fmt: skip
         print(
             f"trainer step ({layout}): {params / 1e6:.0f}M params, {B} x ({P} + {L}) tokens, "
             f"{ms:.0f} ms/step, {tps:,.0f} tokens/s"
             + (f", MFU {mfu:.1%}" if mfu is not None else "")
+            + (f", peak {gib:.1f} GiB" if gib is not None else "")
             + f" (prime-rl, one H100: ~{PRIME_RL_TOKENS_PER_S:,})"
         )
     best = min((v for v in layouts.values() if "step_ms" in v), key=lambda v: v["step_ms"],
@@ -658,6 +663,7 @@ def trainer_step(dev: str, smoke: bool) -> dict:
         "step_ms": best["step_ms"] if best else None,
         "tokens_per_s": best["tokens_per_s"] if best else None,
         "mfu": best["mfu"] if best else None,
+        "peak_gib": best["peak_gib"] if best else None,
         "model_flops_per_step": flops,
         "peak_flops": peak,
         "prime_rl_h100_tokens_per_s": PRIME_RL_TOKENS_PER_S,
