@@ -90,6 +90,7 @@ def cuda_tests(smoke: bool) -> dict:
         "kernels/tests/test_linear_logprob.py",
         "kernels/tests/test_shared_prompt.py",
         "kernels/tests/test_mxfp4.py",
+        "kernels/tests/test_rms_norm.py",
         "kernels/tests/test_dispatch.py",
         "packages/rlpost-llm/tests/test_cuda.py",
     ]
@@ -108,6 +109,7 @@ def kernel_table(dev: str, smoke: bool) -> dict:
 
     from rlpost.kernels.ops.linear_logprob import linear_logprob_entropy
     from rlpost.kernels.ops.mxfp4 import decompose_mxfp4
+    from rlpost.kernels.ops.rms_norm import rms_norm
     from rlpost.kernels.ops.shared_prompt import shared_prompt_attention
 
     g = torch.Generator(device=dev).manual_seed(0)
@@ -148,8 +150,19 @@ def kernel_table(dev: str, smoke: bool) -> dict:
     def mxfp4(backend):
         return lambda: decompose_mxfp4(x, macro=8, outliers=1, backend=backend)
 
+    xn = rnd(4 * n, d).requires_grad_()  # the trainer's norm: [tokens, hidden], bf16
+    wn = (1 + 0.1 * rnd(d)).requires_grad_()
+
+    def norm(backend):
+        def run():
+            rms_norm(xn, wn, 1e-6, backend=backend).float().sum().backward()
+            xn.grad = wn.grad = None
+
+        return run
+
     cases = {
         f"linear_logprob fwd+bwd N={n} V={v} D={d} bf16": logprob,
+        f"rms_norm fwd+bwd {tuple(xn.shape)} bf16": norm,
         f"shared_prompt_attention fwd+bwd H={H} P={P} N={N} R={R} d={hd} bf16": attention,
         f"mxfp4 decompose {tuple(x.shape)} fp32": mxfp4,
     }
@@ -611,9 +624,10 @@ def trainer_step(dev: str, smoke: bool) -> dict:
         # groups whole); ragged-dense: the rows under their 4D mask, long groups split;
         # padded: one row per sequence, shifted and run under plain causal attention
         # (no mask: SDPA's flash kernel), each prompt computed once per response
-        packed = layout != "padded"
-        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, sequences=layout == "ragged",
-                            layout=layout.split("-")[0] if packed else "ragged")  # fmt: skip
+        base = layout.split("+")[0]  # "+fused-norm": the padded layout, norms fused
+        packed = base != "padded"
+        sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, sequences=base == "ragged",
+                            layout=base.split("-")[0] if packed else "ragged")  # fmt: skip
         logp, _ = completion_logprobs(model, sb, 1.0)
         m = mask.to(dev)
         batch = PolicyBatch(
@@ -629,7 +643,11 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     flops = model_flops(model, tokens)  # the work a step must do (prompts counted once)
     peak = peak_flops(dev)
     layouts = {}
-    for layout in ("uniform", "ragged", "ragged-dense", "padded"):
+    for layout in ("uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm"):
+        if layout.endswith("+fused-norm"):  # (last: it routes the model's norms for good)
+            from rlpost.kernels.ops.rms_norm import fuse_rms_norms
+
+            fuse_rms_norms(model)
         if dev == "cuda":  # the layout's own peak (prime-rl's table reports peak memory)
             torch.cuda.reset_peak_memory_stats()
         try:

@@ -139,3 +139,21 @@ def test_a_lora_policy_is_built_without_a_deprecation_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         apply_lora(model, lc)
+
+
+def test_fused_norm_routes_the_decoders_norms_and_changes_no_output():
+    """``model.fused_norm=true``: every RMSNorm of the loaded policy goes through
+    ``rlpost.kernels.ops.rms_norm`` (off CUDA its reference, transformers' math), and the
+    policy's logits are those of the same weights without it, bit for bit."""
+    import torch
+
+    from rlpost.llm.model.policy import load_policy
+
+    plain, _ = load_policy(load_config(None, ["model.path=tiny-random"]), progress=False)
+    fused, _ = load_policy(
+        load_config(None, ["model.path=tiny-random", "model.fused_norm=true"]), progress=False
+    )
+    norms = [m for m in fused.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all("forward" in vars(m) for m in norms)  # routed, instance by instance
+    ids = torch.randint(3, 20, (2, 7))
+    assert torch.equal(plain(ids).logits, fused(ids).logits)

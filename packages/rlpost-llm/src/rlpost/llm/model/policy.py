@@ -83,6 +83,10 @@ def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = N
         model = apply_lora(model, cfg.model.lora)
     if getattr(cfg.model, "train_layers", None) is not None:
         freeze_but_layers(model, cfg.model.train_layers)
+    if getattr(cfg.model, "fused_norm", False):
+        from rlpost.kernels.ops.rms_norm import fuse_rms_norms
+
+        fuse_rms_norms(model)
     return model, tok
 
 
