@@ -22,12 +22,14 @@ def test_gpu_check_smoke_runs_every_part(tmp_path, monkeypatch):
     assert {r["op"].split()[0] for r in res["kernels"]["rows"]} == {
         "linear_logprob",
         "rms_norm",
+        "swiglu",
         "shared_prompt_attention",
         "mxfp4",
     }
     assert res["trainer_step"]["tokens_per_s"] > 0
     assert set(res["trainer_step"]["layouts"]) == {
-        "uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm"
+        "uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm",
+        "padded+fused-norm+mlp",
     }  # fmt: skip
     assert all("step_ms" in v for v in res["trainer_step"]["layouts"].values())
     assert res["trainer_step"]["mfu"] is None  # no peak to divide by on a CPU

@@ -91,6 +91,7 @@ def cuda_tests(smoke: bool) -> dict:
         "kernels/tests/test_shared_prompt.py",
         "kernels/tests/test_mxfp4.py",
         "kernels/tests/test_rms_norm.py",
+        "kernels/tests/test_swiglu.py",
         "kernels/tests/test_dispatch.py",
         "packages/rlpost-llm/tests/test_cuda.py",
     ]
@@ -111,6 +112,7 @@ def kernel_table(dev: str, smoke: bool) -> dict:
     from rlpost.kernels.ops.mxfp4 import decompose_mxfp4
     from rlpost.kernels.ops.rms_norm import rms_norm
     from rlpost.kernels.ops.shared_prompt import shared_prompt_attention
+    from rlpost.kernels.ops.swiglu import swiglu
 
     g = torch.Generator(device=dev).manual_seed(0)
     backends = ["triton", "reference"] if dev == "cuda" else ["reference"]
@@ -160,9 +162,20 @@ def kernel_table(dev: str, smoke: bool) -> dict:
 
         return run
 
+    gu = [rnd(4 * n, 3 * d).requires_grad_() for _ in range(2)]  # the MLP's gate and up
+
+    def act(backend):
+        def run():
+            swiglu(*gu, backend=backend).float().sum().backward()
+            for t in gu:
+                t.grad = None
+
+        return run
+
     cases = {
         f"linear_logprob fwd+bwd N={n} V={v} D={d} bf16": logprob,
         f"rms_norm fwd+bwd {tuple(xn.shape)} bf16": norm,
+        f"swiglu fwd+bwd {tuple(gu[0].shape)} bf16": act,
         f"shared_prompt_attention fwd+bwd H={H} P={P} N={N} R={R} d={hd} bf16": attention,
         f"mxfp4 decompose {tuple(x.shape)} fp32": mxfp4,
     }
@@ -624,7 +637,7 @@ def trainer_step(dev: str, smoke: bool) -> dict:
         # groups whole); ragged-dense: the rows under their 4D mask, long groups split;
         # padded: one row per sequence, shifted and run under plain causal attention
         # (no mask: SDPA's flash kernel), each prompt computed once per response
-        base = layout.split("+")[0]  # "+fused-norm": the padded layout, norms fused
+        base = layout.split("+")[0]  # "padded+fused-...": the padded layout, ops fused
         packed = base != "padded"
         sb = make_seq_batch(prompt_ids, comp, mask, 0, pack=packed, sequences=base == "ragged",
                             layout=base.split("-")[0] if packed else "ragged")  # fmt: skip
@@ -643,11 +656,17 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     flops = model_flops(model, tokens)  # the work a step must do (prompts counted once)
     peak = peak_flops(dev)
     layouts = {}
-    for layout in ("uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm"):
-        if layout.endswith("+fused-norm"):  # (last: it routes the model's norms for good)
+    rows = ("uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm",
+            "padded+fused-norm+mlp")  # fmt: skip
+    for layout in rows:  # (the fused rows last: they route the model's modules for good)
+        if layout == "padded+fused-norm":
             from rlpost.kernels.ops.rms_norm import fuse_rms_norms
 
             fuse_rms_norms(model)
+        if layout == "padded+fused-norm+mlp":
+            from rlpost.kernels.ops.swiglu import fuse_mlps
+
+            fuse_mlps(model)
         if dev == "cuda":  # the layout's own peak (prime-rl's table reports peak memory)
             torch.cuda.reset_peak_memory_stats()
         try:

@@ -141,19 +141,19 @@ def test_a_lora_policy_is_built_without_a_deprecation_warning():
         apply_lora(model, lc)
 
 
-def test_fused_norm_routes_the_decoders_norms_and_changes_no_output():
-    """``model.fused_norm=true``: every RMSNorm of the loaded policy goes through
-    ``rlpost.kernels.ops.rms_norm`` (off CUDA its reference, transformers' math), and the
-    policy's logits are those of the same weights without it, bit for bit."""
+def test_fused_ops_route_the_decoders_norms_and_mlps_and_change_no_output():
+    """``model.fused_ops=true``: every RMSNorm and MLP of the loaded policy goes through
+    ``rlpost.kernels`` (off CUDA its references, transformers' math), and the policy's
+    logits are those of the same weights without it, bit for bit."""
     import torch
 
     from rlpost.llm.model.policy import load_policy
 
     plain, _ = load_policy(load_config(None, ["model.path=tiny-random"]), progress=False)
     fused, _ = load_policy(
-        load_config(None, ["model.path=tiny-random", "model.fused_norm=true"]), progress=False
+        load_config(None, ["model.path=tiny-random", "model.fused_ops=true"]), progress=False
     )
-    norms = [m for m in fused.modules() if type(m).__name__.endswith("RMSNorm")]
-    assert norms and all("forward" in vars(m) for m in norms)  # routed, instance by instance
+    routed = [m for m in fused.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+    assert routed and all("forward" in vars(m) for m in routed)  # instance by instance
     ids = torch.randint(3, 20, (2, 7))
     assert torch.equal(plain(ids).logits, fused(ids).logits)

@@ -71,11 +71,12 @@ class ModelConfig(_Strict):
     and was 0.90-0.92x the padded update's speed (``tools/bench_packing.py --prompt 8
     --response 128``, ``docs/results/packing_p8_r128_2026-12-06.json``); at 256-token
     prompts it saves 2.5-4x. 0: always pack."""
-    fused_norm: bool = False
-    """Route the decoder's RMSNorm modules (Llama / Mistral / Qwen2 / Qwen3) through
-    ``rlpost.kernels.ops.rms_norm``: one Triton pass forward and one backward on CUDA
-    (elsewhere the same math as transformers', bit for bit). Off by default until measured
-    on a GPU (``tools/gpu_check.py``'s trainer step times it)."""
+    fused_ops: bool = False
+    """Route the decoder's RMSNorms and SiLU-gated MLP activations (Llama / Mistral / Qwen2
+    / Qwen3) through ``rlpost.kernels.ops.rms_norm`` and ``rlpost.kernels.ops.swiglu``: one
+    Triton pass forward and one backward each on CUDA (elsewhere the same math as
+    transformers', bit for bit). Off by default until measured on a GPU
+    (``tools/gpu_check.py``'s kernel table and trainer step time them)."""
     pack_layout: Literal["auto", "ragged", "uniform"] = "auto"
     """``ragged``: each response keeps only its own tokens and several groups share a packed
     row (no padding computed), attention through the model's own implementation with a

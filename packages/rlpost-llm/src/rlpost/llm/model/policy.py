@@ -83,10 +83,12 @@ def load_policy(cfg: Any, progress: bool = True, device: torch.device | None = N
         model = apply_lora(model, cfg.model.lora)
     if getattr(cfg.model, "train_layers", None) is not None:
         freeze_but_layers(model, cfg.model.train_layers)
-    if getattr(cfg.model, "fused_norm", False):
+    if getattr(cfg.model, "fused_ops", False):
         from rlpost.kernels.ops.rms_norm import fuse_rms_norms
+        from rlpost.kernels.ops.swiglu import fuse_mlps
 
         fuse_rms_norms(model)
+        fuse_mlps(model)
     return model, tok
 
 
