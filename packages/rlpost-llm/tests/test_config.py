@@ -157,3 +157,15 @@ def test_fused_ops_route_the_decoders_norms_and_mlps_and_change_no_output():
     assert routed and all("forward" in vars(m) for m in routed)  # instance by instance
     ids = torch.randint(3, 20, (2, 7))
     assert torch.equal(plain(ids).logits, fused(ids).logits)
+    # with LoRA: the routed MLPs call the adapted projections (a nonzero adapter shows)
+    lora = ["model.path=tiny-random", "model.lora={r: 4}"]
+    plain, _ = load_policy(load_config(None, lora), progress=False)
+    fused, _ = load_policy(load_config(None, [*lora, "model.fused_ops=true"]), progress=False)
+    with torch.no_grad():
+        for model in (plain, fused):
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(0.05)
+    with fused.disable_adapter():
+        assert not torch.equal(fused(ids).logits, plain(ids).logits)
+    assert torch.equal(plain(ids).logits, fused(ids).logits)
