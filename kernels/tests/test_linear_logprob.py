@@ -1,12 +1,6 @@
 """Fused linear log-prob / entropy: the chunked reference and the Triton kernels against
 the naive [N, V] log_softmax, outputs and both gradients."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -86,14 +80,8 @@ def test_reference_peak_memory_is_one_chunk_not_the_vocabulary():
     assert sum(saved) < 64 * 5000
 
 
-def test_triton_kernels_match_naive_under_the_interpreter():
-    script = Path(__file__).with_name("_linear_logprob_triton_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    for case, errs in json.loads(out.stdout).items():
+def test_triton_kernels_match_naive_under_the_interpreter(interpreted):
+    for case, errs in interpreted("_linear_logprob_triton_check.py").items():
         assert max(errs) < 1e-4, (case, errs)  # logp, entropy, dh, dW
 
 

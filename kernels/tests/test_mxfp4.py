@@ -1,11 +1,6 @@
 """MXFP4 fake quantisation (000-13): format, exact three-way error split, corrections."""
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -153,14 +148,8 @@ def test_adaptive_noise_tracks_the_entropy_target():
     assert 0 < float(rel.mean()) < aqn.sigma  # noise scales with the block scale (s < amax)
 
 
-def test_triton_kernel_matches_the_reference_under_the_interpreter():
-    script = Path(__file__).with_name("_mxfp4_triton_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    for case, errs in json.loads(out.stdout).items():
+def test_triton_kernel_matches_the_reference_under_the_interpreter(interpreted):
+    for case, errs in interpreted("_mxfp4_triton_check.py").items():
         assert max(errs.values()) < 1e-5, (case, errs)
 
 

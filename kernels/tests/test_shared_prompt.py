@@ -117,20 +117,8 @@ def test_packing_ratio():
     assert abs(packing_ratio(8, 256, 64) - 8 * 320 / (256 + 512)) < 1e-12
 
 
-def test_triton_kernels_match_the_reference_under_the_interpreter():
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).with_name("_shared_prompt_triton_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    for case, errs in json.loads(out.stdout).items():
+def test_triton_kernels_match_the_reference_under_the_interpreter(interpreted):
+    for case, errs in interpreted("_shared_prompt_triton_check.py").items():
         assert max(errs) < 1e-5, (case, errs)  # both outputs and all six gradients
 
 
