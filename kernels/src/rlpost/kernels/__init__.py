@@ -16,6 +16,15 @@ def triton_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
+def use_triton(backend: str, x: torch.Tensor, fits: bool = True) -> bool:
+    """Whether an op with ``backend`` ``auto`` / ``triton`` / ``reference`` runs its Triton
+    kernel on input ``x``: forced, or ``auto`` with ``x`` on CUDA, Triton installed and the
+    op's own condition ``fits``; any other backend is a one-line error."""
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
+    return backend == "triton" or (backend == "auto" and x.is_cuda and fits and triton_available())
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s ``input_precision`` for kernels whose inputs have ``dtype``. 16-bit
     inputs: ``"tf32"`` (their values are exact in TF32; the float32 partners, such as

@@ -30,7 +30,7 @@ def linear_logprob_entropy(
     ``hidden [N, D]``, ``weight [V, D]`` (same dtype), ``tokens [N]`` int64 in ``[0, V)``.
     Returns float32 ``[N]`` tensors; differentiable in ``hidden`` and ``weight``.
     """
-    from rlpost.kernels import triton_available
+    from rlpost.kernels import use_triton
 
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -41,14 +41,10 @@ def linear_logprob_entropy(
         raise ValueError(f"tokens must be [N={hidden.shape[0]}], got {tuple(tokens.shape)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if backend == "auto":
-        backend = "triton" if hidden.is_cuda and triton_available() else "reference"
-    if backend == "triton":
+    if use_triton(backend, hidden):
         from rlpost.kernels.ops.linear_logprob.triton_impl import LinearLogprobEntropyTriton
 
         return LinearLogprobEntropyTriton.apply(hidden, weight, tokens, float(temperature))
-    if backend != "reference":
-        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
     return linear_logprob_entropy_reference(hidden, weight, tokens, temperature, chunk)
 
 

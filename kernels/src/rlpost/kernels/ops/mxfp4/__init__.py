@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from rlpost.kernels import use_triton
 from rlpost.kernels.ops.mxfp4.reference import (
     BLOCK,
     AdaptiveQuantNoise,
@@ -26,14 +27,6 @@ from rlpost.kernels.ops.mxfp4.reference import decompose_mxfp4 as decompose_mxfp
 Backend = Literal["auto", "triton", "reference"]
 
 
-def _use_triton(x: Tensor, backend: Backend) -> bool:
-    from rlpost.kernels import triton_available
-
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
-    return backend == "triton" or (backend == "auto" and x.is_cuda and triton_available())
-
-
 def decompose_mxfp4(
     x: Tensor,
     block: int = BLOCK,
@@ -42,7 +35,7 @@ def decompose_mxfp4(
     backend: Backend = "auto",
 ) -> MXFP4Parts:
     """MXFP4-quantised ``x`` and its error parts (``scale_bias + deadzone + grid = q - x``)."""
-    if not _use_triton(x, backend):
+    if not use_triton(backend, x):
         return decompose_mxfp4_reference(x, block, macro, outliers)
     from rlpost.kernels.ops.mxfp4.triton_impl import decompose_mxfp4_triton
 

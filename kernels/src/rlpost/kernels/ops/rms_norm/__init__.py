@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from rlpost.kernels import use_triton
 from rlpost.kernels.ops.rms_norm.reference import rms_norm_reference
 
 Backend = Literal["auto", "triton", "reference"]
@@ -42,20 +43,10 @@ class _RMSNorm(torch.autograd.Function):
         return dx.view(ctx.shape), dw, None
 
 
-def _use_triton(x: Tensor, weight: Tensor, backend: Backend) -> bool:
-    from rlpost.kernels import triton_available
-
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
-    if backend == "triton":
-        return True
-    return backend == "auto" and x.is_cuda and weight.dtype == x.dtype and triton_available()
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float, backend: Backend = "auto") -> Tensor:
     """RMSNorm over the last dimension (``reference.py``), differentiable in ``x`` and
     ``weight``."""
-    if _use_triton(x, weight, backend):
+    if use_triton(backend, x, fits=weight.dtype == x.dtype):
         return _RMSNorm.apply(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from rlpost.kernels import use_triton
 from rlpost.kernels.ops.swiglu.reference import swiglu_reference
 
 Backend = Literal["auto", "triton", "reference"]
@@ -37,20 +38,9 @@ class _SwiGLU(torch.autograd.Function):
         return swiglu_backward_triton(dh.contiguous(), gate, up)
 
 
-def _use_triton(gate: Tensor, up: Tensor, backend: Backend) -> bool:
-    from rlpost.kernels import triton_available
-
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be auto, triton or reference, got {backend!r}")
-    if backend == "triton":
-        return True
-    same = gate.dtype == up.dtype and gate.shape == up.shape
-    return backend == "auto" and gate.is_cuda and same and triton_available()
-
-
 def swiglu(gate: Tensor, up: Tensor, backend: Backend = "auto") -> Tensor:
     """``silu(gate) * up``, differentiable in both."""
-    if _use_triton(gate, up, backend):
+    if use_triton(backend, gate, fits=gate.dtype == up.dtype and gate.shape == up.shape):
         return _SwiGLU.apply(gate, up)
     return swiglu_reference(gate, up)
 
