@@ -192,21 +192,12 @@ def _rows_attention(
     if not isinstance(rows, FlatRows):
         raise RuntimeError(f"{ROWS} attention used outside packed_rows_attention_mode")
     _plain_attention_only(kwargs, rows.T)
-    H, d = query.shape[1], query.shape[-1]
-    if rows.buckets is not None:
-        return _sequences_attention(rows, query, key, value, dropout, scaling), None
-    slots, heads = rows.src.view(rows.G, rows.T), _kv_heads(query)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        _gathered(query, slots),
-        _gathered(key, slots, heads),
-        _gathered(value, slots, heads),
-        attn_mask=rows.allow,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=heads is None and key.shape[1] < H,
-    )
-    out = out.transpose(1, 2).reshape(rows.G * rows.T, H, d).index_select(0, rows.keep)
-    return out[None], None
+    qkv = (query, key, value)
+    if rows.buckets is not None:  # each [prompt; response] its own causal sequence
+        outs = [_attend(slots, *qkv, None, dropout, scaling) for slots in rows.buckets]
+        return torch.cat(outs).index_select(0, rows.seq_out)[None], None
+    out = _attend(rows.src.view(rows.G, rows.T), *qkv, rows.allow, dropout, scaling)
+    return out.index_select(0, rows.keep)[None], None
 
 
 def _kv_heads(query: Tensor) -> int | None:
@@ -218,6 +209,27 @@ def _kv_heads(query: Tensor) -> int | None:
     return None if query.device.type == "cpu" else query.shape[1]
 
 
+def _attend(
+    slots: Tensor, query: Tensor, key: Tensor, value: Tensor, mask, dropout: float, scaling
+) -> Tensor:
+    """``[S T, H, d]``: the flat sequence's queries, keys and values gathered into rows by
+    ``slots [S, T]`` and attended in one SDPA call, under ``mask`` or, without one,
+    causally (each row a right-padded sequence: a real query never sees a pad key)."""
+    H, d = query.shape[1], query.shape[-1]
+    heads = _kv_heads(query)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        _gathered(query, slots),
+        _gathered(key, slots, heads),
+        _gathered(value, slots, heads),
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=mask is None,
+        scale=scaling,
+        enable_gqa=heads is None and key.shape[1] < H,
+    )
+    return out.transpose(1, 2).reshape(slots.numel(), H, d)
+
+
 def _gathered(x: Tensor, slots: Tensor, heads: int | None = None) -> Tensor:
     """``x [1, h, Ttot, d]`` gathered into rows ``[S, h, T, d]`` by ``slots [S, T]`` (the
     token each row slot reads), the heads repeated to ``heads`` when given."""
@@ -225,28 +237,6 @@ def _gathered(x: Tensor, slots: Tensor, heads: int | None = None) -> Tensor:
     S, T = slots.shape
     x = x[0].index_select(1, slots.view(-1)).view(h, S, T, d).transpose(0, 1)
     return x if heads is None else _all_heads(x, heads)
-
-
-def _sequences_attention(
-    rows: FlatRows, query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling
-) -> Tensor:
-    """``[1, Ttot, H, d]``: each response's ``[prompt; response]`` gathered into its own
-    right-padded sequence and attended causally (a call per length bucket), the outputs
-    gathered back."""
-    H, d = query.shape[1], query.shape[-1]
-    heads, outs = _kv_heads(query), []
-    for slots in rows.buckets:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            _gathered(query, slots),
-            _gathered(key, slots, heads),
-            _gathered(value, slots, heads),
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=heads is None and key.shape[1] < H,
-        )
-        outs.append(out.transpose(1, 2).reshape(slots.numel(), H, d))
-    return torch.cat(outs).index_select(0, rows.seq_out)[None]
 
 
 def _register() -> None:
