@@ -72,11 +72,16 @@ def stream_rate(repeats: int) -> float:
     return x.numel() * 4 / timed(lambda: x.sum(), repeats)
 
 
+def head_dim(cfg) -> int:
+    """The model's attention head width (``head_dim``, else hidden over heads)."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def weight_shapes(cfg) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``(decode, update)`` weight matrices of one layer as ``(out, in)``: the decode's
     with q / k / v and gate / up concatenated (the lean engine's fused step)."""
     D, inter = cfg.hidden_size, cfg.intermediate_size
-    hd = getattr(cfg, "head_dim", None) or D // cfg.num_attention_heads
+    hd = head_dim(cfg)
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     update = [(q, D), (kv, D), (kv, D), (D, q), (inter, D), (inter, D), (D, inter)]
     return [(q + 2 * kv, D), (D, q), (2 * inter, D), (D, inter)], update
@@ -103,7 +108,7 @@ def attention_s(cfg, rows: int, T: int, repeats: int) -> float:
     import torch
 
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    d = head_dim(cfg)
     q = torch.randn(rows, H, T, d, requires_grad=True)
     k = torch.randn(rows, Hkv, T, d, requires_grad=True)
     v = torch.randn(rows, Hkv, T, d, requires_grad=True)
@@ -127,7 +132,7 @@ def cell_floor(cfg, cell: dict, p: float, rate: float, repeats: int) -> dict:
     head = [(cfg.vocab_size, cfg.hidden_size)]
     per_step = layers * products_s(R, decode, False, repeats) + products_s(R, head, False, repeats)
     prefill = per_step * cell["prompts"] * p / R  # the prompts once each, at the same rate
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    hd = head_dim(cfg)
     kv_row = layers * 2 * cfg.num_key_value_heads * hd * 4  # bytes per cached token
     reads = R * kv_row * (n * p + n * (n + 1) / 2)  # step t reads p + t + 1 tokens a row
     positions = round(R * (p + n))

@@ -656,17 +656,14 @@ def trainer_step(dev: str, smoke: bool) -> dict:
     flops = model_flops(model, tokens)  # the work a step must do (prompts counted once)
     peak = peak_flops(dev)
     layouts = {}
-    rows = ("uniform", "ragged", "ragged-dense", "padded", "padded+fused-norm",
-            "padded+fused-norm+mlp")  # fmt: skip
-    for layout in rows:  # (the fused rows last: they route the model's modules for good)
-        if layout == "padded+fused-norm":
-            from rlpost.kernels.ops.rms_norm import fuse_rms_norms
+    from rlpost.kernels.ops.rms_norm import fuse_rms_norms
+    from rlpost.kernels.ops.swiglu import fuse_mlps
 
-            fuse_rms_norms(model)
-        if layout == "padded+fused-norm+mlp":
-            from rlpost.kernels.ops.swiglu import fuse_mlps
-
-            fuse_mlps(model)
+    # the fused rows last, each routing more of the model's modules for good
+    route = {"padded+fused-norm": fuse_rms_norms, "padded+fused-norm+mlp": fuse_mlps}
+    for layout in ("uniform", "ragged", "ragged-dense", "padded", *route):
+        if layout in route:
+            route[layout](model)
         if dev == "cuda":  # the layout's own peak (prime-rl's table reports peak memory)
             torch.cuda.reset_peak_memory_stats()
         try:

@@ -226,10 +226,14 @@ def _ragged_plan(prompt_ids, B, L, lengths, row_tokens, last_token, sequences):
     if not sequences:
         return plan, False
     packs, _, kept, bins, T, _ = plan
-    seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
-    if not attends_by_sequence(len(bins), T, seq_lens):
+    if not attends_by_sequence(len(bins), T, _seq_lens(packs, kept)):
         return plan, False
     return _plan(prompt_ids, B, L, lengths, None, last_token), True
+
+
+def _seq_lens(packs: list, kept: list[int]) -> list[int]:
+    """Each response's ``[prompt; response]`` length in a plan's packs."""
+    return [len(p) + kept[b] for p, rows in packs for b in rows]
 
 
 def packed_work(
@@ -247,15 +251,15 @@ def packed_work(
     through the shared-prompt op (the prompt causally, each response over the prompt and
     itself)."""
     B = len(prompt_ids)
-    if lengths is not None:
+    if lengths is None:
+        plan, by_seq = _plan(prompt_ids, B, L, lengths, row_tokens, last_token), False
+    else:
         plan, by_seq = _ragged_plan(prompt_ids, B, L, lengths, row_tokens, last_token, sequences)
-        packs, _, kept, bins, T, _ = plan
-        positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
-        seq_lens = [len(p) + kept[b] for p, rows in packs for b in rows]
-        dense, seq_pairs = ragged_pairs(len(bins), T, seq_lens)
-        return positions, seq_pairs if by_seq else dense
-    packs, _, kept, bins, T, drop = _plan(prompt_ids, B, L, lengths, row_tokens, last_token)
+    packs, _, kept, bins, T, drop = plan
     positions = sum(len(p) + sum(kept[b] for b in rows) for p, rows in packs)
+    if lengths is not None:
+        dense, seq_pairs = ragged_pairs(len(bins), T, _seq_lens(packs, kept))
+        return positions, seq_pairs if by_seq else dense
     R = L - drop
     pairs = sum(len(p) * (len(p) + 1) / 2 + len(rows) * R * (len(p) + R) for p, rows in packs)
     return positions, pairs
