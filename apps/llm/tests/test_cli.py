@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,30 @@ def test_bad_config_exits_2_naming_the_field(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["nope"])
     assert exc.value.code == 2
+
+
+def test_a_torchrun_rank_ends_without_interpreter_teardown(tmp_path):
+    """Under a launcher (``WORLD_SIZE`` > 1) a command's output is whole and its exit code
+    kept, but no exit handler runs: the process ends before the interpreter's teardown,
+    which torch's C++ threads could meet (``rlpost.llm.train.parallel.end_rank``). One
+    process tears down as usual."""
+    (tmp_path / "exit_probe.py").write_text(
+        "import atexit\natexit.register(print, 'torn down', flush=True)\n"
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+
+    def run(world: str, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": path, "WORLD_SIZE": world}
+        cmd = [EXE, "--import", "exit_probe", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    one, rank = run("1", "presets"), run("2", "presets")
+    assert one.returncode == rank.returncode == 0, rank.stderr[-2000:]
+    assert one.stdout.endswith("torn down\n")
+    assert rank.stdout == one.stdout.removesuffix("torn down\n") and "grpo" in rank.stdout
+    bad = run("2", "train", "--config", "grpo_arithmetic", "optim.lrr=1")
+    assert bad.returncode == 2 and "optim.lrr: unknown field" in bad.stderr
+    assert "torn down" not in bad.stdout
 
 
 def test_demo_then_eval_end_to_end(tmp_path):

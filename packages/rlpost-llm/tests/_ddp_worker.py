@@ -1,11 +1,13 @@
 """Launched by test_distributed.py under torch.distributed.run: one trainer per rank
-(``--resume``: continue the run in ``run.dir``)."""
+(``--resume``: continue the run in ``run.dir``), ending its process the way the CLI ends a
+torchrun rank's (``end_rank``)."""
 
 import sys
 
 import torch
 
 from rlpost.llm.config import load_config
+from rlpost.llm.train.parallel import end_rank
 from rlpost.llm.trainer import Trainer
 
 
@@ -18,3 +20,4 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--resume"]
     resume = "--resume" in sys.argv[1:]
     Trainer(load_config(None, args), reward_fn=parity_reward, resume=resume).train()
+    end_rank(0)

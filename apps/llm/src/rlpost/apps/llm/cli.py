@@ -31,6 +31,7 @@ rlpost-llm presets | doctor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import rlpost.llm as llm
@@ -467,7 +468,12 @@ def build_app() -> App:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return build_app().main(argv)
+    code = build_app().main(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank: no interpreter teardown
+        from rlpost.llm.train.parallel import end_rank
+
+        end_rank(code)
+    return code
 
 
 if __name__ == "__main__":

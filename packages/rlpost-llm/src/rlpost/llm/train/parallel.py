@@ -25,16 +25,43 @@ one-process layout, so an FSDP2 run's checkpoints are a one-process run's.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from rlpost.core import pick_device
+
+
+def launched() -> bool:
+    """Whether this process is one of several ranks a launcher started (``torchrun`` sets
+    ``WORLD_SIZE``)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def end_rank(code: int) -> NoReturn:
+    """End a launched rank's process with ``code`` once its run has closed: its output
+    flushed, then ``os._exit``, without the interpreter's teardown.
+
+    torch's C++ threads outlive a rank's run: FSDP2's parameter groups keep the gloo group
+    (and its worker threads) alive past ``destroy_process_group``, and FSDP2's backward on
+    CPU starts autograd's device threads. One that meets the interpreter while it is torn
+    down ends the process with ``std::terminate`` ('terminate called without an active
+    exception', SIGABRT): CI saw it twice, on a rank whose run had finished, after the
+    barrier that follows rank 0's last checkpoint, so the launcher reported a finished run
+    as failed. By the time this is called nothing is left to do: the checkpoint is written
+    (atomically), the logger closed, the group destroyed; the rlpost packages register no
+    exit handlers."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 class Ranks:
@@ -45,7 +72,7 @@ class Ranks:
     def __init__(self, device: str):
         self.world, self.rank = 1, 0
         self.own_group = False  # this process started the group (close ends it)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if launched() and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
             self.own_group = True
         if dist.is_initialized():
