@@ -682,3 +682,37 @@ def test_packed_attention_refuses_a_sliding_window_shorter_than_its_rows(model_t
     sb = make_seq_batch([ids(tok, "1+2=")] * 2, comp, torch.ones(2, 4), 0, pack=True)
     with pytest.raises(ValueError, match=r"sliding_window=3.*pack_prompts=false"):
         completion_logprobs(sw, sb, 1.0)
+
+
+def test_from_rows_pads_as_the_nested_lists_did_by_hand():
+    """Two rows by hand (ids and log-probs right-padded, the mask over the real tokens),
+    then random ragged rows (empty completions, log-probs shorter than the ids) against the
+    nested-list construction from_rows replaced, value for value and dtype for dtype."""
+    rows = [([1, 2], [5, 6, 7], [-0.5, -0.25, -1.0], "stop"), ([3], [8], [-2.0], "length")]
+    b = RolloutBatch.from_rows(rows, n_prompts=1, n=2, pad_id=0)
+    assert b.completion_ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert b.logprobs.tolist() == [[-0.5, -0.25, -1.0], [-2.0, 0.0, 0.0]]
+    assert b.mask.tolist() == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+    assert b.group.tolist() == [0, 0] and b.prompt_ids == [[1, 2], [3]]
+
+    def nested(rows, pad_id):
+        L = max(1, max((len(r[1]) for r in rows), default=1))
+        return (
+            torch.tensor([[*r[1]] + [pad_id] * (L - len(r[1])) for r in rows], dtype=torch.long),
+            torch.tensor([[*r[2]] + [0.0] * (L - len(r[2])) for r in rows]),
+            torch.tensor([[1.0] * len(r[1]) + [0.0] * (L - len(r[1])) for r in rows]),
+        )
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        rows = []
+        for _ in range(int(torch.randint(1, 9, (1,), generator=g))):
+            k = int(torch.randint(0, 12, (1,), generator=g))
+            ids = torch.randint(0, 50_000, (k,), generator=g).tolist()
+            lps = (torch.randn(k, generator=g, dtype=torch.float64) * 3).tolist()
+            rows.append(([7], ids, lps[: k - trial % 2] if k else lps, "length"))
+        b = RolloutBatch.from_rows(rows, n_prompts=len(rows), n=1, pad_id=3)
+        for got, want in zip((b.completion_ids, b.logprobs, b.mask), nested(rows, 3), strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want), trial
+    empty = RolloutBatch.from_rows([], n_prompts=0, n=4, pad_id=0)
+    assert empty.completion_ids.shape == (0, 1) and empty.mask.dtype == torch.float32

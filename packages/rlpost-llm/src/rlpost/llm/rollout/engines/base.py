@@ -11,7 +11,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
+from array import array
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
@@ -40,6 +42,14 @@ class SamplingParams:
 
 
 FinishReason = Literal["stop", "length"]
+
+
+def _doubles(values) -> Tensor:
+    """``[n]`` float64 of Python floats, through a typed buffer."""
+    buf = array("d", values)
+    return (
+        torch.frombuffer(buf, dtype=torch.float64) if buf else torch.zeros(0, dtype=torch.float64)
+    )
 
 
 @dataclass
@@ -94,12 +104,20 @@ class RolloutBatch:
     ) -> RolloutBatch:
         """Pad ``(prompt ids, completion ids, engine log-probs, finish reason)`` rows, grouped
         ``n`` per prompt in prompt order, into a batch (every engine returns through here)."""
+        from rlpost.kernels.ops.shared_prompt import long_tensor
+
         L = max(1, max((len(r[1]) for r in rows), default=1))
-        N = len(rows)
-        ids = torch.tensor([[*r[1]] + [pad_id] * (L - len(r[1])) for r in rows], dtype=torch.long)
-        logprobs = torch.tensor([[*r[2]] + [0.0] * (L - len(r[2])) for r in rows])
-        mask = torch.tensor([[1.0] * len(r[1]) + [0.0] * (L - len(r[1])) for r in rows])
-        ids, logprobs, mask = ids.view(N, L), logprobs.view(N, L), mask.view(N, L)
+        cols = torch.arange(L)
+        # every row's values at once through typed buffers (torch.tensor of nested Python
+        # lists costs tens of nanoseconds an element: 50 ms at 256 rows of 512 tokens)
+        mask = cols < torch.tensor([len(r[1]) for r in rows], dtype=torch.long)[:, None]
+        ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+        ids[mask] = long_tensor(chain.from_iterable(r[1] for r in rows))
+        logprobs = torch.zeros(len(rows), L, dtype=torch.float64)
+        scored = cols < torch.tensor([len(r[2]) for r in rows], dtype=torch.long)[:, None]
+        logprobs[scored] = _doubles(chain.from_iterable(r[2] for r in rows))
+        dtype = torch.get_default_dtype()  # (torch.tensor's dtype for Python floats)
+        logprobs, mask = logprobs.to(dtype), mask.to(dtype)
         return RolloutBatch(
             [r[0] for r in rows],
             ids,
