@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlpost.llm.train.parallel import Learner
+from rlpost.llm.train.parallel import Learner, end_rank
 
 
 def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
@@ -40,3 +40,4 @@ if __name__ == "__main__":
     if dist.get_rank() == 0:
         torch.save(grads, out)
     dist.destroy_process_group()
+    end_rank(0)  # (as the CLI ends a rank: no interpreter teardown with torch's threads up)
