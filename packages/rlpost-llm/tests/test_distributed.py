@@ -139,3 +139,18 @@ def test_fsdp2_resumes_to_the_uninterrupted_run(tmp_path, fast_overrides):
 def test_fsdp2_refuses_what_needs_whole_weights_on_one_rank(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_config(None, ["train.parallel=fsdp2", *overrides])
+
+
+def test_end_rank_flushes_what_it_can_and_exits_with_the_code():
+    """Buffered output is written, a closed stream does not stop the exit, the code is kept,
+    and no exit handler runs."""
+    code = (
+        "import atexit, sys\n"
+        "from rlpost.llm.train.parallel import end_rank\n"
+        "atexit.register(print, 'torn down')\n"
+        "print('kept', end='')\n"
+        "sys.stderr.close()\n"
+        "end_rank(4)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (4, "kept")

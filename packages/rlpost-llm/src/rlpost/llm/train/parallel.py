@@ -25,6 +25,7 @@ one-process layout, so an FSDP2 run's checkpoints are a one-process run's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -59,7 +60,8 @@ def end_rank(code: int) -> NoReturn:
     (atomically), the logger closed, the group destroyed; the rlpost packages register no
     exit handlers."""
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or broken
+            stream.flush()
     logging.shutdown()
     os._exit(code)
 
