@@ -47,18 +47,26 @@ def test_a_torchrun_rank_ends_without_interpreter_teardown(tmp_path):
     )
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
 
-    def run(world: str, *args: str) -> subprocess.CompletedProcess:
+    def run(world: str, *args: str, exe=(EXE,)) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": path, "WORLD_SIZE": world}
-        cmd = [EXE, "--import", "exit_probe", *args]
+        cmd = [*exe, "--import", "exit_probe", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
     one, rank = run("1", "presets"), run("2", "presets")
     assert one.returncode == rank.returncode == 0, rank.stderr[-2000:]
     assert one.stdout.endswith("torn down\n")
     assert rank.stdout == one.stdout.removesuffix("torn down\n") and "grpo" in rank.stdout
-    bad = run("2", "train", "--config", "grpo_arithmetic", "optim.lrr=1")
+    module = (sys.executable, "-m", "rlpost.apps.llm.cli")  # (torchrun -m's form)
+    bad = run("2", "train", "--config", "grpo_arithmetic", "optim.lrr=1", exe=module)
     assert bad.returncode == 2 and "optim.lrr: unknown field" in bad.stderr
     assert "torn down" not in bad.stdout
+
+
+def test_main_called_in_process_returns_under_a_launcher(monkeypatch, capsys):
+    """Only the command ends a rank's process: ``main()`` called from a user's script
+    under torchrun returns its code."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["presets"]) == 0 and "grpo" in capsys.readouterr().out
 
 
 def test_demo_then_eval_end_to_end(tmp_path):

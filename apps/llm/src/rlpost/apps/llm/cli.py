@@ -468,13 +468,20 @@ def build_app() -> App:
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = build_app().main(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank: no interpreter teardown
+    return build_app().main(argv)
+
+
+def console() -> None:
+    """The ``rlpost-llm`` command (and ``python -m rlpost.apps.llm.cli``): :func:`main`, and
+    a torchrun rank's process ended without the interpreter's teardown (``end_rank``).
+    Called in-process, :func:`main` returns as usual."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from rlpost.llm.train.parallel import end_rank
 
         end_rank(code)
-    return code
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
