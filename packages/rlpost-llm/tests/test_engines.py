@@ -282,6 +282,13 @@ def test_packed_forward_uses_the_shared_prompt_attention_function(model_tok, mon
         completion_logprobs(m, sb, 1.0)
     assert len(calls) == m.config.num_hidden_layers  # one packed row, every layer
     assert m.config._attn_implementation == before
+    assert sb.packed._allow is None  # the [G, T, T] mask was never built: nothing read it
+    want = torch.ones(len(sb.packed.input_ids[0]), len(sb.packed.input_ids[0])).tril().bool()
+    assert sb.packed.allow.shape == (1, *want.shape) and sb.packed._allow is not None
+    [(P, N, R)] = sb.packed.layout  # (each response without its last token: R = 2)
+    a = sb.packed.allow[0]
+    assert N == R == 2 and len(ids(tok, "1+2=")) == P and a[:P, :P].equal(want[:P, :P])
+    assert a[P + R : P + 2 * R, :P].all() and not a[P + R : P + 2 * R, P : P + R].any()
 
 
 def test_a_long_shared_prompt_packs_through_the_split_and_equals_the_unpacked(monkeypatch):
@@ -716,3 +723,26 @@ def test_from_rows_pads_as_the_nested_lists_did_by_hand():
             assert got.dtype == want.dtype and torch.equal(got, want), trial
     empty = RolloutBatch.from_rows([], n_prompts=0, n=4, pad_id=0)
     assert empty.completion_ids.shape == (0, 1) and empty.mask.dtype == torch.float32
+
+
+def test_make_seq_batch_left_pads_prompts_as_the_nested_lists_did():
+    """Prompts of different lengths (an empty one too) left-padded, ids and attention, by
+    hand and then against the nested-list construction make_seq_batch replaced."""
+    comp, mask = torch.tensor([[9, 8], [7, 0], [6, 5]]), torch.tensor([[1, 1], [1, 0], [1, 1]])
+    sb = make_seq_batch([[1, 2, 3], [4], []], comp, mask, pad_id=0)
+    assert sb.P == 3
+    assert sb.input_ids.tolist() == [[1, 2, 3, 9, 8], [0, 0, 4, 7, 0], [0, 0, 0, 6, 5]]
+    assert sb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    g = torch.Generator().manual_seed(1)
+    for trial in range(30):
+        B = int(torch.randint(1, 7, (1,), generator=g))
+        prompts = [torch.randint(3, 50_000, (int(torch.randint(0, 9, (1,), generator=g)),),
+                                 generator=g).tolist() for _ in range(B)]  # fmt: skip
+        prompts[0] += [11]  # (at least one token somewhere)
+        comp = torch.randint(3, 99, (B, 4), generator=g)
+        sb = make_seq_batch(prompts, comp, torch.ones(B, 4), pad_id=2)
+        P = max(map(len, prompts))
+        left = torch.tensor([[2] * (P - len(p)) + p for p in prompts], dtype=torch.long)
+        real = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+        assert torch.equal(sb.input_ids, torch.cat([left, comp], 1)), trial
+        assert torch.equal(sb.attention_mask[:, :P], real) and sb.attention_mask.dtype == torch.long

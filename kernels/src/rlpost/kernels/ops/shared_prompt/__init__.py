@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlpost.kernels.ops.shared_prompt.reference import (
     PackedGroups,
+    concat_rows,
     length_buckets,
     long_tensor,
     pack_group,
@@ -95,6 +96,7 @@ def shared_prompt_attention_sdpa(
 
 __all__ = [
     "PackedGroups",
+    "concat_rows",
     "length_buckets",
     "long_tensor",
     "pack_group",

@@ -31,7 +31,6 @@ import contextvars
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import torch
@@ -100,10 +99,10 @@ def _sequence_slots(src: Tensor, seqs: list[list[int]]) -> tuple[list[Tensor], T
     its right-padded sequences reads (padding reads 0), and per padded slot (``src``'s) the
     output slot it takes, counted through the buckets in order: its first occurrence (a
     prompt's: in the first of its sequences; -1 where no sequence holds the slot)."""
-    from rlpost.kernels.ops.shared_prompt import length_buckets, long_tensor
+    from rlpost.kernels.ops.shared_prompt import concat_rows, length_buckets, long_tensor
 
     lens = long_tensor(len(s) for s in seqs)
-    flat = long_tensor(chain.from_iterable(seqs))  # every sequence's slots, end to end
+    flat = concat_rows(seqs)  # every sequence's slots, end to end
     starts = lens.cumsum(0) - lens
     buckets, slots, outs, base = [], [], [], 0
     for members in length_buckets(lens.tolist()):

@@ -213,12 +213,19 @@ def make_seq_batch(
     ragged layout then does where that pays (``pack_groups``)."""
     if layout not in ("ragged", "uniform", "auto"):
         raise ValueError(f"layout must be ragged, uniform or auto, got {layout!r}")
+    from rlpost.kernels.ops.shared_prompt import concat_rows
+
     B, L = completion_ids.shape
-    P = max(len(p) for p in prompt_ids)
-    left = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompt_ids], dtype=torch.long)
-    ids = torch.cat([left.view(B, P), completion_ids.long()], 1)
+    lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
+    P = int(lens.max())
+    # the prompts left-padded at once, through one typed buffer (torch.tensor of nested
+    # Python lists took 40 ms at 256 prompts of 128-256 tokens, every micro-batch)
+    prompt_real = torch.arange(P) >= (P - lens)[:, None]  # [B, P]
+    left = torch.full((B, P), pad_id, dtype=torch.long)
+    left[prompt_real] = concat_rows(prompt_ids)
+    ids = torch.cat([left, completion_ids.long()], 1)
     attn = torch.zeros(B, P + L, dtype=torch.long)
-    attn[:, :P] = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids]).view(B, P)
+    attn[:, :P] = prompt_real
     real = attend if attend is not None else mask
     attn[:, P:] = real.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only (left pad)
