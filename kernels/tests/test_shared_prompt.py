@@ -275,3 +275,18 @@ def test_triton_on_cuda_bfloat16():
     assert all(x.dtype == torch.bfloat16 for x in tri)
     errs = [(_rel_err(a, t_), _rel_err(b, t_)) for a, b, t_ in zip(tri, ref, truth, strict=True)]
     assert all(e_tri <= max(2 * e_ref, 1e-2) for e_tri, e_ref in errs), errs
+
+
+def test_concat_rows_takes_lists_and_other_rows_end_to_end():
+    """Rows of any kind (lists at C speed; tuples, tensors and numpy rows element by
+    element) end to end, as int64 or float64; no rows, an empty tensor of the dtype."""
+    import numpy as np
+
+    from rlpost.kernels.ops.shared_prompt import concat_rows
+
+    rows = [[1, 2], (3,), torch.tensor([4, 5]), np.array([6]), [], [np.int64(7)]]
+    got = concat_rows(rows)
+    assert got.dtype == torch.long and got.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    f = concat_rows([[0.1, -2.5], (1,)], torch.float64)
+    assert f.dtype == torch.float64 and f.tolist() == [0.1, -2.5, 1.0]
+    assert concat_rows([]).shape == (0,) and concat_rows([[]], torch.float64).dtype == torch.float64
