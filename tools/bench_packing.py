@@ -142,7 +142,7 @@ def main() -> None:
         "--malloc-mmap-kb", type=int, default=None,
         help="fix glibc's mmap and trim thresholds for both layouts (run.malloc_mmap_kb; "
         "default glibc's own, as the trainer runs: the padded layout's larger activations "
-        "then pay page faults, about 3 %% of its time at N=4)",
+        "then pay page faults, about 5 %% of its time at N=4)",
     )  # fmt: skip
     ap.add_argument("--out", default="bench_results/packing.json")
     args = ap.parse_args()

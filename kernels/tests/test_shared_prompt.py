@@ -290,3 +290,15 @@ def test_concat_rows_takes_lists_and_other_rows_end_to_end():
     f = concat_rows([[0.1, -2.5], (1,)], torch.float64)
     assert f.dtype == torch.float64 and f.tolist() == [0.1, -2.5, 1.0]
     assert concat_rows([]).shape == (0,) and concat_rows([[]], torch.float64).dtype == torch.float64
+
+
+def test_pad_rows_pads_on_either_side_by_hand():
+    from rlpost.kernels.ops.shared_prompt import pad_rows
+
+    right, real = pad_rows([[1, 2, 3], [4], []], fill=9)
+    assert right.tolist() == [[1, 2, 3], [4, 9, 9], [9, 9, 9]]
+    assert real.tolist() == [[True] * 3, [True, False, False], [False] * 3]
+    left, real = pad_rows([[1, 2], (3,)], fill=0, left=True, width=3)
+    assert left.tolist() == [[0, 1, 2], [0, 0, 3]] and real.tolist() == [[0, 1, 1], [0, 0, 1]]
+    f, _ = pad_rows([[0.5]], 0.0, torch.float64, width=2)
+    assert f.dtype == torch.float64 and f.tolist() == [[0.5, 0.0]]

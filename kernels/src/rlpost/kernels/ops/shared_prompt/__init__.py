@@ -28,6 +28,7 @@ from rlpost.kernels.ops.shared_prompt.reference import (
     pack_groups,
     packed_work,
     packing_ratio,
+    pad_rows,
 )
 from rlpost.kernels.ops.shared_prompt.reference import (
     shared_prompt_attention as shared_prompt_attention_reference,
@@ -103,5 +104,6 @@ __all__ = [
     "pack_groups",
     "packed_work",
     "packing_ratio",
+    "pad_rows",
     "shared_prompt_attention",
 ]

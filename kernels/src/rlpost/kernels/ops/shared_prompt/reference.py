@@ -353,8 +353,7 @@ def pack_groups(
 def long_tensor(values: Iterable[int]) -> Tensor:
     """``[n]`` int64 of Python ints, through a typed buffer: ``torch.tensor`` of a long list
     costs tens of nanoseconds an element (a packed batch holds hundreds of thousands)."""
-    buf = array("q", values)
-    return torch.frombuffer(buf, dtype=torch.long) if buf else torch.zeros(0, dtype=torch.long)
+    return concat_rows((values,))
 
 
 def concat_rows(rows: Iterable[Iterable[float]], dtype: torch.dtype = torch.long) -> Tensor:
@@ -368,6 +367,22 @@ def concat_rows(rows: Iterable[Iterable[float]], dtype: torch.dtype = torch.long
         else:
             buf.extend(r)
     return torch.frombuffer(buf, dtype=dtype) if buf else torch.zeros(0, dtype=dtype)
+
+
+def pad_rows(
+    rows: list, fill: float = 0, dtype: torch.dtype = torch.long, *, left: bool = False,
+    width: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(values [B, W], real [B, W] bool)``: rows of Python numbers padded with ``fill`` to
+    ``width`` (default the longest), on the right or on the ``left``, through one typed
+    buffer (:func:`concat_rows`)."""
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    W = width if width is not None else int(lens.max()) if len(rows) else 0
+    cols = torch.arange(W)
+    real = cols >= (W - lens)[:, None] if left else cols < lens[:, None]
+    out = torch.full((len(rows), W), fill, dtype=dtype)
+    out[real] = concat_rows(rows, dtype)
+    return out, real
 
 
 def long_rows(rows: list[list[int]]) -> Tensor:

@@ -213,16 +213,13 @@ def make_seq_batch(
     ragged layout then does where that pays (``pack_groups``)."""
     if layout not in ("ragged", "uniform", "auto"):
         raise ValueError(f"layout must be ragged, uniform or auto, got {layout!r}")
-    from rlpost.kernels.ops.shared_prompt import concat_rows
+    from rlpost.kernels.ops.shared_prompt import pad_rows
 
     B, L = completion_ids.shape
-    lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
-    P = int(lens.max())
     # the prompts left-padded at once, through one typed buffer (torch.tensor of nested
     # Python lists took 40 ms at 256 prompts of 128-256 tokens, every micro-batch)
-    prompt_real = torch.arange(P) >= (P - lens)[:, None]  # [B, P]
-    left = torch.full((B, P), pad_id, dtype=torch.long)
-    left[prompt_real] = concat_rows(prompt_ids)
+    left, prompt_real = pad_rows(prompt_ids, pad_id, left=True)
+    P = left.shape[1]
     ids = torch.cat([left, completion_ids.long()], 1)
     attn = torch.zeros(B, P + L, dtype=torch.long)
     attn[:, :P] = prompt_real
