@@ -61,8 +61,8 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset, parallel):
         *fast_overrides,
         f"algo.preset={preset}",
         f"train.parallel={parallel}",
-        "train.steps=2",
-        "run.save_every=2",
+        "train.steps=3",  # (the third step's rollback snapshot copies into kept buffers)
+        "run.save_every=3",
         "optim.micro_batch_size=5",  # 8 rows a rank: two micro-batches, one all-reduce
         # unclipped AdamW with eps above the gradients: its step is about lr g / eps, linear
         # in g, so a wrong gradient scale shows in the weights (at eps 1e-8 the step is
@@ -79,11 +79,11 @@ def test_two_ranks_equal_one(tmp_path, fast_overrides, preset, parallel):
     _launch(WORKER, *common, f"run.dir={ddp}")
     files = ["model.safetensors"] + (["critic.safetensors"] if preset == "ppo" else [])
     for f in files:
-        a = load_file(single / "checkpoints/step-000002" / f)
-        b = load_file(ddp / "checkpoints/step-000002" / f)
+        a = load_file(single / "checkpoints/step-000003" / f)
+        b = load_file(ddp / "checkpoints/step-000003" / f)
         for k in a:  # (packed rows sum in another order per rank; Adam magnifies tiny grads)
             torch.testing.assert_close(a[k], b[k], atol=5e-6, rtol=1e-5, msg=f"{f}: {k}")
-    a = load_file(single / "checkpoints/step-000002/model.safetensors")
+    a = load_file(single / "checkpoints/step-000003/model.safetensors")
     assert any(not torch.allclose(a[k], initial[k]) for k in a), "training must move the weights"
 
 

@@ -157,7 +157,7 @@ class UpdateGuard:
             old = self._buffers
             if old is not None and _same_structure(old[1], states):
                 params, bufs = old
-                torch._foreach_copy_(params, [p.detach() for p in self.params])
+                torch._foreach_copy_(_locals(params), _locals(p.detach() for p in self.params))
                 for dst, src in zip(bufs, states, strict=True):
                     _copy_state_(dst, src)
             else:
@@ -225,6 +225,13 @@ class UpdateGuard:
                 "the run cannot make progress: check the rewards and lower optim.lr, then "
                 "--resume"
             )
+
+
+def _locals(ts) -> list[Tensor]:
+    """The tensors, a DTensor (FSDP2's sharded parameters) as its local shard: torch's
+    foreach ops have no sharding rule for DTensors, and copying shard into shard is the
+    whole copy."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in ts]
 
 
 def _clone_state(st: dict) -> dict:
