@@ -746,3 +746,29 @@ def test_make_seq_batch_left_pads_prompts_as_the_nested_lists_did():
         real = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
         assert torch.equal(sb.input_ids, torch.cat([left, comp], 1)), trial
         assert torch.equal(sb.attention_mask[:, :P], real) and sb.attention_mask.dtype == torch.long
+
+
+def test_a_packed_forward_keeps_no_model_alive_whose_layers_reference_it():
+    """The packed forward caches each model's checkpointable layers, keyed weakly by the
+    model. Under FSDP2 every sharded layer's state references the root module and so the
+    model: a strong list of layers in the cache then kept its own key, and the model, alive
+    after the trainer was gone (a 2-rank FSDP2 run retained it). The back-reference here
+    stands in for FSDP2's."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    tok = tiny.build_tokenizer()
+    m = Qwen2ForCausalLM(tiny.tiny_config(tok, size="micro"))
+    for i in range(len(m.model.layers)):  # (not a submodule: a plain reference, as FSDP2's)
+        m.model.layers[i].__dict__["_root"] = m
+    sb = make_seq_batch(
+        [ids(tok, "12+3=")] * 2, torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3), 0,
+        pack=True, layout="uniform",
+    )  # fmt: skip
+    lp, _ = completion_logprobs(m, sb, 1.0)
+    lp.sum().backward()
+    alive = weakref.ref(m)
+    del m, lp
+    gc.collect()
+    assert alive() is None

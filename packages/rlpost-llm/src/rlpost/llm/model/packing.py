@@ -43,7 +43,9 @@ _LAYOUT: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "rlpost_shared_prompt_layout", default=None
 )
 _registered = False
-# the modules of a model that can checkpoint (transformers' GradientCheckpointingLayer)
+# the modules of a model that can checkpoint (transformers' GradientCheckpointingLayer),
+# held weakly: under FSDP2 a layer's state references its root module and so the model,
+# and a strong value would keep its own weak key alive (a model never freed)
 _CHECKPOINTABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -296,11 +298,11 @@ def _attention_mode(model: torch.nn.Module, name: str, layout) -> Iterator[None]
     way the forward did, whichever checkpoint flavour the model was set up with)."""
     _register()
     swapped = []
-    layers = _CHECKPOINTABLE.get(model)
-    if layers is None:  # (walking every module each forward costs about a millisecond)
-        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
-        _CHECKPOINTABLE[model] = layers
-    for module in layers:
+    refs = _CHECKPOINTABLE.get(model)
+    if refs is None:  # (walking every module each forward costs about a millisecond)
+        refs = [weakref.ref(m) for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        _CHECKPOINTABLE[model] = refs
+    for module in filter(None, (r() for r in refs)):
         ckpt = getattr(module, "_gradient_checkpointing_func", None)
         if getattr(module, "gradient_checkpointing", False) and ckpt is not None:
 

@@ -50,9 +50,9 @@ def end_rank(code: int) -> NoReturn:
     """End a launched rank's process with ``code`` once its run has closed: its output
     flushed, then ``os._exit``, without the interpreter's teardown.
 
-    torch's C++ threads outlive a rank's run: FSDP2's parameter groups keep the gloo group
-    (and its worker threads) alive past ``destroy_process_group``, and FSDP2's backward on
-    CPU starts autograd's device threads. One that meets the interpreter while it is torn
+    torch's C++ threads outlive a rank's run: after FSDP2 the gloo group's worker threads
+    run on past ``destroy_process_group`` (even once the model is freed), and FSDP2's
+    backward on CPU starts autograd's device threads. One that meets the interpreter while it is torn
     down ends the process with ``std::terminate`` ('terminate called without an active
     exception', SIGABRT): CI saw it twice, on a rank whose run had finished, after the
     barrier that follows rank 0's last checkpoint, so the launcher reported a finished run
