@@ -15,7 +15,13 @@ from rlpost.core.io.checkpoint import (
     save_checkpoint,
     validate_checkpoint,
 )
-from rlpost.core.io.rundir import RunDirError, open_run_dir, resume_checkpoint, unlock_run_dir
+from rlpost.core.io.rundir import (
+    RunDirError,
+    locked_here,
+    open_run_dir,
+    resume_checkpoint,
+    unlock_run_dir,
+)
 from rlpost.core.io.schema import CheckpointedRunConfig
 
 CFG = CheckpointedRunConfig(seed=1)
@@ -57,6 +63,35 @@ def test_a_second_process_on_a_locked_run_dir_fails_at_once_naming_the_holder(tm
     # the lock died with its holder: no stale lock
     assert open_run_dir(run, CFG, resume=True) == run
     unlock_run_dir(run)
+
+
+def _lock_elsewhere(run) -> str:
+    """What another process says when it tries to take ``run``'s lock."""
+    code = f"""
+        from rlpost.core.io.rundir import RunDirError, lock_run_dir
+        try:
+            lock_run_dir({str(run)!r})
+            print("took it")
+        except RunDirError as exc:
+            print(exc)
+    """
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_a_released_run_dir_is_free_for_another_process_while_this_one_lives(tmp_path):
+    """A trainer releases its run directory when the run has ended: a process that lives on
+    (a notebook, a sweep) no longer keeps another process from resuming or replacing it,
+    nor holds a descriptor per finished run. Re-entrant: a second take is the same lock."""
+    run = open_run_dir(tmp_path / "run", CFG)
+    open_run_dir(run, CFG, resume=True)  # (the same lock, taken again in this process)
+    assert locked_here(run)
+    assert "in use by pid" in _lock_elsewhere(run)
+    unlock_run_dir(run)
+    assert not locked_here(run)
+    assert _lock_elsewhere(run) == "took it"
+    unlock_run_dir(run)  # (releasing what this process does not hold does nothing)
 
 
 def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path):

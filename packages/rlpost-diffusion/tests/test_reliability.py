@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlpost.core.guard import RunStopped
+from rlpost.core.io.rundir import locked_here
 from rlpost.core.testing import kill_at_first_checkpoint
 from rlpost.diffusion.config import ConfigError, load_config
 from rlpost.diffusion.methods import METHODS
@@ -110,6 +111,7 @@ def test_a_run_whose_every_reward_fails_stops_with_an_error(tmp_path, capsys, on
     cfg = _cfg(tmp_path, "train.steps=10")
     with pytest.raises(RunStopped, match=r"3 steps in a row skipped.*reward server is down"):
         Trainer(cfg, policy=_policy(), reward=raising, metrics={}).train()
+    assert not locked_here(cfg.run.dir)  # a stopped run releases its directory too
     assert [r.get("skipped") for r in _rows(cfg)[1:]] == [1.0, 1.0, 1.0]
     assert capsys.readouterr().err.count("skipped: 6 of 6 rewards failed") == 3
 
@@ -127,6 +129,7 @@ def test_nan_rewards_skip_their_step_and_the_run_goes_on(tmp_path, one_thread):
     cfg = _cfg(tmp_path)
     t = Trainer(cfg, policy=_policy(), reward=flaky, metrics={})
     t.train()
+    assert not locked_here(cfg.run.dir)  # the run has ended: its directory is released
     assert [r.get("skipped") for r in _rows(cfg)[1:]] == [0.0, 1.0, 0.0, 0.0]
     assert all(math.isfinite(r.get("loss", 0.0)) for r in _rows(cfg))
 

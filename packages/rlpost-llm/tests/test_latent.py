@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
+from rlpost.core.io.rundir import locked_here
 from rlpost.llm.model.tiny import build_tokenizer, tiny_config
 from rlpost.llm.runtimes.dlr import (
     DLRTrainer,
@@ -107,6 +108,7 @@ def test_the_update_is_the_answer_nll_plus_the_router_cross_entropy(tmp_path, co
 def test_a_run_checkpoints_loadable_models_and_resumes_exactly(tmp_path):
     straight = DLRTrainer(load_dlr_config(None, [*FAST, f"run.dir={tmp_path / 'a'}"]))
     straight.train()
+    assert not locked_here(tmp_path / "a")  # the run has ended: its directory is released
     half = DLRTrainer(load_dlr_config(None, [*FAST, "train.steps=2", f"run.dir={tmp_path / 'b'}"]))
     half.train()
     cfg = load_dlr_config(None, [*FAST, f"run.dir={tmp_path / 'b'}"])

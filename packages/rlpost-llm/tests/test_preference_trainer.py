@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlpost.core.io.rundir import locked_here
 from rlpost.core.preference import PREFERENCE_LOSSES
 from rlpost.llm.config import ConfigError
 from rlpost.llm.preference import PreferenceTrainer, load_preference_config
@@ -54,6 +55,7 @@ def test_every_loss_trains_two_offline_steps(loss, tmp_path):
     tr = PreferenceTrainer(cfg_of(tmp_path, f"loss.name={loss}", "run.eval_every=2"))
     before = params_of(tr.model)
     result = tr.train()
+    assert not locked_here(tmp_path)  # the run has ended: its directory is released
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:

@@ -70,6 +70,32 @@ def test_train_writes_a_complete_run_dir(fast_cfg):
     assert {"first", "last", "seconds", "run_dir"} <= set(summary)
 
 
+def test_the_run_directory_is_released_when_the_run_ends(fast_cfg, monkeypatch):
+    """Locked while the run is open (between CoPD's rounds too), released once it has ended,
+    finished or failed: the process that ran it may live on (a notebook, a sweep) while
+    another resumes the run."""
+    from rlpost.core.io.rundir import locked_here
+
+    cfg = fast_cfg()
+    tr = Trainer(cfg, reward_fn=parity_reward)
+    assert locked_here(cfg.run.dir)
+    tr.train(until=1)
+    assert locked_here(cfg.run.dir)  # (the run is still open)
+    tr.train()
+    assert not locked_here(cfg.run.dir)
+
+    failing = fast_cfg(f"run.dir={Path(cfg.run.dir).parent / 'failing'}")
+    tr = Trainer(failing, reward_fn=parity_reward)
+    monkeypatch.setattr(tr, "_train_step", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError, match="disk"):
+        tr.train()
+    assert not locked_here(failing.run.dir)
+    resumed = Trainer(failing, reward_fn=parity_reward, resume=True)  # (this process, again)
+    assert locked_here(failing.run.dir)
+    resumed.close()
+    assert not locked_here(failing.run.dir)
+
+
 def starts_with_one(completion: str, example) -> float:
     return float(completion[:1] == "1")
 

@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("lerobot")
 
+from rlpost.core.io.rundir import locked_here
 from rlpost.robot.algos.common import chunk_transitions
 from rlpost.robot.config import load_config, recipe_path
 from rlpost.robot.demos import collect_demos
@@ -32,6 +33,7 @@ def test_a_train_runs_online_episodes_are_its_lerobot_dataset(tmp_path, monkeypa
     run = tmp_path / "run"
     cfg = load_config(recipe_path("otql_reacher"), [*SMALL, f"run.dir={run}"])
     result = train_from_config(cfg)
+    assert not locked_here(run)  # the run has ended: its directory is released
     assert result["experience"] == {"episodes": 4, "path": str(run / "experience" / "current")}
     ds = open_lerobot_dataset(run / "experience")
     assert ds.meta.total_episodes == 4

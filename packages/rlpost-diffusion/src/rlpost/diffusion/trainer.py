@@ -41,7 +41,13 @@ from rlpost.core.guard import UpdateGuard, all_finite, training_loop
 from rlpost.core.io.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import (
+    due,
+    notice,
+    open_run_dir,
+    resume_checkpoint,
+    unlock_run_dir,
+)
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.families import FAMILIES
 from rlpost.diffusion.models.base import Cond, FlowPolicy, cond_repeat
@@ -313,7 +319,14 @@ class Trainer:
 
     def train(self, resume: bool = False, overwrite: bool = False) -> list[dict[str, Any]]:
         """Run the steps; ``resume`` continues the run in ``run.dir`` from its newest valid
-        checkpoint, ``overwrite`` replaces it (with neither, a used ``run.dir`` is refused)."""
+        checkpoint, ``overwrite`` replaces it (with neither, a used ``run.dir`` is refused).
+        The run directory is locked for the call and released after."""
+        try:
+            return self._train(resume, overwrite)
+        finally:
+            unlock_run_dir(self.run_dir)
+
+    def _train(self, resume: bool, overwrite: bool) -> list[dict[str, Any]]:
         cfg = self.cfg
         open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         ckpt = resume_checkpoint(self.run_dir) if resume else None

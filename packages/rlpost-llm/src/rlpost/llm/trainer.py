@@ -45,7 +45,13 @@ from rlpost.core.io.checkpoint import (
     save_checkpoint,
 )
 from rlpost.core.io.curves import write_summary
-from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import (
+    due,
+    notice,
+    open_run_dir,
+    resume_checkpoint,
+    unlock_run_dir,
+)
 from rlpost.core.peers import BASELINE
 from rlpost.llm.config import Config
 from rlpost.llm.data.prompts import make_prompts
@@ -385,13 +391,16 @@ class Trainer:
             finished = self.step >= total
             if finished:
                 self.dist.finish()
-        except BaseException:
-            finished = True  # a failed run is closed (its logger flushed, workers stopped)
+        except BaseException:  # a failed run is closed (its logger flushed, workers stopped,
+            self.close()  # its directory released)
             raise
+        if not finished:
+            return self._result(t_start, finished)
+        self.close(release=False)  # the summary and plot are still to be written
+        try:
+            return self._result(t_start, finished)
         finally:
-            if finished:
-                self.close()
-        return self._result(t_start, finished)
+            self._release()
 
     def _result(self, t_start: float, finished: bool) -> dict[str, Any]:
         result: dict[str, Any] = {"steps": self.step, "seconds": time.perf_counter() - t_start}
@@ -464,7 +473,9 @@ class Trainer:
             self.learner.full_state_dict()  # (rank 0's engine sync gathers collectively)
         return self.step
 
-    def close(self) -> None:
+    def close(self, release: bool = True) -> None:
+        """End the run: workers stopped, the logger closed, the process group destroyed, and
+        (``release``) the run directory's lock released for other processes."""
         self.rollouts.close()
         self.scorer.close()
         for c in self.components:
@@ -475,3 +486,9 @@ class Trainer:
         if self.logger is not None:
             self.logger.close()
         self.dist.close()
+        if release:
+            self._release()
+
+    def _release(self) -> None:
+        if self.main:
+            unlock_run_dir(self.run_dir)

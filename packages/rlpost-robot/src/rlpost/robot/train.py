@@ -34,8 +34,18 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     ``resume``: continue the run in ``run.dir`` from its newest valid checkpoint (from the
     start when there is none); the result, ``metrics.jsonl`` and the final policy equal
     an uninterrupted run's (bitwise, but for the wall-clock ``seconds``). ``overwrite``:
-    replace the run there. With neither, a ``run.dir`` holding a run is refused.
+    replace the run there. With neither, a ``run.dir`` holding a run is refused. The run
+    directory is locked for the call and released after.
     """
+    from rlpost.core.io.rundir import unlock_run_dir
+
+    try:
+        return _train(cfg, resume, overwrite)
+    finally:
+        unlock_run_dir(cfg.run.dir)
+
+
+def _train(cfg: Any, resume: bool, overwrite: bool) -> dict[str, Any]:
     import torch
 
     from rlpost.core.io.metrics import MetricsLogger

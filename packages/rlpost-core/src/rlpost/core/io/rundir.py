@@ -4,7 +4,10 @@
 
 * an exclusive lock (``<run>/.lock``, ``flock``): a second run in the same directory fails
   at once with :class:`RunDirError`, naming the process that holds it; the lock goes with
-  the process, however it ends (a killed run leaves no stale lock);
+  the process, however it ends (a killed run leaves no stale lock), and a trainer releases
+  it when its run has ended (:func:`unlock_run_dir`), so that a process that lives on (a
+  notebook, a sweep) neither keeps finished runs' directories from other processes nor
+  holds a descriptor per run;
 * a directory that already holds a run (``metrics.jsonl`` or checkpoints) is refused
   unless the caller resumes it (``--resume``) or asks to replace it (``overwrite``);
 * what interrupted writes left (``*.tmp-<pid>``) is removed;
@@ -60,8 +63,9 @@ def _holder(lock: Path) -> str:
         return "another process"
 
 
-def lock_run_dir(run: Path) -> None:
-    """Take ``run``'s exclusive lock for the life of this process (re-entrant within it).
+def lock_run_dir(run: str | os.PathLike) -> None:
+    """Take ``run``'s exclusive lock until :func:`unlock_run_dir` or the end of this process
+    (re-entrant within it: a second take is the same lock, and one release ends it).
 
     Raises :class:`RunDirError` naming the holder when another process has it."""
     key = str(Path(run).resolve())
@@ -90,11 +94,17 @@ def lock_run_dir(run: Path) -> None:
     _held[key] = fd
 
 
-def unlock_run_dir(run: Path) -> None:
-    """Release ``run``'s lock early (it is released anyway when the process ends)."""
+def unlock_run_dir(run: str | os.PathLike) -> None:
+    """Release ``run``'s lock (once its run has ended; it goes anyway with the process).
+    Nothing happens when this process does not hold it."""
     fd = _held.pop(str(Path(run).resolve()), None)
     if fd is not None:
         os.close(fd)
+
+
+def locked_here(run: str | os.PathLike) -> bool:
+    """Whether this process holds ``run``'s lock."""
+    return str(Path(run).resolve()) in _held
 
 
 def holds_run(run: Path) -> list[str]:

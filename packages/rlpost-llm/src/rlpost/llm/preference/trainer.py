@@ -50,7 +50,13 @@ from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import due, notice, open_run_dir, resume_checkpoint
+from rlpost.core.io.rundir import (
+    due,
+    notice,
+    open_run_dir,
+    resume_checkpoint,
+    unlock_run_dir,
+)
 from rlpost.core.preference import PreferenceInput, xi_from_initial
 from rlpost.llm.data.prompts import PromptSource, make_prompt_source, split_eval
 from rlpost.llm.model.policy import (
@@ -558,6 +564,14 @@ class PreferenceTrainer:
         return {**metrics, **self.update(pairs, list(range(len(pairs))), ref)}
 
     def train(self) -> dict[str, Any]:
+        """Run to the end, write the summary and plot; the run directory is released after
+        (another process may then resume or replace the run)."""
+        try:
+            return self._train()
+        finally:
+            unlock_run_dir(self.run_dir)
+
+    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         bar = None
         if cfg.run.progress:
