@@ -52,13 +52,13 @@ def end_rank(code: int) -> NoReturn:
 
     torch's C++ threads outlive a rank's run: after FSDP2 the gloo group's worker threads
     run on past ``destroy_process_group`` (even once the model is freed), and FSDP2's
-    backward on CPU starts autograd's device threads. One that meets the interpreter while it is torn
-    down ends the process with ``std::terminate`` ('terminate called without an active
-    exception', SIGABRT): CI saw it twice, on a rank whose run had finished, after the
-    barrier that follows rank 0's last checkpoint, so the launcher reported a finished run
-    as failed. By the time this is called nothing is left to do: the checkpoint is written
-    (atomically), the logger closed, the group destroyed; the rlpost packages register no
-    exit handlers."""
+    backward on CPU starts autograd's device threads. One that meets the interpreter while
+    it is torn down ends the process with ``std::terminate`` ('terminate called without an
+    active exception', SIGABRT): CI saw it twice, on a rank whose run had finished, after
+    the barrier that follows rank 0's last checkpoint, so the launcher reported a finished
+    run as failed. By the time this is called nothing is left to do: the checkpoint is
+    written (atomically), the logger closed, the group destroyed; the rlpost packages
+    register no exit handlers."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or broken
             stream.flush()
