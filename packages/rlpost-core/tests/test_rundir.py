@@ -19,6 +19,7 @@ from rlpost.core.io.rundir import (
     RunDirError,
     locked_here,
     open_run_dir,
+    releases_run_dir,
     resume_checkpoint,
     unlock_run_dir,
 )
@@ -92,6 +93,21 @@ def test_a_released_run_dir_is_free_for_another_process_while_this_one_lives(tmp
     assert not locked_here(run)
     assert _lock_elsewhere(run) == "took it"
     unlock_run_dir(run)  # (releasing what this process does not hold does nothing)
+
+
+def test_a_decorated_run_releases_its_directory_when_it_returns_or_raises(tmp_path):
+    @releases_run_dir(lambda run, fail: run)
+    def train(run, fail):
+        open_run_dir(run, CFG, resume=True)
+        assert locked_here(run)
+        if fail:
+            raise OSError("disk full")
+        return "done"
+
+    assert train(tmp_path / "a", False) == "done" and not locked_here(tmp_path / "a")
+    with pytest.raises(OSError, match="disk full"):
+        train(tmp_path / "b", True)
+    assert not locked_here(tmp_path / "b")
 
 
 def test_a_used_run_dir_needs_resume_or_overwrite(tmp_path):

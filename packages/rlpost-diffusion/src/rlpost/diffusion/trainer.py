@@ -45,8 +45,8 @@ from rlpost.core.io.rundir import (
     due,
     notice,
     open_run_dir,
+    releases_run_dir,
     resume_checkpoint,
-    unlock_run_dir,
 )
 from rlpost.diffusion.config import Config
 from rlpost.diffusion.families import FAMILIES
@@ -317,16 +317,11 @@ class Trainer:
         notice(f"step {self.step + 1} skipped: {why}")
         return why
 
+    @releases_run_dir(lambda self, *args, **kwargs: self.run_dir)
     def train(self, resume: bool = False, overwrite: bool = False) -> list[dict[str, Any]]:
         """Run the steps; ``resume`` continues the run in ``run.dir`` from its newest valid
         checkpoint, ``overwrite`` replaces it (with neither, a used ``run.dir`` is refused).
         The run directory is locked for the call and released after."""
-        try:
-            return self._train(resume, overwrite)
-        finally:
-            unlock_run_dir(self.run_dir)
-
-    def _train(self, resume: bool, overwrite: bool) -> list[dict[str, Any]]:
         cfg = self.cfg
         open_run_dir(self.run_dir, cfg, resume=resume, overwrite=overwrite)
         ckpt = resume_checkpoint(self.run_dir) if resume else None

@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlpost.core.io.rundir import releases_run_dir
 
+
+@releases_run_dir(lambda cfg, *args, **kwargs: cfg.run.dir)
 def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Build / load the demonstrations and the BC policy, evaluate, fine-tune, evaluate.
 
@@ -37,15 +40,6 @@ def train_from_config(cfg: Any, resume: bool = False, overwrite: bool = False) -
     replace the run there. With neither, a ``run.dir`` holding a run is refused. The run
     directory is locked for the call and released after.
     """
-    from rlpost.core.io.rundir import unlock_run_dir
-
-    try:
-        return _train(cfg, resume, overwrite)
-    finally:
-        unlock_run_dir(cfg.run.dir)
-
-
-def _train(cfg: Any, resume: bool, overwrite: bool) -> dict[str, Any]:
     import torch
 
     from rlpost.core.io.metrics import MetricsLogger

@@ -19,14 +19,16 @@ from, which it skipped): one line on stderr.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rlpost.core.io.notice import notice
 
@@ -100,6 +102,27 @@ def unlock_run_dir(run: str | os.PathLike) -> None:
     fd = _held.pop(str(Path(run).resolve()), None)
     if fd is not None:
         os.close(fd)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def releases_run_dir(run_of: Callable[..., str | os.PathLike]) -> Callable[[_F], _F]:
+    """Decorate a run's whole call (a trainer's ``train``): once it returns or raises, the
+    lock of ``run_of(*its arguments)`` is released (:func:`unlock_run_dir`), so that the
+    directory of a run that has ended is free for other processes."""
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                unlock_run_dir(run_of(*args, **kwargs))
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 def locked_here(run: str | os.PathLike) -> bool:

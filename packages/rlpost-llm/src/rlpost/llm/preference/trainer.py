@@ -54,8 +54,8 @@ from rlpost.core.io.rundir import (
     due,
     notice,
     open_run_dir,
+    releases_run_dir,
     resume_checkpoint,
-    unlock_run_dir,
 )
 from rlpost.core.preference import PreferenceInput, xi_from_initial
 from rlpost.llm.data.prompts import PromptSource, make_prompt_source, split_eval
@@ -563,15 +563,8 @@ class PreferenceTrainer:
         ref = self._reference_logprobs(pairs) if self.needs_ref else None
         return {**metrics, **self.update(pairs, list(range(len(pairs))), ref)}
 
+    @releases_run_dir(lambda self: self.run_dir)
     def train(self) -> dict[str, Any]:
-        """Run to the end, write the summary and plot; the run directory is released after
-        (another process may then resume or replace the run)."""
-        try:
-            return self._train()
-        finally:
-            unlock_run_dir(self.run_dir)
-
-    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         bar = None
         if cfg.run.progress:

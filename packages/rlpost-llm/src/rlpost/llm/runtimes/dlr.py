@@ -43,7 +43,7 @@ from rlpost.core.io.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.core.io.config import ConfigError, load_validated
 from rlpost.core.io.curves import write_summary
 from rlpost.core.io.metrics import MetricsLogger, read_metrics
-from rlpost.core.io.rundir import due, open_run_dir, resume_checkpoint, unlock_run_dir
+from rlpost.core.io.rundir import due, open_run_dir, releases_run_dir, resume_checkpoint
 from rlpost.core.io.schema import Strict as _Strict
 from rlpost.llm.data.tasks import Example, make_task
 from rlpost.llm.model.config import ModelConfig
@@ -333,14 +333,8 @@ class DLRTrainer:
             out["eval/codes_used"] = float(len({r[-1] for r in routed}))
         return out
 
+    @releases_run_dir(lambda self: self.run_dir)
     def train(self) -> dict[str, Any]:
-        """Run to the end, write the summary; the run directory is released after."""
-        try:
-            return self._train()
-        finally:
-            unlock_run_dir(self.run_dir)
-
-    def _train(self) -> dict[str, Any]:
         cfg, total = self.cfg, self.cfg.train.steps
         bar = None
         if cfg.run.progress:
